@@ -1,0 +1,152 @@
+/* Plain C forms of the coordinator protocol's messages
+ * (proto/gradsync/v1/messages.proto). Only common/codec.c converts between
+ * these and the generated protobuf-c structs; everything else passes these.
+ *
+ * Ownership: every pointer inside a message is owned by the message and
+ * released by its gs__*_free function (which leaves the struct zeroed and
+ * accepts NULL). Fixed-size arrays bound what a peer can make us hold. */
+#ifndef GS_COMMON_MESSAGES_H
+#define GS_COMMON_MESSAGES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "types.h"
+
+#define GS__MAX_NAME 255       /* bytes in a tensor name, without the NUL */
+#define GS__MAX_DIMS 16        /* dimensions of a tensor */
+#define GS__MAX_HOST 255       /* bytes of a host name */
+#define GS__MAX_JOB_ID 127     /* bytes of a job id */
+#define GS__MAX_WORLD 65536    /* ranks in one job */
+#define GS__MAX_TEXT 4096      /* bytes of an error message or reason */
+
+typedef struct gs__join_request {
+  char job_id[GS__MAX_JOB_ID + 1];
+  int32_t rank, size, local_rank, local_size;
+  char host[GS__MAX_HOST + 1];
+  int32_t pid;
+  char version[32];
+} gs__join_request;
+
+typedef struct gs__job_config {
+  uint32_t cycle_time_us;
+  uint64_t fusion_threshold_bytes;
+  uint32_t cache_capacity;
+  uint32_t stall_warning_s, stall_shutdown_s;
+  uint32_t deadlock_time_ms;
+  uint32_t heartbeat_ms, rank_timeout_ms;
+} gs__job_config;
+
+typedef struct gs__join_response {
+  char job_id[GS__MAX_JOB_ID + 1];
+  uint64_t epoch;
+  int32_t rank, size;
+  gs__job_config config;
+} gs__join_response;
+
+typedef struct gs__tensor_request {
+  char name[GS__MAX_NAME + 1];
+  gs__op_type op;
+  gs__dtype dtype;
+  int ndim;
+  int64_t shape[GS__MAX_DIMS];
+  gs__reduce_op reduce_op;
+  double prescale, postscale; /* 1.0 = none */
+  int32_t root_rank;
+  gs__device device;
+} gs__tensor_request;
+
+/* Rank -> coordinator on the Session stream. */
+typedef struct gs__rank_msg {
+  int has_hello;
+  int32_t hello_rank;
+  uint64_t hello_epoch;
+  size_t nrequests;
+  gs__tensor_request *requests;
+  size_t ndone;
+  uint64_t *done_plans;
+  int heartbeat;
+  int has_leave;
+  char leave_reason[GS__MAX_TEXT];
+} gs__rank_msg;
+
+typedef struct gs__rank_info {
+  int32_t rank;
+  char host[GS__MAX_HOST + 1];
+  int32_t pid;
+} gs__rank_info;
+
+typedef struct gs__world_status {
+  int ready;
+  int32_t size;
+  uint64_t epoch;
+  size_t nranks;
+  gs__rank_info *ranks;
+  size_t nmissing;
+  int32_t *missing_ranks;
+} gs__world_status;
+
+typedef struct gs__plan_tensor {
+  char name[GS__MAX_NAME + 1];
+  int ndim;
+  int64_t shape[GS__MAX_DIMS];
+  size_t nrank_dims;  /* allgather: one first dimension per rank */
+  int64_t *rank_dims;
+} gs__plan_tensor;
+
+typedef enum gs__response_kind { GS__RESP_COLLECTIVE = 0, GS__RESP_ERROR = 1 } gs__response_kind;
+
+typedef struct gs__response {
+  gs__response_kind kind;
+  gs__op_type op;
+  gs__dtype dtype;
+  gs__reduce_op reduce_op;
+  double prescale, postscale;
+  int32_t root_rank;
+  gs__device device;
+  size_t ntensors;
+  gs__plan_tensor *tensors;
+  int32_t error_status;
+  char *error_message; /* NULL unless kind == ERROR */
+} gs__response;
+
+typedef struct gs__plan {
+  uint64_t seq;
+  size_t nresponses;
+  gs__response *responses;
+} gs__plan;
+
+typedef enum gs__plan_msg_kind {
+  GS__MSG_NONE = 0,
+  GS__MSG_WORLD,
+  GS__MSG_PLAN,
+  GS__MSG_ABORT,
+  GS__MSG_RANK_ERROR,
+} gs__plan_msg_kind;
+
+/* Coordinator -> rank on the Session stream. RANK_ERROR is an error for one
+ * tensor of the receiving rank only (not part of the numbered plans). */
+typedef struct gs__plan_msg {
+  gs__plan_msg_kind kind;
+  gs__world_status world;
+  gs__plan plan;
+  int32_t status;             /* ABORT, RANK_ERROR */
+  char *text;                 /* ABORT reason / RANK_ERROR message */
+  char name[GS__MAX_NAME + 1]; /* RANK_ERROR: the tensor */
+} gs__plan_msg;
+
+void gs__rank_msg_free(gs__rank_msg *m);
+void gs__world_status_free(gs__world_status *w);
+void gs__response_free(gs__response *r);
+void gs__plan_free(gs__plan *p);
+void gs__plan_msg_free(gs__plan_msg *m);
+
+/* A request initialised to "allreduce, float32, sum, no scaling, CPU". */
+void gs__tensor_request_init(gs__tensor_request *r);
+/* Number of elements of a shape (1 for ndim 0); -1 when negative or the
+ * product overflows int64. */
+int64_t gs__shape_elements(const int64_t *shape, int ndim);
+/* Writes "[17,17]" into out (always NUL-terminated). */
+void gs__shape_format(const int64_t *shape, int ndim, char *out, size_t outlen);
+
+#endif

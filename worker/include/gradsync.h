@@ -1,0 +1,174 @@
+/* gradsync worker library: keeps the ranks of a distributed training job in
+ * lock-step through the gradsyncd coordinator and runs the collectives on a
+ * data plane (TCP ring on CPUs).
+ *
+ * Conventions (as in nccl.h and uv.h):
+ * - Every fallible call returns a gs_status and writes results through
+ *   out-params. A failed call changes no state and creates nothing.
+ * - Objects are opaque. Every create has a destroy; destroy(NULL) is a no-op.
+ * - Inputs are borrowed for the duration of the call unless a comment says
+ *   otherwise. Buffers passed to an async op must stay valid and untouched
+ *   until the op completes.
+ * - Error messages name the tensor, the rank(s), the host and what to do;
+ *   read them with gs_handle_error (per op) or gs_last_error (per thread and
+ *   context).
+ *
+ * Thread safety: every function may be called from any thread unless said
+ * otherwise; a handle may be waited on by several threads at once. */
+#ifndef GRADSYNC_H
+#define GRADSYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GS_API __attribute__((visibility("default")))
+#else
+#define GS_API
+#endif
+
+#define GS_VERSION_STRING "0.1.0"
+
+/* Status codes. Explicit numbers, append only. */
+typedef enum gs_status {
+  GS_OK = 0,
+  GS_ERR_INVALID_ARG = 1,       /* a bad argument; the message names it */
+  GS_ERR_NO_MEMORY = 2,
+  GS_ERR_TIMEOUT = 3,           /* gs_wait timed out; the op is still pending */
+  GS_ERR_MISMATCH = 4,          /* ranks submitted the tensor differently */
+  GS_ERR_DUPLICATE_NAME = 5,    /* the name is already in flight on this rank */
+  GS_ERR_JOIN_REFUSED = 6,      /* coordinator refused the join (rank/size) */
+  GS_ERR_JOIN_TIMEOUT = 7,      /* some ranks never joined; they are named */
+  GS_ERR_COORDINATOR_LOST = 8,  /* the coordinator went away */
+  GS_ERR_RANK_LOST = 9,         /* another rank died or disconnected */
+  GS_ERR_DATA_PLANE = 10,       /* the backend failed (peer closed, timeout) */
+  GS_ERR_ABORTED = 11,          /* the job was aborted; the reason is given */
+  GS_ERR_SHUTDOWN = 12,         /* gs_shutdown was called */
+  GS_ERR_DEADLOCK = 13,
+  GS_ERR_STALL = 14,
+  GS_ERR_UNSUPPORTED = 15,
+  GS_ERR_INTERNAL = 16,
+  GS_ERR_UNAUTHENTICATED = 17,  /* wrong or missing GRADSYNC_JOB_TOKEN */
+  GS_ERR_ALREADY_JOINED = 18,   /* another process joined as this rank */
+} gs_status;
+
+typedef enum gs_dtype {
+  GS_FLOAT32 = 0,
+  GS_FLOAT64 = 1,
+  GS_FLOAT16 = 2,  /* reduced in float32, rounded back */
+  GS_BFLOAT16 = 3, /* reduced in float32, rounded back */
+  GS_INT32 = 4,
+  GS_INT64 = 5,
+  GS_INT8 = 6,
+  GS_UINT8 = 7,
+} gs_dtype;
+
+typedef enum gs_reduce_op {
+  GS_SUM = 0,
+  GS_AVERAGE = 1, /* sum / size; integers truncate toward zero */
+  GS_MIN = 2,
+  GS_MAX = 3,
+  GS_PRODUCT = 4,
+  GS_ADASUM = 5, /* not supported yet: GS_ERR_UNSUPPORTED */
+} gs_reduce_op;
+
+typedef struct gs_ctx gs_ctx;       /* one per process (per job membership) */
+typedef struct gs_handle gs_handle; /* one per async op */
+
+/* Options of gs_init. Initialise with gs_options_init, then set fields.
+ * Fields left at their "unset" values are read from the environment. */
+typedef struct gs_options {
+  const char *coordinator;    /* "host:port"; NULL = GRADSYNC_COORDINATOR */
+  int rank;                   /* -1 = GRADSYNC_RANK */
+  int size;                   /* -1 = GRADSYNC_SIZE */
+  int local_rank;             /* -1 = GRADSYNC_LOCAL_RANK (default 0) */
+  int local_size;             /* -1 = GRADSYNC_LOCAL_SIZE (default 1) */
+  const char *job_token;      /* NULL = GRADSYNC_JOB_TOKEN (optional) */
+  const char *advertise_addr; /* NULL = GRADSYNC_ADVERTISE_ADDR, else the
+                                 local address toward the coordinator */
+  int join_timeout_ms;        /* -1 = GRADSYNC_JOIN_TIMEOUT_MS or 60000 */
+  int data_timeout_ms;        /* -1 = GRADSYNC_DATA_TIMEOUT_MS or 60000:
+                                 longest wait for a peer inside one step
+                                 of a collective */
+} gs_options;
+
+/* Sets every field to its "unset" value. */
+GS_API void gs_options_init(gs_options *opts);
+
+/* Joins the job and returns a context once every rank has joined and the
+ * data plane is connected. opts may be NULL (everything from the
+ * environment). Fails with GS_ERR_JOIN_TIMEOUT naming the ranks that never
+ * joined, GS_ERR_JOIN_REFUSED / GS_ERR_ALREADY_JOINED with the coordinator's
+ * reason, GS_ERR_COORDINATOR_LOST when it cannot be reached. On failure
+ * *out is NULL and gs_last_error(NULL) explains. Call from one thread. */
+GS_API gs_status gs_init(const gs_options *opts, gs_ctx **out);
+
+/* Leaves the job and frees the context. Ops still pending fail with
+ * GS_ERR_SHUTDOWN. Handles stay valid (free them with gs_handle_free) but
+ * must not be waited on after the context is gone... they are completed
+ * before this returns, so gs_wait on them returns at once. No other call may
+ * use ctx concurrently or afterwards. gs_shutdown(NULL) is a no-op. */
+GS_API gs_status gs_shutdown(gs_ctx *ctx);
+
+GS_API int gs_rank(const gs_ctx *ctx);
+GS_API int gs_size(const gs_ctx *ctx);
+GS_API int gs_local_rank(const gs_ctx *ctx);
+GS_API int gs_local_size(const gs_ctx *ctx);
+
+/* Optional settings of one allreduce; NULL = defaults. */
+typedef struct gs_allreduce_opts {
+  const int64_t *shape; /* optional logical shape (product must equal count);
+                           used in checks and error messages */
+  int ndim;             /* entries of shape; 0 = the 1-D shape [count] */
+} gs_allreduce_opts;
+
+/* Starts an allreduce of count elements named name (unique among this
+ * rank's ops in flight; every rank must submit the same name). send may equal
+ * recv (in place). send and recv must stay valid until the op completes.
+ * On success *out is a new handle the caller frees with gs_handle_free. */
+GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                                    size_t count, gs_dtype dtype, gs_reduce_op op,
+                                    const gs_allreduce_opts *opts, gs_handle **out);
+
+/* Waits until the op completes or timeout_ms passes (-1 = no timeout; the
+ * wait still ends when the job fails). Returns the op's status, or
+ * GS_ERR_TIMEOUT if it is still pending. */
+GS_API gs_status gs_wait(gs_handle *h, int timeout_ms);
+
+/* Waits until one of n handles completes; *index receives the position of
+ * a completed one (the lowest if several are). Returns that op's status, or
+ * GS_ERR_TIMEOUT with *index unchanged. All handles must belong to the same
+ * context. */
+GS_API gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index);
+
+/* *done = 1 if the op completed (successfully or not), else 0. Returns
+ * GS_OK, or GS_ERR_INVALID_ARG for NULL arguments. */
+GS_API gs_status gs_test(gs_handle *h, int *done);
+
+/* The error message of a failed op ("" while pending or on success). Valid
+ * until the handle is freed. */
+GS_API const char *gs_handle_error(const gs_handle *h);
+
+/* Releases the caller's reference. Freeing a pending op detaches it: the op
+ * still completes and writes its recv buffer, which must stay valid until
+ * then (or until gs_shutdown). gs_handle_free(NULL) is a no-op. */
+GS_API void gs_handle_free(gs_handle *h);
+
+/* Message of the last failed call made by the calling thread (ctx may be
+ * NULL, e.g. after gs_init failed). Valid until the thread's next call. */
+GS_API const char *gs_last_error(const gs_ctx *ctx);
+
+/* "GS_ERR_MISMATCH: tensor differs across ranks"-style text; never NULL. */
+GS_API const char *gs_status_str(gs_status status);
+
+/* Size in bytes of one element of dtype; 0 if invalid. */
+GS_API size_t gs_dtype_size(gs_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
