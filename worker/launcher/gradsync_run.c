@@ -1,1 +1,977 @@
-/* placeholder: being written */
+/* gradsync-run: runs a gradsync job of N ranks on this machine.
+ *
+ * Starts the coordinator (gradsyncd on a free loopback port) unless one is
+ * given, starts N ranks of the program with the GRADSYNC_* environment,
+ * prefixes every line they print with the rank, forwards SIGINT/SIGTERM/SIGHUP
+ * to them, and exits with the first failing rank's status after stopping the
+ * others.
+ *
+ * One thread and one poll loop own every child process and pipe; signals
+ * arrive through a signalfd. The loop walks through phases
+ *   START (wait for the coordinator's address) -> RUN -> STOP_RANKS ->
+ *   STOP_COORD -> DRAIN (read what is left in the pipes) -> DONE,
+ * and every wait in it is bounded: the coordinator has 30 s to announce its
+ * address, a stopped process gets SIGKILL 3 s after SIGTERM, and pipes still
+ * open when every process is gone are abandoned after 1 s.
+ *
+ * Nothing is left behind: every child runs in its own process group, which is
+ * signalled as a whole (so whatever a rank started goes too); the launcher is a
+ * child subreaper, so orphaned grandchildren are reaped here; and every child
+ * gets PR_SET_PDEATHSIG so that even a launcher killed by SIGKILL takes its
+ * ranks and coordinator with it.
+ *
+ * Self-contained: libc only, no gradsync library. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_RANKS 4096
+#define COORD_START_MS 30000 /* the coordinator must announce its address */
+#define COORD_EOF_MS 1000    /* its stdout closed: wait this long for its status */
+#define GRACE_MS 3000        /* SIGTERM (or the forwarded signal) -> SIGKILL */
+#define KILL_GIVEUP_MS 5000  /* SIGKILL -> stop waiting for the process */
+#define DRAIN_MS 1000        /* every process gone -> stop reading its pipes */
+#define RECHECK_MS 50        /* while stopping: look for leftover group members */
+#define READ_CHUNK 65536
+#define MAX_LINE (1u << 20) /* longer lines are split into pieces of this size */
+#define LISTEN_PREFIX "gradsyncd listening on "
+
+enum phase { PH_START, PH_RUN, PH_STOP_RANKS, PH_STOP_COORD, PH_DRAIN, PH_DONE };
+
+/* One pipe from a child: its bytes are cut into lines, each written to dest
+ * (1 or 2) behind prefix. A partial line waits in buf until its newline. */
+typedef struct stream {
+  int fd; /* read end, nonblocking; -1 once closed */
+  int dest;
+  char prefix[32];
+  char *buf;
+  size_t len, cap;
+} stream;
+
+typedef struct proc {
+  pid_t pid; /* also its process group id; 0 = never started */
+  int reaped;
+  int status; /* wait status, valid once reaped */
+  stream out, err;
+} proc;
+
+typedef struct config {
+  int np;
+  const char *coordinator; /* NULL = start gradsyncd */
+  char **coord_args;       /* --coord-arg values */
+  int n_coord_args;
+  double timeout_s; /* 0 = none */
+  char **argv;      /* PROGRAM ARGS..., NULL-terminated */
+} config;
+
+typedef struct launcher {
+  config cfg;
+  int own_coord; /* we started gradsyncd (coord is valid) */
+  proc coord;
+  proc *ranks;
+  int sigfd;
+  sigset_t old_mask;
+  struct sigaction old_pipe;
+  pid_t self;
+
+  enum phase phase;
+  int exit_code;
+  int have_exit; /* exit_code is decided; later failures are consequences */
+  int64_t phase_deadline;
+  int killed;            /* SIGKILL already sent in the current stop phase */
+  int64_t run_deadline;  /* --timeout; 0 = none */
+  int64_t eof_deadline;  /* START: coordinator stdout closed; 0 = not yet */
+  int coord_lost_warned; /* said once that gradsyncd went away */
+  char address[256];
+  int dest_dead[3]; /* our stdout/stderr is a closed pipe: drop output */
+} launcher;
+
+/* ---- small helpers --------------------------------------------------------- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void write_all(launcher *L, int fd, const char *p, size_t n) {
+  if (L && L->dest_dead[fd]) return;
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        poll(&pfd, 1, 100);
+        continue;
+      }
+      if (L) L->dest_dead[fd] = 1; /* EPIPE and friends: nobody is reading */
+      return;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+/* "gradsync-run: ..." on stderr. */
+static void say(launcher *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(launcher *L, const char *fmt, ...) {
+  char msg[1024];
+  int n = snprintf(msg, sizeof msg, "gradsync-run: ");
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(msg + n, sizeof msg - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  if (m < 0) m = 0;
+  size_t len = (size_t)n + (size_t)m;
+  if (len > sizeof msg - 2) len = sizeof msg - 2;
+  msg[len++] = '\n';
+  write_all(L, 2, msg, len);
+}
+
+static const char *signal_name(int sig, char *buf, size_t cap) {
+  static const struct {
+    int sig;
+    const char *name;
+  } names[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+  };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (names[i].sig == sig) return names[i].name;
+  snprintf(buf, cap, "signal %d", sig);
+  return buf;
+}
+
+/* "exited with status 3" / "killed by signal SIGKILL". */
+static const char *describe_status(int status, char *buf, size_t cap) {
+  char sb[32];
+  if (WIFEXITED(status))
+    snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+  else if (WIFSIGNALED(status))
+    snprintf(buf, cap, "killed by signal %s", signal_name(WTERMSIG(status), sb, sizeof sb));
+  else
+    snprintf(buf, cap, "ended with wait status %d", status);
+  return buf;
+}
+
+static int status_failed(int status) {
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* The launcher's exit code for a child's wait status (128+N for signal N). */
+static int status_exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+/* ---- command line ------------------------------------------------------- */
+
+static void usage(FILE *f) {
+  fputs("usage: gradsync-run -np N [--coordinator HOST:PORT] [--coord-arg ARG]...\n"
+        "                    [--timeout SECONDS] [--] PROGRAM [ARGS...]\n"
+        "\n"
+        "Runs N ranks of PROGRAM on this machine as one gradsync job.\n"
+        "\n"
+        "  -np N, -n N               number of ranks (1..4096)\n"
+        "  --coordinator HOST:PORT   use a running gradsyncd instead of starting one\n"
+        "  --coord-arg ARG           pass ARG to the gradsyncd started here (repeatable)\n"
+        "  --timeout SECONDS         stop everything after SECONDS and exit 124\n"
+        "  -h, --help                show this help\n"
+        "\n"
+        "Without --coordinator, starts 'gradsyncd --listen 127.0.0.1:0 --world-size N\n"
+        "[ARGS of --coord-arg]', found as $GRADSYNC_GRADSYNCD, else next to gradsync-run,\n"
+        "else on PATH, and stops it after the ranks.\n"
+        "Each rank gets GRADSYNC_COORDINATOR, GRADSYNC_RANK, GRADSYNC_SIZE,\n"
+        "GRADSYNC_LOCAL_RANK and GRADSYNC_LOCAL_SIZE on top of the inherited environment,\n"
+        "stdin from /dev/null, and its own process group. Lines of rank r are prefixed\n"
+        "\"[r] \" (stdout to stdout, stderr to stderr), the coordinator's \"[coord] \".\n"
+        "SIGINT, SIGTERM and SIGHUP are forwarded to every rank; a second one kills.\n"
+        "\n"
+        "Exit status: 0 when every rank exits 0; else the first failing rank's status\n"
+        "(128+N when killed by signal N), after the others were stopped (SIGTERM,\n"
+        "SIGKILL 3 s later); 124 after --timeout; 128+N after forwarding signal N;\n"
+        "1 when the coordinator cannot be started; 2 on bad usage.\n",
+        f);
+}
+
+static int bad_usage(const char *fmt, const char *arg) {
+  fputs("gradsync-run: ", stderr);
+  fprintf(stderr, fmt, arg);
+  fputs("\n\n", stderr);
+  usage(stderr);
+  return 2;
+}
+
+/* Matches "--name VALUE" and "--name=VALUE"; on a match *value is set (NULL
+ * if VALUE is missing) and *i advanced past what was consumed. */
+static int take_opt(int argc, char **argv, int *i, const char *name, const char **value) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n) != 0) return 0;
+  if (argv[*i][n] == '=') {
+    *value = argv[*i] + n + 1;
+    return 1;
+  }
+  if (argv[*i][n] != '\0') return 0;
+  *value = (*i + 1 < argc) ? argv[++*i] : NULL;
+  return 1;
+}
+
+/* Returns -1 when parsed, else the exit code (0 after --help, 2 on error). */
+static int parse_args(int argc, char **argv, config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->coord_args = calloc((size_t)argc, sizeof(char *));
+  if (!cfg->coord_args) return bad_usage("%s", "out of memory");
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    }
+    if (a[0] != '-') break; /* PROGRAM */
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if (take_opt(argc, argv, &i, "-np", &v) || take_opt(argc, argv, &i, "--np", &v) ||
+        take_opt(argc, argv, &i, "-n", &v)) {
+      char *end;
+      long n = v ? strtol(v, &end, 10) : 0;
+      if (!v || *v == '\0' || *end != '\0' || n < 1 || n > MAX_RANKS)
+        return bad_usage("-np needs a number of ranks from 1 to 4096, got '%s'", v ? v : "");
+      cfg->np = (int)n;
+    } else if (take_opt(argc, argv, &i, "--coordinator", &v)) {
+      if (!v || !strchr(v, ':') || v[0] == ':' || v[strlen(v) - 1] == ':')
+        return bad_usage("--coordinator needs HOST:PORT, got '%s'", v ? v : "");
+      cfg->coordinator = v;
+    } else if (take_opt(argc, argv, &i, "--coord-arg", &v)) {
+      if (!v) return bad_usage("%s needs a value", "--coord-arg");
+      cfg->coord_args[cfg->n_coord_args++] = (char *)v;
+    } else if (take_opt(argc, argv, &i, "--timeout", &v)) {
+      char *end;
+      double t = v ? strtod(v, &end) : 0;
+      if (!v || *v == '\0' || *end != '\0' || !(t > 0) || t > 1e9)
+        return bad_usage("--timeout needs a positive number of seconds, got '%s'", v ? v : "");
+      cfg->timeout_s = t;
+    } else {
+      return bad_usage("unknown option '%s'", a);
+    }
+  }
+  if (cfg->np == 0) return bad_usage("%s", "-np N is required");
+  if (i >= argc) return bad_usage("%s", "no PROGRAM to run");
+  if (cfg->coordinator && cfg->n_coord_args > 0)
+    return bad_usage("%s",
+                     "--coord-arg has no effect with --coordinator (no gradsyncd is started)");
+  cfg->argv = argv + i;
+  return -1;
+}
+
+/* ---- output streams ---------------------------------------------------- */
+
+static void stream_init(stream *s, int dest, const char *prefix) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  s->dest = dest;
+  snprintf(s->prefix, sizeof s->prefix, "%s", prefix);
+}
+
+static int on_coord_first_line(launcher *L, const char *line, size_t n);
+
+/* Writes lines [line, line+n) behind the prefix, as one write per batch. */
+static void emit_line(launcher *L, stream *s, const char *line, size_t n) {
+  if (L->own_coord && s == &L->coord.out && L->phase == PH_START &&
+      !on_coord_first_line(L, line, n))
+    return;
+  size_t plen = strlen(s->prefix);
+  char small[4096];
+  char *out = small;
+  if (plen + n + 1 > sizeof small) {
+    out = malloc(plen + n + 1);
+    if (!out) { /* no memory for a copy: three writes instead */
+      write_all(L, s->dest, s->prefix, plen);
+      write_all(L, s->dest, line, n);
+      write_all(L, s->dest, "\n", 1);
+      return;
+    }
+  }
+  memcpy(out, s->prefix, plen);
+  memcpy(out + plen, line, n);
+  out[plen + n] = '\n';
+  write_all(L, s->dest, out, plen + n + 1);
+  if (out != small) free(out);
+}
+
+/* Emits every complete line in the buffer (and, when final, the rest). */
+static void stream_flush(launcher *L, stream *s, int final) {
+  size_t start = 0;
+  for (;;) {
+    char *nl = memchr(s->buf + start, '\n', s->len - start);
+    if (!nl) break;
+    size_t n = (size_t)(nl - (s->buf + start));
+    emit_line(L, s, s->buf + start, n);
+    start += n + 1;
+  }
+  while (s->len - start >= MAX_LINE) { /* a very long line: split it */
+    emit_line(L, s, s->buf + start, MAX_LINE);
+    start += MAX_LINE;
+  }
+  if (final && s->len > start) {
+    emit_line(L, s, s->buf + start, s->len - start);
+    start = s->len;
+  }
+  memmove(s->buf, s->buf + start, s->len - start);
+  s->len -= start;
+}
+
+static void stream_close(launcher *L, stream *s) {
+  if (s->fd < 0) return;
+  stream_flush(L, s, 1);
+  close(s->fd);
+  s->fd = -1;
+  free(s->buf);
+  s->buf = NULL;
+  s->len = s->cap = 0;
+}
+
+/* Reads what is available. Returns 1 if the stream is still open. When all,
+ * keeps reading until the pipe is empty (for a process that just ended). */
+static int stream_read(launcher *L, stream *s, int all) {
+  while (s->fd >= 0) {
+    if (s->cap - s->len < READ_CHUNK) {
+      size_t cap = s->cap ? s->cap * 2 : 2 * READ_CHUNK;
+      while (cap - s->len < READ_CHUNK) cap *= 2;
+      char *b = realloc(s->buf, cap);
+      if (!b) {
+        stream_flush(L, s, 1); /* make room by giving up on the partial line */
+        if (s->cap - s->len < READ_CHUNK) return 1;
+      } else {
+        s->buf = b;
+        s->cap = cap;
+      }
+    }
+    ssize_t r = read(s->fd, s->buf + s->len, READ_CHUNK);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EAGAIN) return 1;
+    if (r <= 0) {
+      stream_close(L, s);
+      return 0;
+    }
+    s->len += (size_t)r;
+    stream_flush(L, s, 0);
+    if (!all) return 1;
+  }
+  return 0;
+}
+
+/* ---- processes ---------------------------------------------------------- */
+
+static int group_alive(pid_t pgid) {
+  return kill(-pgid, 0) == 0 || errno == EPERM;
+}
+
+/* The process or anything left in its group is still there. */
+static int proc_alive(const proc *p) {
+  return p->pid > 0 && (!p->reaped || group_alive(p->pid));
+}
+
+static void proc_signal(const proc *p, int sig) {
+  if (p->pid <= 0) return;
+  if (kill(-p->pid, sig) != 0 && !p->reaped) kill(p->pid, sig);
+}
+
+/* Signals (sig > 0) and counts the living processes we adopted as child
+ * subreaper: what a rank or the coordinator started and then left behind in
+ * another session or group (a daemon). They are our children now, but we did
+ * not start them, so /proc is the only list. */
+static int adopted_signal(const launcher *L, int sig) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == L->coord.pid) continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')'); /* "pid (comm) state ppid ..." */
+    char state;
+    long ppid;
+    if (!rp || sscanf(rp + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (ppid != (long)L->self || state == 'Z') continue;
+    int ours = 0;
+    for (int r = 0; r < L->cfg.np && !ours; r++) ours = L->ranks[r].pid == (pid_t)pid;
+    if (ours) continue;
+    if (sig > 0 && getpgid((pid_t)pid) == (pid_t)pid) kill(-(pid_t)pid, sig); /* its group too */
+    if (sig > 0) kill((pid_t)pid, sig);
+    count++;
+  }
+  closedir(d);
+  return count;
+}
+
+static int any_rank_alive(const launcher *L) {
+  for (int r = 0; r < L->cfg.np; r++)
+    if (proc_alive(&L->ranks[r])) return 1;
+  return adopted_signal(L, 0) > 0;
+}
+
+static int all_ranks_reaped(const launcher *L) {
+  for (int r = 0; r < L->cfg.np; r++)
+    if (L->ranks[r].pid > 0 && !L->ranks[r].reaped) return 0;
+  return 1;
+}
+
+/* Runs in the forked child: becomes its own process group, dies with the
+ * launcher, restores the signal state it inherited, and execs. */
+static void child_exec(launcher *L, int out_w, int err_w, char **argv, int rank) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != L->self) _exit(127); /* the launcher is already gone */
+  sigprocmask(SIG_SETMASK, &L->old_mask, NULL);
+  sigaction(SIGPIPE, &L->old_pipe, NULL);
+  int null = open("/dev/null", O_RDONLY);
+  if (null >= 0 && null != 0) {
+    dup2(null, 0);
+    close(null);
+  }
+  dup2(out_w, 1);
+  dup2(err_w, 2);
+  if (rank >= 0) {
+    char num[16];
+    setenv("GRADSYNC_COORDINATOR", L->address, 1);
+    snprintf(num, sizeof num, "%d", rank);
+    setenv("GRADSYNC_RANK", num, 1);
+    setenv("GRADSYNC_LOCAL_RANK", num, 1);
+    snprintf(num, sizeof num, "%d", L->cfg.np);
+    setenv("GRADSYNC_SIZE", num, 1);
+    setenv("GRADSYNC_LOCAL_SIZE", num, 1);
+  }
+  execvp(argv[0], argv);
+  int err = errno;
+  dprintf(2, "gradsync-run: cannot run '%s': %s%s\n", argv[0], strerror(err),
+          rank < 0 ? " (set GRADSYNC_GRADSYNCD, or install gradsyncd next to gradsync-run "
+                     "or on PATH)"
+                   : "");
+  _exit(127);
+}
+
+static int make_pipe(int fds[2]) {
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  return 0;
+}
+
+/* Starts argv with stdout/stderr on pipes read by p's streams. rank < 0 is
+ * the coordinator. Returns 0, or -1 after saying why. */
+static int proc_start(launcher *L, proc *p, char **argv, int rank) {
+  int out[2], err[2];
+  if (make_pipe(out) != 0) goto out_fail;
+  if (make_pipe(err) != 0) goto out_close_out;
+  pid_t pid = fork();
+  if (pid < 0) goto out_close_err;
+  if (pid == 0) child_exec(L, out[1], err[1], argv, rank);
+  setpgid(pid, pid); /* also in the child: whichever runs first */
+  close(out[1]);
+  close(err[1]);
+  p->pid = pid;
+  p->out.fd = out[0];
+  p->err.fd = err[0];
+  return 0;
+
+out_close_err:
+  close(err[0]);
+  close(err[1]);
+out_close_out:
+  close(out[0]);
+  close(out[1]);
+out_fail:
+  say(L, "cannot start %s: %s", rank < 0 ? "gradsyncd" : "a rank", strerror(errno));
+  return -1;
+}
+
+/* GRADSYNC_GRADSYNCD, else gradsyncd next to /proc/self/exe, else "gradsyncd"
+ * (looked up on PATH by execvp). The explicit variable comes first so that a
+ * test or an operator can always override the binary that was built along. */
+static const char *find_gradsyncd(char *buf, size_t cap) {
+  const char *env = getenv("GRADSYNC_GRADSYNCD");
+  if (env && *env) return env;
+  ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+  if (n > 0) {
+    buf[n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash && (size_t)(slash - buf) + sizeof "/gradsyncd" <= cap) {
+      strcpy(slash, "/gradsyncd");
+      if (access(buf, X_OK) == 0) return buf;
+    }
+  }
+  return "gradsyncd";
+}
+
+static int start_coordinator(launcher *L) {
+  char path[PATH_MAX], world[16];
+  snprintf(world, sizeof world, "%d", L->cfg.np);
+  const char *fixed[] = {find_gradsyncd(path, sizeof path), "--listen", "127.0.0.1:0",
+                         "--world-size", world};
+  size_t nfixed = sizeof fixed / sizeof fixed[0];
+  char **argv = calloc(nfixed + (size_t)L->cfg.n_coord_args + 1, sizeof(char *));
+  if (!argv) {
+    say(L, "out of memory");
+    return -1;
+  }
+  for (size_t i = 0; i < nfixed; i++) argv[i] = (char *)fixed[i];
+  for (int i = 0; i < L->cfg.n_coord_args; i++) argv[nfixed + (size_t)i] = L->cfg.coord_args[i];
+  L->own_coord = 1;
+  int rc = proc_start(L, &L->coord, argv, -1);
+  free(argv);
+  return rc;
+}
+
+/* ---- phases ----------------------------------------------------------------- */
+
+static void decide_exit(launcher *L, int code) {
+  if (L->have_exit) return;
+  L->have_exit = 1;
+  L->exit_code = code;
+}
+
+static void begin_drain(launcher *L) {
+  L->phase = PH_DRAIN;
+  L->phase_deadline = now_ms() + DRAIN_MS;
+}
+
+static void begin_stop_coord(launcher *L) {
+  L->phase = PH_STOP_COORD;
+  L->killed = 0;
+  L->phase_deadline = now_ms() + GRACE_MS;
+  if (L->own_coord && proc_alive(&L->coord)) proc_signal(&L->coord, SIGTERM);
+  adopted_signal(L, SIGTERM);
+}
+
+/* Sends sig to every rank's group that is still there (after a normal end,
+ * that stops what the ranks left behind). */
+static void begin_stop_ranks(launcher *L, int sig) {
+  L->phase = PH_STOP_RANKS;
+  L->killed = 0;
+  L->phase_deadline = now_ms() + GRACE_MS;
+  for (int r = 0; r < L->cfg.np; r++)
+    if (proc_alive(&L->ranks[r])) proc_signal(&L->ranks[r], sig);
+  adopted_signal(L, sig);
+}
+
+static void kill_everything(launcher *L) {
+  L->coord_lost_warned = 1; /* its death is no news now */
+  for (int r = 0; r < L->cfg.np; r++)
+    if (proc_alive(&L->ranks[r])) proc_signal(&L->ranks[r], SIGKILL);
+  if (L->own_coord && proc_alive(&L->coord)) proc_signal(&L->coord, SIGKILL);
+  adopted_signal(L, SIGKILL);
+  L->killed = 1;
+  L->phase_deadline = now_ms() + KILL_GIVEUP_MS;
+}
+
+static int start_ranks(launcher *L) {
+  for (int r = 0; r < L->cfg.np; r++)
+    if (proc_start(L, &L->ranks[r], L->cfg.argv, r) != 0) return -1;
+  return 0;
+}
+
+/* The coordinator's first stdout line carries its address. Returns 1 if the
+ * line is to be passed through. */
+static int on_coord_first_line(launcher *L, const char *line, size_t n) {
+  size_t plen = strlen(LISTEN_PREFIX);
+  while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
+  if (n <= plen || n - plen >= sizeof L->address || memcmp(line, LISTEN_PREFIX, plen) != 0 ||
+      !memchr(line + plen, ':', n - plen)) {
+    say(L, "gradsyncd's first line is not '" LISTEN_PREFIX "HOST:PORT' but '%.*s'",
+        (int)(n > 200 ? 200 : n), line);
+    decide_exit(L, 1);
+    begin_stop_coord(L);
+    return 0;
+  }
+  memcpy(L->address, line + plen, n - plen);
+  L->address[n - plen] = '\0';
+  L->phase = PH_RUN; /* so that the line itself is passed through */
+  if (start_ranks(L) != 0) {
+    decide_exit(L, 1);
+    begin_stop_ranks(L, SIGTERM);
+  }
+  return 1;
+}
+
+static void on_coord_exit(launcher *L) {
+  char sb[64];
+  const char *what = describe_status(L->coord.status, sb, sizeof sb);
+  if (L->phase == PH_START) {
+    say(L, "gradsyncd %s before announcing its address", what);
+    decide_exit(L, 1);
+    begin_stop_coord(L);
+  } else if ((L->phase == PH_RUN || L->phase == PH_STOP_RANKS) && !L->coord_lost_warned) {
+    L->coord_lost_warned = 1;
+    say(L, "gradsyncd %s while the ranks were still running", what);
+  }
+}
+
+static void on_rank_exit(launcher *L, int r) {
+  int st = L->ranks[r].status;
+  if (L->phase != PH_RUN || !status_failed(st) || L->have_exit) return;
+  char sb[64];
+  say(L, "rank %d %s; stopping the other ranks", r, describe_status(st, sb, sizeof sb));
+  decide_exit(L, status_exit_code(st));
+  begin_stop_ranks(L, SIGTERM);
+}
+
+static proc *find_proc(launcher *L, pid_t pid, int *rank) {
+  if (L->own_coord && L->coord.pid == pid) {
+    *rank = -1;
+    return &L->coord;
+  }
+  for (int r = 0; r < L->cfg.np; r++) {
+    if (L->ranks[r].pid == pid) {
+      *rank = r;
+      return &L->ranks[r];
+    }
+  }
+  return NULL;
+}
+
+static void reap_children(launcher *L) {
+  for (;;) {
+    int st;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) return;
+    int rank;
+    proc *p = find_proc(L, pid, &rank);
+    if (!p) continue; /* an orphaned grandchild, reparented to us */
+    p->reaped = 1;
+    p->status = st;
+    /* Its last words are already in the pipes: print them before our verdict. */
+    stream_read(L, &p->out, 1);
+    stream_read(L, &p->err, 1);
+    if (rank < 0)
+      on_coord_exit(L);
+    else
+      on_rank_exit(L, rank);
+  }
+}
+
+static void on_signal(launcher *L, int sig) {
+  char sb[32];
+  const char *name = signal_name(sig, sb, sizeof sb);
+  switch (L->phase) {
+  case PH_START:
+    say(L, "received %s while starting gradsyncd; stopping it", name);
+    decide_exit(L, 128 + sig);
+    begin_stop_coord(L);
+    break;
+  case PH_RUN:
+    say(L, "received %s; forwarding it to the ranks", name);
+    decide_exit(L, 128 + sig);
+    begin_stop_ranks(L, sig);
+    break;
+  case PH_STOP_RANKS:
+  case PH_STOP_COORD:
+    say(L, "received %s again; killing everything", name);
+    decide_exit(L, 128 + sig);
+    kill_everything(L);
+    break;
+  case PH_DRAIN:
+  case PH_DONE:
+    L->phase = PH_DONE;
+    break;
+  }
+}
+
+static void read_signals(launcher *L) {
+  struct signalfd_siginfo si;
+  for (;;) {
+    ssize_t n = read(L->sigfd, &si, sizeof si);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != (ssize_t)sizeof si) return;
+    if (si.ssi_signo == SIGCHLD)
+      reap_children(L);
+    else
+      on_signal(L, (int)si.ssi_signo);
+  }
+}
+
+/* "ranks [1,3]", "2 processes left behind" or both, of what is still alive. */
+static void alive_list(const launcher *L, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "ranks [");
+  int any = 0;
+  for (int r = 0; r < L->cfg.np && n + 16 < cap; r++) {
+    if (!proc_alive(&L->ranks[r])) continue;
+    n += (size_t)snprintf(buf + n, cap - n, "%s%d", any ? "," : "", r);
+    any = 1;
+  }
+  if (any)
+    n += (size_t)snprintf(buf + n, cap - n, "]");
+  else
+    n = 0;
+  int left = adopted_signal(L, 0);
+  if (left > 0)
+    snprintf(buf + n, cap - n, "%s%d process%s left behind", any ? " and " : "", left,
+             left == 1 ? "" : "es");
+}
+
+/* Moves the phases along with time. */
+static void advance(launcher *L) {
+  int64_t now = now_ms();
+  char list[256];
+  if ((L->phase == PH_START || L->phase == PH_RUN) && L->run_deadline && now >= L->run_deadline) {
+    say(L, "timeout: still running after %g s; stopping everything", L->cfg.timeout_s);
+    decide_exit(L, 124);
+    if (L->phase == PH_START)
+      begin_stop_coord(L);
+    else
+      begin_stop_ranks(L, SIGTERM);
+  }
+  switch (L->phase) {
+  case PH_START:
+    if (L->coord.out.fd < 0 && L->eof_deadline == 0) L->eof_deadline = now + COORD_EOF_MS;
+    if (L->eof_deadline && now >= L->eof_deadline) {
+      say(L, "gradsyncd closed its standard output without announcing its address");
+      decide_exit(L, 1);
+      begin_stop_coord(L);
+    } else if (now >= L->phase_deadline) {
+      say(L, "gradsyncd did not announce its address within %d s; stopping it",
+          COORD_START_MS / 1000);
+      decide_exit(L, 1);
+      begin_stop_coord(L);
+    }
+    break;
+  case PH_RUN:
+    if (all_ranks_reaped(L)) begin_stop_ranks(L, SIGTERM);
+    break;
+  case PH_STOP_RANKS:
+    if (!any_rank_alive(L)) {
+      begin_stop_coord(L);
+    } else if (now >= L->phase_deadline && !L->killed) {
+      alive_list(L, list, sizeof list);
+      say(L, "%s still running %d s after being told to stop; sending SIGKILL", list,
+          GRACE_MS / 1000);
+      for (int r = 0; r < L->cfg.np; r++)
+        if (proc_alive(&L->ranks[r])) proc_signal(&L->ranks[r], SIGKILL);
+      adopted_signal(L, SIGKILL);
+      L->killed = 1;
+      L->phase_deadline = now + KILL_GIVEUP_MS;
+    } else if (L->killed && now < L->phase_deadline) {
+      adopted_signal(L, SIGKILL); /* orphans of what was just killed */
+    } else if (now >= L->phase_deadline) {
+      alive_list(L, list, sizeof list);
+      say(L, "%s still there after SIGKILL; giving up on them", list);
+      begin_stop_coord(L);
+    }
+    break;
+  case PH_STOP_COORD:
+    if ((!L->own_coord || !proc_alive(&L->coord)) && adopted_signal(L, 0) == 0) {
+      begin_drain(L);
+    } else if (now >= L->phase_deadline && !L->killed) {
+      say(L, "gradsyncd (or what it left behind) still running %d s after SIGTERM; sending SIGKILL",
+          GRACE_MS / 1000);
+      if (L->own_coord && proc_alive(&L->coord)) proc_signal(&L->coord, SIGKILL);
+      adopted_signal(L, SIGKILL);
+      L->killed = 1;
+      L->phase_deadline = now + KILL_GIVEUP_MS;
+    } else if (L->killed && now < L->phase_deadline) {
+      adopted_signal(L, SIGKILL);
+    } else if (now >= L->phase_deadline) {
+      say(L, "gradsyncd still there after SIGKILL; giving up on it");
+      begin_drain(L);
+    }
+    break;
+  case PH_DRAIN:
+  case PH_DONE:
+    break;
+  }
+  if (L->phase == PH_DRAIN) {
+    int open = L->coord.out.fd >= 0 || L->coord.err.fd >= 0;
+    for (int r = 0; r < L->cfg.np && !open; r++)
+      open = L->ranks[r].out.fd >= 0 || L->ranks[r].err.fd >= 0;
+    if (!open || now >= L->phase_deadline) L->phase = PH_DONE;
+  }
+}
+
+static int poll_timeout(const launcher *L) {
+  int64_t next = -1;
+  switch (L->phase) {
+  case PH_START:
+    next = L->eof_deadline ? L->eof_deadline : L->phase_deadline;
+    if (L->eof_deadline && L->phase_deadline < next) next = L->phase_deadline;
+    break;
+  case PH_RUN:
+    break;
+  case PH_STOP_RANKS:
+  case PH_STOP_COORD:
+    next = now_ms() + RECHECK_MS; /* group members we cannot wait for */
+    if (L->phase_deadline < next) next = L->phase_deadline;
+    break;
+  case PH_DRAIN:
+  case PH_DONE:
+    next = L->phase_deadline;
+    break;
+  }
+  if ((L->phase == PH_START || L->phase == PH_RUN) && L->run_deadline &&
+      (next < 0 || L->run_deadline < next))
+    next = L->run_deadline;
+  if (next < 0) return -1;
+  int64_t d = next - now_ms();
+  return d < 0 ? 0 : d > INT_MAX ? INT_MAX : (int)d;
+}
+
+/* ---- main loop ------------------------------------------------------------- */
+
+static void add_stream(stream *s, struct pollfd *pfds, stream **owners, size_t *n) {
+  if (s->fd < 0) return;
+  pfds[*n].fd = s->fd;
+  pfds[*n].events = POLLIN;
+  pfds[*n].revents = 0;
+  owners[*n] = s;
+  (*n)++;
+}
+
+static int run_loop(launcher *L) {
+  size_t max = 1 + 2 + 2 * (size_t)L->cfg.np;
+  struct pollfd *pfds = calloc(max, sizeof *pfds);
+  stream **owners = calloc(max, sizeof *owners);
+  if (!pfds || !owners) {
+    say(L, "out of memory");
+    free(pfds);
+    free(owners);
+    kill_everything(L);
+    return 1;
+  }
+  while (L->phase != PH_DONE) {
+    size_t n = 0;
+    pfds[n].fd = L->sigfd;
+    pfds[n].events = POLLIN;
+    pfds[n].revents = 0;
+    owners[n++] = NULL;
+    add_stream(&L->coord.out, pfds, owners, &n);
+    add_stream(&L->coord.err, pfds, owners, &n);
+    for (int r = 0; r < L->cfg.np; r++) {
+      add_stream(&L->ranks[r].out, pfds, owners, &n);
+      add_stream(&L->ranks[r].err, pfds, owners, &n);
+    }
+    int rc = poll(pfds, (nfds_t)n, poll_timeout(L));
+    if (rc < 0 && errno != EINTR) {
+      say(L, "poll failed: %s; killing everything", strerror(errno));
+      decide_exit(L, 1);
+      kill_everything(L);
+      break;
+    }
+    /* Output first, so that a process's last lines come before our verdict. */
+    for (size_t i = 1; rc > 0 && i < n; i++)
+      if (pfds[i].revents) stream_read(L, owners[i], 0);
+    if (rc > 0 && pfds[0].revents) read_signals(L);
+    advance(L);
+  }
+  free(pfds);
+  free(owners);
+  return L->exit_code;
+}
+
+/* The launcher's own stdio must exist, or pipes would land on fds 0..2. */
+static void ensure_std_fds(void) {
+  for (int fd = 0; fd < 3; fd++) {
+    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      int null = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null >= 0 && null != fd) {
+        dup2(null, fd);
+        close(null);
+      }
+    }
+  }
+}
+
+static int setup_signals(launcher *L) {
+  static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP};
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) {
+    /* A signal ignored on entry (nohup, a background job of a script) stays
+     * ignored, here and in the children, as a shell would have it. */
+    struct sigaction old;
+    if (sigaction(forwarded[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaddset(&mask, forwarded[i]);
+  }
+  if (sigprocmask(SIG_BLOCK, &mask, &L->old_mask) != 0) return -1;
+  L->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (L->sigfd < 0) return -1;
+  struct sigaction ign;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ign, &L->old_pipe); /* a closed stdout must not kill us */
+  /* Orphans of our ranks are reparented to us, so they are reaped here. */
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static launcher L;
+  int rc = parse_args(argc, argv, &L.cfg);
+  if (rc >= 0) return rc;
+  ensure_std_fds();
+  L.self = getpid();
+  L.ranks = calloc((size_t)L.cfg.np, sizeof *L.ranks);
+  if (!L.ranks) {
+    say(&L, "out of memory");
+    return 1;
+  }
+  stream_init(&L.coord.out, 1, "[coord] ");
+  stream_init(&L.coord.err, 2, "[coord] ");
+  for (int r = 0; r < L.cfg.np; r++) {
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "[%d] ", r);
+    stream_init(&L.ranks[r].out, 1, prefix);
+    stream_init(&L.ranks[r].err, 2, prefix);
+  }
+  if (setup_signals(&L) != 0) {
+    say(&L, "cannot set up signal handling: %s", strerror(errno));
+    return 1;
+  }
+  if (L.cfg.timeout_s > 0) L.run_deadline = now_ms() + (int64_t)(L.cfg.timeout_s * 1000.0);
+
+  if (L.cfg.coordinator) {
+    snprintf(L.address, sizeof L.address, "%s", L.cfg.coordinator);
+    L.phase = PH_RUN;
+    if (start_ranks(&L) != 0) {
+      decide_exit(&L, 1);
+      begin_stop_ranks(&L, SIGTERM);
+    }
+  } else {
+    L.phase = PH_START;
+    L.phase_deadline = now_ms() + COORD_START_MS;
+    if (start_coordinator(&L) != 0) return 1;
+  }
+  rc = run_loop(&L);
+  free(L.ranks);
+  free(L.cfg.coord_args);
+  return rc;
+}
