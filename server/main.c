@@ -1,1 +1,153 @@
-/* placeholder: being written */
+/* gradsyncd: the coordinator service of a gradsync job. Parses flags and
+ * environment, starts the transport and runs its event loop on the main
+ * thread until SIGINT or SIGTERM, then shuts down gracefully (sessions end
+ * with UNAVAILABLE) and exits 0. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "env.h"
+#include "log.h"
+#include "status.h"
+#include "transport.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: gradsyncd [options]\n"
+          "  --listen HOST:PORT        address to serve on (default 127.0.0.1:0 = a free port;\n"
+          "                            env GRADSYNC_LISTEN)\n"
+          "  --world-size N            ranks in the job (default: the size the first rank gives;\n"
+          "                            env GRADSYNC_WORLD_SIZE)\n"
+          "  --job-id ID               accept only ranks of this job (env GRADSYNC_JOB_ID)\n"
+          "  --token TOKEN             require 'authorization: Bearer TOKEN' from ranks\n"
+          "                            (env GRADSYNC_JOB_TOKEN)\n"
+          "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
+          "                            HOROVOD_CYCLE_TIME)\n"
+          "  --log-level LEVEL         error, warn, info (default) or debug (env GRADSYNC_LOG_LEVEL)\n"
+          "  -h, --help                this text\n"
+          "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n");
+}
+
+static int should_stop(void *arg) {
+  sigset_t *set = arg;
+  struct timespec zero = {0, 0};
+  int sig = sigtimedwait(set, NULL, &zero);
+  if (sig == SIGINT || sig == SIGTERM) {
+    GS_LOG_INFO("received %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    return 1;
+  }
+  return 0;
+}
+
+static int flag_int(const char *flag, const char *val, int64_t min, int64_t max, int64_t *out) {
+  char err[256];
+  if (gs__parse_int(val, flag, min, max, out, err, sizeof err) != GS__OK) {
+    fprintf(stderr, "gradsyncd: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  gs__log_init("gradsyncd");
+  gs__server_opts o;
+  memset(&o, 0, sizeof o);
+  o.listen = getenv("GRADSYNC_LISTEN") && *getenv("GRADSYNC_LISTEN") ? getenv("GRADSYNC_LISTEN")
+                                                                      : "127.0.0.1:0";
+  o.token = getenv("GRADSYNC_JOB_TOKEN");
+  o.job_id = getenv("GRADSYNC_JOB_ID");
+  o.shutdown_grace_ms = 2000;
+  o.job.heartbeat_ms = 1000;
+  o.job.rank_timeout_ms = 10000;
+  o.job.deadlock_time_ms = 5000;
+  o.job.stall_warning_s = 60;
+  o.job.cache_capacity = 1024;
+  o.job.fusion_threshold_bytes = 64u << 20;
+
+  char err[GS__MAX_TEXT];
+  int64_t v;
+  static const char *const world_env[] = {"GRADSYNC_WORLD_SIZE", NULL};
+  static const char *const cycle_env[] = {"GRADSYNC_CYCLE_TIME", "HOROVOD_CYCLE_TIME", NULL};
+  if (gs__env_int(world_env, 0, 0, 65536, &v, err, sizeof err)) goto bad_env;
+  o.world_size = (int32_t)v;
+  if (gs__env_int(cycle_env, 1, 0, 60000, &v, err, sizeof err)) goto bad_env;
+  o.job.cycle_time_us = (uint32_t)v * 1000u;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    }
+    if (!val) {
+      fprintf(stderr, "gradsyncd: unknown flag or missing value: %s\n", a);
+      usage(stderr);
+      return 2;
+    }
+    i++;
+    if (!strcmp(a, "--listen")) {
+      o.listen = val;
+    } else if (!strcmp(a, "--world-size")) {
+      if (flag_int(a, val, 1, 65536, &v)) return 2;
+      o.world_size = (int32_t)v;
+    } else if (!strcmp(a, "--job-id")) {
+      o.job_id = val;
+    } else if (!strcmp(a, "--token")) {
+      o.token = val;
+    } else if (!strcmp(a, "--cycle-time-ms")) {
+      if (flag_int(a, val, 0, 60000, &v)) return 2;
+      o.job.cycle_time_us = (uint32_t)v * 1000u;
+    } else if (!strcmp(a, "--log-level")) {
+      static const char *const lv[] = {"error", "warn", "info", "debug"};
+      int found = 0;
+      for (int k = 0; k < 4; k++)
+        if (!strcmp(val, lv[k])) {
+          gs__log_set_level((gs__log_level)k);
+          found = 1;
+        }
+      if (!found) {
+        fprintf(stderr, "gradsyncd: --log-level '%s': expected error, warn, info or debug\n", val);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "gradsyncd: unknown flag %s\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+
+  /* Block the stop signals before gRPC starts threads so they inherit the
+   * mask; the event loop collects them with sigtimedwait. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  gs__server *s = NULL;
+  if (gs__server_create(&o, &s, err, sizeof err) != GS__OK) {
+    GS_LOG_ERROR("%s", err);
+    return 1;
+  }
+  char host[256];
+  snprintf(host, sizeof host, "%s", o.listen);
+  char *colon = strrchr(host, ':');
+  if (colon) *colon = 0;
+  printf("gradsyncd listening on %s:%d\n", host, gs__server_port(s));
+  fflush(stdout);
+  GS_LOG_INFO("serving %s:%d, world size %s%d%s", host, gs__server_port(s),
+              o.world_size ? "" : "(from the first rank) ", o.world_size,
+              o.token ? ", job token required" : "");
+  gs__server_run(s, should_stop, &set);
+  gs__server_destroy(s);
+  GS_LOG_INFO("stopped");
+  return 0;
+
+bad_env:
+  fprintf(stderr, "gradsyncd: %s\n", err);
+  return 2;
+}

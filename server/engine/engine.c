@@ -1,1 +1,674 @@
-/* placeholder: being written */
+/* The coordinator's engine (see engine.h): membership, the table of pending
+ * tensors keyed by name, validation of every rank's request against the
+ * first one, and the numbered plans that every rank runs in the same order.
+ *
+ * Owns all coordinator job state; called only from the transport's
+ * completion-queue thread. No I/O, no clock: time arrives as now_ms. */
+#include "engine.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uthash.h>
+
+#include "dtype.h"
+#include "log.h"
+#include "status.h"
+
+typedef enum { RANK_NONE = 0, RANK_JOINED, RANK_CONNECTED, RANK_LEFT, RANK_LOST } rank_state;
+
+typedef struct rank_slot {
+  rank_state state;
+  char host[GS__MAX_HOST + 1];
+  int32_t pid;
+  uint64_t joined_ms, last_msg_ms;
+} rank_slot;
+
+/* One tensor name waiting for every rank. Ranks whose requests differ from
+ * the first get another variant; variant_of[r] is -1 until rank r submits. */
+typedef struct entry {
+  char name[GS__MAX_NAME + 1];
+  UT_hash_handle hh;
+  gs__tensor_request *variants;
+  int32_t nvariants;
+  int32_t *variant_of;
+  int64_t *first_dims; /* allgather: each rank's first dimension */
+  int32_t count;
+  uint64_t first_ms;
+  uint64_t order; /* arrival order, for stable reports */
+} entry;
+
+struct gs__engine {
+  gs__engine_config cfg;
+  int32_t world;       /* 0 until known */
+  rank_slot *ranks;    /* world entries once known */
+  int32_t nconnected;
+  int world_ready;
+  int aborted;
+  int32_t left_rank;   /* a rank that left the job (-1: none) */
+  entry *table;        /* uthash by name */
+  uint64_t next_order;
+  uint64_t next_plan_seq;
+  uint64_t tensors_planned;
+  entry **ready;       /* entries that became ready during the current event */
+  size_t nready, ready_cap;
+};
+
+/* ---- outbox --------------------------------------------------------------- */
+
+static gs__out *out_push(gs__outbox *box, gs__out_kind kind) {
+  if (box->n == box->cap) {
+    size_t cap = box->cap ? box->cap * 2 : 8;
+    gs__out *items = realloc(box->items, cap * sizeof *items);
+    if (!items) return NULL;
+    box->items = items;
+    box->cap = cap;
+  }
+  gs__out *o = &box->items[box->n++];
+  memset(o, 0, sizeof *o);
+  o->kind = kind;
+  return o;
+}
+
+static void out_log(gs__outbox *box, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void out_log(gs__outbox *box, int level, const char *fmt, ...) {
+  char buf[GS__MAX_TEXT];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  gs__out *o = out_push(box, GS__OUT_LOG);
+  if (!o) return;
+  o->level = level;
+  o->text = strdup(buf);
+}
+
+void gs__outbox_clear(gs__outbox *box) {
+  for (size_t i = 0; i < box->n; i++) {
+    gs__plan_msg_free(&box->items[i].msg);
+    free(box->items[i].text);
+  }
+  box->n = 0;
+}
+
+void gs__outbox_free(gs__outbox *box) {
+  gs__outbox_clear(box);
+  free(box->items);
+  memset(box, 0, sizeof *box);
+}
+
+/* ---- small text helpers ------------------------------------------------------ */
+
+/* Appends to buf (bounded, always NUL-terminated). */
+static void append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t cap, const char *fmt, ...) {
+  size_t used = strlen(buf);
+  if (used + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + used, cap - used, fmt, ap);
+  va_end(ap);
+}
+
+/* "[0,2,5-9]": ascending ranks, runs of three or more shortened. */
+static void format_ranks(const int32_t *ranks, size_t n, char *buf, size_t cap) {
+  buf[0] = 0;
+  append(buf, cap, "[");
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    while (j + 1 < n && ranks[j + 1] == ranks[j] + 1) j++;
+    const char *sep = i ? "," : "";
+    if (j - i >= 2) {
+      append(buf, cap, "%s%d-%d", sep, ranks[i], ranks[j]);
+    } else {
+      for (size_t k = i; k <= j; k++) append(buf, cap, "%s%d", k ? "," : "", ranks[k]);
+    }
+    i = j + 1;
+  }
+  append(buf, cap, "]");
+}
+
+static const char *rank_host(const gs__engine *e, int32_t r) {
+  return e->ranks[r].host[0] ? e->ranks[r].host : "?";
+}
+
+/* ---- engine lifecycle ---------------------------------------------------------- */
+
+static int set_world(gs__engine *e, int32_t size) {
+  e->ranks = calloc((size_t)size, sizeof *e->ranks);
+  if (!e->ranks) return GS__ERR_NO_MEMORY;
+  e->world = size;
+  return GS__OK;
+}
+
+int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
+  *out = NULL;
+  if (cfg->world_size < 0 || cfg->world_size > GS__MAX_WORLD) return GS__ERR_INVALID_ARG;
+  gs__engine *e = calloc(1, sizeof *e);
+  if (!e) return GS__ERR_NO_MEMORY;
+  e->cfg = *cfg;
+  e->next_plan_seq = 1;
+  e->left_rank = -1;
+  if (cfg->world_size > 0 && set_world(e, cfg->world_size) != GS__OK) {
+    free(e);
+    return GS__ERR_NO_MEMORY;
+  }
+  *out = e;
+  return GS__OK;
+}
+
+static void entry_free(entry *en) {
+  if (!en) return;
+  free(en->variants);
+  free(en->variant_of);
+  free(en->first_dims);
+  free(en);
+}
+
+void gs__engine_destroy(gs__engine *e) {
+  if (!e) return;
+  entry *en, *tmp;
+  HASH_ITER(hh, e->table, en, tmp) {
+    HASH_DEL(e->table, en);
+    entry_free(en);
+  }
+  free(e->ready);
+  free(e->ranks);
+  free(e);
+}
+
+/* ---- membership -------------------------------------------------------------- */
+
+int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
+                    gs__join_response *resp, char *err, size_t errlen) {
+  const char *host = req->host[0] ? req->host : "?";
+  if (e->aborted) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) cannot join: the job was aborted; restart the whole job", req->rank,
+             host, req->pid);
+    return GS__ERR_ABORTED;
+  }
+  if (e->cfg.job_id[0] && strcmp(e->cfg.job_id, req->job_id) != 0) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) asked to join job '%s' but this coordinator serves job '%s'; check "
+             "GRADSYNC_COORDINATOR",
+             req->rank, host, req->pid, req->job_id, e->cfg.job_id);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (req->size < 1 || req->size > GS__MAX_WORLD) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) gave a job size of %d; the size must be from 1 to %d (check "
+             "GRADSYNC_SIZE)",
+             req->rank, host, req->pid, req->size, GS__MAX_WORLD);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (e->world && req->size != e->world) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) says the job has %d ranks, but the job has %d ranks (%s); start every "
+             "rank with the same GRADSYNC_SIZE",
+             req->rank, host, req->pid, req->size, e->world,
+             e->cfg.world_size ? "set by gradsyncd --world-size" : "set by the first rank to join");
+    return GS__ERR_INVALID_ARG;
+  }
+  if (req->rank < 0 || req->rank >= req->size) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) is out of range for a job of %d ranks (valid ranks: 0..%d); check "
+             "GRADSYNC_RANK",
+             req->rank, host, req->pid, req->size, req->size - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (!e->world && set_world(e, req->size) != GS__OK) {
+    snprintf(err, errlen, "out of memory for a job of %d ranks", req->size);
+    return GS__ERR_NO_MEMORY;
+  }
+  rank_slot *s = &e->ranks[req->rank];
+  if (s->state != RANK_NONE) {
+    snprintf(err, errlen,
+             "rank %d already joined from %s:%d; a second process (%s:%d) tried to join as rank "
+             "%d. Give every process its own GRADSYNC_RANK",
+             req->rank, s->host[0] ? s->host : "?", s->pid, host, req->pid, req->rank);
+    return GS__ERR_ALREADY_JOINED;
+  }
+  s->state = RANK_JOINED;
+  snprintf(s->host, sizeof s->host, "%s", req->host);
+  s->pid = req->pid;
+  s->joined_ms = s->last_msg_ms = now_ms;
+  memset(resp, 0, sizeof *resp);
+  snprintf(resp->job_id, sizeof resp->job_id, "%s", e->cfg.job_id);
+  resp->epoch = 1;
+  resp->rank = req->rank;
+  resp->size = e->world;
+  resp->config = e->cfg.job;
+  return GS__OK;
+}
+
+static int world_status(const gs__engine *e, gs__plan_msg *m) {
+  memset(m, 0, sizeof *m);
+  m->kind = GS__MSG_WORLD;
+  m->world.ready = e->world_ready;
+  m->world.size = e->world;
+  m->world.epoch = 1;
+  m->world.ranks = calloc((size_t)e->world, sizeof *m->world.ranks);
+  m->world.missing_ranks = calloc((size_t)e->world, sizeof *m->world.missing_ranks);
+  if (!m->world.ranks || !m->world.missing_ranks) {
+    gs__plan_msg_free(m);
+    return GS__ERR_NO_MEMORY;
+  }
+  for (int32_t r = 0; r < e->world; r++) {
+    const rank_slot *s = &e->ranks[r];
+    if (s->state == RANK_CONNECTED) {
+      gs__rank_info *ri = &m->world.ranks[m->world.nranks++];
+      ri->rank = r;
+      snprintf(ri->host, sizeof ri->host, "%s", s->host);
+      ri->pid = s->pid;
+    } else {
+      m->world.missing_ranks[m->world.nmissing++] = r;
+    }
+  }
+  return GS__OK;
+}
+
+int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box,
+                            char *err, size_t errlen) {
+  if (rank < 0 || rank >= e->world || e->ranks[rank].state == RANK_NONE) {
+    snprintf(err, errlen, "rank %d opened a session without joining first (call Join)", rank);
+    return GS__ERR_INVALID_ARG;
+  }
+  rank_slot *s = &e->ranks[rank];
+  if (s->state != RANK_JOINED) {
+    snprintf(err, errlen, "rank %d (%s:%d) already has a session; one session per rank", rank,
+             rank_host(e, rank), s->pid);
+    return GS__ERR_ALREADY_JOINED;
+  }
+  s->state = RANK_CONNECTED;
+  s->last_msg_ms = now_ms;
+  e->nconnected++;
+  if (e->nconnected == e->world) e->world_ready = 1;
+  out_log(box, GS__LOG_INFO, "rank %d (%s:%d) connected; %d of %d ranks present", rank,
+          rank_host(e, rank), s->pid, e->nconnected, e->world);
+  gs__out *o = out_push(box, GS__OUT_TO_ALL);
+  if (o && world_status(e, &o->msg) != GS__OK) box->n--;
+  if (e->world_ready) out_log(box, GS__LOG_INFO, "all %d ranks connected: world ready", e->world);
+  return GS__OK;
+}
+
+/* ---- the tensor table ---------------------------------------------------------- */
+
+/* What two requests must agree on, in the order mismatches are reported. */
+typedef enum { ATTR_OP, ATTR_DTYPE, ATTR_SHAPE, ATTR_REDUCE, ATTR_PRESCALE, ATTR_POSTSCALE,
+               ATTR_ROOT, ATTR_DEVICE, ATTR_COUNT } attr;
+
+static const char *const k_attr_names[ATTR_COUNT] = {
+    "operations", "data types", "shapes", "reduce ops", "prescale factors", "postscale factors",
+    "broadcast roots", "devices"};
+
+/* Shapes agree fully for allreduce/broadcast/reducescatter; for allgather
+ * and alltoall only the rank and every dimension after the first. */
+static int shape_equal(const gs__tensor_request *a, const gs__tensor_request *b) {
+  if (a->ndim != b->ndim) return 0;
+  int from = (a->op == GS__OP_ALLGATHER || a->op == GS__OP_ALLTOALL) ? 1 : 0;
+  for (int i = from; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+static int attr_equal(attr at, const gs__tensor_request *a, const gs__tensor_request *b) {
+  switch (at) {
+  case ATTR_OP: return a->op == b->op;
+  case ATTR_DTYPE: return a->dtype == b->dtype;
+  case ATTR_SHAPE: return a->op != b->op || shape_equal(a, b);
+  case ATTR_REDUCE:
+    return (a->op != GS__OP_ALLREDUCE && a->op != GS__OP_REDUCESCATTER) || a->reduce_op == b->reduce_op;
+  case ATTR_PRESCALE: return a->prescale == b->prescale;
+  case ATTR_POSTSCALE: return a->postscale == b->postscale;
+  case ATTR_ROOT: return a->op != GS__OP_BROADCAST || a->root_rank == b->root_rank;
+  case ATTR_DEVICE: return a->device == b->device;
+  default: return 1;
+  }
+}
+
+static int request_equal(const gs__tensor_request *a, const gs__tensor_request *b) {
+  for (int at = 0; at < ATTR_COUNT; at++)
+    if (!attr_equal((attr)at, a, b)) return 0;
+  return 1;
+}
+
+static void attr_format(attr at, const gs__tensor_request *r, char *buf, size_t cap) {
+  switch (at) {
+  case ATTR_OP: snprintf(buf, cap, "%s", gs__op_type_name(r->op)); break;
+  case ATTR_DTYPE: snprintf(buf, cap, "%s", gs__dtype_name(r->dtype)); break;
+  case ATTR_SHAPE:
+    if (r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) {
+      char s[256];
+      gs__shape_format(r->ndim > 1 ? r->shape + 1 : r->shape, r->ndim > 1 ? r->ndim - 1 : 0, s,
+                       sizeof s);
+      snprintf(buf, cap, "%d dims, trailing %s", r->ndim, s);
+    } else {
+      gs__shape_format(r->shape, r->ndim, buf, cap);
+    }
+    break;
+  case ATTR_REDUCE: snprintf(buf, cap, "%s", gs__reduce_op_name(r->reduce_op)); break;
+  case ATTR_PRESCALE: snprintf(buf, cap, "%g", r->prescale); break;
+  case ATTR_POSTSCALE: snprintf(buf, cap, "%g", r->postscale); break;
+  case ATTR_ROOT: snprintf(buf, cap, "root %d", r->root_rank); break;
+  case ATTR_DEVICE: snprintf(buf, cap, "%s", gs__device_name(r->device)); break;
+  default: buf[0] = 0;
+  }
+}
+
+/* The one-line mismatch error of en: the first attribute on which the
+ * variants differ, with the ranks that sent each value. */
+static char *mismatch_message(const gs__engine *e, const entry *en) {
+  attr at = ATTR_COUNT;
+  for (int a = 0; a < ATTR_COUNT && at == ATTR_COUNT; a++)
+    for (int32_t v = 1; v < en->nvariants; v++)
+      if (!attr_equal((attr)a, &en->variants[0], &en->variants[v])) {
+        at = (attr)a;
+        break;
+      }
+  char *msg = malloc(GS__MAX_TEXT);
+  int32_t *ranks = malloc((size_t)e->world * sizeof *ranks);
+  char *done = calloc((size_t)e->world, 1);
+  if (!msg || !ranks || !done) {
+    free(ranks);
+    free(done);
+    return msg ? strcpy(msg, "mismatched requests (out of memory while describing them)") : NULL;
+  }
+  snprintf(msg, GS__MAX_TEXT, "tensor '%s': mismatched %s: ", en->name,
+           at < ATTR_COUNT ? k_attr_names[at] : "requests");
+  /* Group ranks by the value of the differing attribute, lowest rank first. */
+  int first_group = 1;
+  for (int32_t r = 0; r < e->world; r++) {
+    if (done[r] || en->variant_of[r] < 0) continue;
+    const gs__tensor_request *ref = &en->variants[en->variant_of[r]];
+    size_t n = 0;
+    for (int32_t q = r; q < e->world; q++) {
+      if (done[q] || en->variant_of[q] < 0) continue;
+      if (at < ATTR_COUNT && !attr_equal(at, ref, &en->variants[en->variant_of[q]])) continue;
+      if (at == ATTR_COUNT && en->variant_of[q] != en->variant_of[r]) continue;
+      done[q] = 1;
+      ranks[n++] = q;
+    }
+    char rs[1024], val[512];
+    format_ranks(ranks, n, rs, sizeof rs);
+    attr_format(at < ATTR_COUNT ? at : ATTR_SHAPE, ref, val, sizeof val);
+    append(msg, GS__MAX_TEXT, "%sranks %s sent %s", first_group ? "" : ", ", rs, val);
+    first_group = 0;
+  }
+  free(ranks);
+  free(done);
+  return msg;
+}
+
+/* Rank-local checks of one request; on failure a message for that rank. */
+static int check_request(const gs__engine *e, int32_t rank, const gs__tensor_request *r,
+                         char *err, size_t errlen) {
+  if (r->op == GS__OP_BROADCAST && (r->root_rank < 0 || r->root_rank >= e->world)) {
+    snprintf(err, errlen,
+             "tensor '%s': rank %d asked to broadcast from root rank %d, but the job has ranks "
+             "0..%d; pass a valid root",
+             r->name, rank, r->root_rank, e->world - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if ((r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) && r->ndim == 0) {
+    snprintf(err, errlen,
+             "tensor '%s': rank %d submitted a scalar to %s; it needs at least one dimension "
+             "(reshape it to [1])",
+             r->name, rank, gs__op_type_name(r->op));
+    return GS__ERR_INVALID_ARG;
+  }
+  return GS__OK;
+}
+
+static void rank_error(gs__outbox *box, int32_t rank, const char *name, int status,
+                       const char *text) {
+  gs__out *o = out_push(box, GS__OUT_TO_RANK);
+  if (!o) return;
+  o->rank = rank;
+  o->msg.kind = GS__MSG_RANK_ERROR;
+  o->msg.status = status;
+  snprintf(o->msg.name, sizeof o->msg.name, "%s", name);
+  o->msg.text = strdup(text);
+}
+
+static int mark_ready(gs__engine *e, entry *en) {
+  if (e->nready == e->ready_cap) {
+    size_t cap = e->ready_cap ? e->ready_cap * 2 : 16;
+    entry **r = realloc(e->ready, cap * sizeof *r);
+    if (!r) return GS__ERR_NO_MEMORY;
+    e->ready = r;
+    e->ready_cap = cap;
+  }
+  e->ready[e->nready++] = en;
+  return GS__OK;
+}
+
+static void add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r, uint64_t now_ms,
+                        gs__outbox *box) {
+  char err[GS__MAX_TEXT];
+  int rc = check_request(e, rank, r, err, sizeof err);
+  if (rc) {
+    rank_error(box, rank, r->name, rc, err);
+    return;
+  }
+  entry *en = NULL;
+  HASH_FIND_STR(e->table, r->name, en);
+  if (!en) {
+    en = calloc(1, sizeof *en);
+    if (en) {
+      en->variants = malloc(sizeof *en->variants);
+      en->variant_of = malloc((size_t)e->world * sizeof *en->variant_of);
+      en->first_dims = calloc((size_t)e->world, sizeof *en->first_dims);
+    }
+    if (!en || !en->variants || !en->variant_of || !en->first_dims) {
+      entry_free(en);
+      rank_error(box, rank, r->name, GS__ERR_NO_MEMORY, "coordinator out of memory");
+      return;
+    }
+    memcpy(en->name, r->name, sizeof en->name);
+    for (int32_t q = 0; q < e->world; q++) en->variant_of[q] = -1;
+    en->variants[0] = *r;
+    en->nvariants = 1;
+    en->first_ms = now_ms;
+    en->order = e->next_order++;
+    HASH_ADD_STR(e->table, name, en);
+  } else if (en->variant_of[rank] >= 0) {
+    snprintf(err, sizeof err,
+             "tensor '%s': rank %d submitted it again while its earlier %s is still in flight; "
+             "wait for the first op to complete before reusing the name",
+             r->name, rank, gs__op_type_name(en->variants[en->variant_of[rank]].op));
+    rank_error(box, rank, r->name, GS__ERR_DUPLICATE_NAME, err);
+    return;
+  }
+  int32_t v = 0;
+  while (v < en->nvariants && !request_equal(&en->variants[v], r)) v++;
+  if (v == en->nvariants) {
+    gs__tensor_request *vs = realloc(en->variants, (size_t)(v + 1) * sizeof *vs);
+    if (!vs) {
+      rank_error(box, rank, r->name, GS__ERR_NO_MEMORY, "coordinator out of memory");
+      return;
+    }
+    en->variants = vs;
+    en->variants[v] = *r;
+    en->nvariants++;
+  }
+  en->variant_of[rank] = v;
+  en->first_dims[rank] = r->ndim > 0 ? r->shape[0] : 0;
+  en->count++;
+  if (en->count == e->world || (e->left_rank >= 0 && en->count == 1)) mark_ready(e, en);
+}
+
+/* Once a rank has left, no entry can ever become complete: every pending
+ * one is failed (same plan position on every rank). */
+static char *left_message(const gs__engine *e, const entry *en) {
+  char *msg = malloc(GS__MAX_TEXT);
+  if (!msg) return NULL;
+  int32_t r = e->left_rank;
+  snprintf(msg, GS__MAX_TEXT,
+           "tensor '%s': rank %d (%s, pid %d) has already left the job (gs_shutdown), so this "
+           "collective can never complete; every rank must submit the same tensors before "
+           "shutting down",
+           en->name, r, rank_host(e, r), e->ranks[r].pid);
+  return msg;
+}
+
+/* Turns one ready entry into a response (collective or error). */
+static int entry_response(const gs__engine *e, const entry *en, gs__response *resp) {
+  const gs__tensor_request *r = &en->variants[0];
+  memset(resp, 0, sizeof *resp);
+  resp->op = r->op;
+  resp->dtype = r->dtype;
+  resp->reduce_op = r->reduce_op;
+  resp->prescale = r->prescale;
+  resp->postscale = r->postscale;
+  resp->root_rank = r->root_rank;
+  resp->device = r->device;
+  resp->tensors = calloc(1, sizeof *resp->tensors);
+  if (!resp->tensors) return GS__ERR_NO_MEMORY;
+  resp->ntensors = 1;
+  gs__plan_tensor *t = &resp->tensors[0];
+  memcpy(t->name, en->name, sizeof t->name);
+  t->ndim = r->ndim;
+  memcpy(t->shape, r->shape, sizeof t->shape);
+  if (en->count < e->world) {
+    resp->kind = GS__RESP_ERROR;
+    resp->error_status = GS__ERR_SHUTDOWN;
+    resp->error_message = left_message(e, en);
+    return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
+  }
+  if (en->nvariants > 1) {
+    resp->kind = GS__RESP_ERROR;
+    resp->error_status = GS__ERR_MISMATCH;
+    resp->error_message = mismatch_message(e, en);
+    return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
+  }
+  resp->kind = GS__RESP_COLLECTIVE;
+  if (r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) {
+    t->rank_dims = malloc((size_t)e->world * sizeof *t->rank_dims);
+    if (!t->rank_dims) return GS__ERR_NO_MEMORY;
+    memcpy(t->rank_dims, en->first_dims, (size_t)e->world * sizeof *t->rank_dims);
+    t->nrank_dims = (size_t)e->world;
+  }
+  return GS__OK;
+}
+
+/* Emits one plan holding every entry that became ready, in the order they
+ * became ready, and drops those entries from the table. */
+static void emit_ready(gs__engine *e, gs__outbox *box) {
+  if (!e->nready) return;
+  gs__out *o = out_push(box, GS__OUT_TO_ALL);
+  gs__response *resps = calloc(e->nready, sizeof *resps);
+  if (!o || !resps) {
+    free(resps);
+    if (o) box->n--;
+    out_log(box, GS__LOG_ERROR, "out of memory building a plan of %zu tensors", e->nready);
+    return;
+  }
+  o->msg.kind = GS__MSG_PLAN;
+  o->msg.plan.seq = e->next_plan_seq++;
+  o->msg.plan.responses = resps;
+  for (size_t i = 0; i < e->nready; i++) {
+    entry *en = e->ready[i];
+    if (entry_response(e, en, &resps[o->msg.plan.nresponses]) == GS__OK) {
+      gs__response *rp = &resps[o->msg.plan.nresponses];
+      if (rp->kind == GS__RESP_ERROR) out_log(box, GS__LOG_WARN, "%s", rp->error_message);
+      else e->tensors_planned++;
+      o->msg.plan.nresponses++;
+    } else {
+      gs__response_free(&resps[o->msg.plan.nresponses]);
+    }
+    HASH_DEL(e->table, en);
+    entry_free(en);
+  }
+  e->nready = 0;
+}
+
+void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg,
+                             uint64_t now_ms, gs__outbox *box) {
+  if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
+  rank_slot *s = &e->ranks[rank];
+  s->last_msg_ms = now_ms;
+  if (e->aborted) return;
+  if (msg->nrequests && !e->world_ready) {
+    for (size_t i = 0; i < msg->nrequests; i++)
+      rank_error(box, rank, msg->requests[i].name, GS__ERR_INVALID_ARG,
+                 "request sent before every rank joined (wait for gs_init to return)");
+    return;
+  }
+  for (size_t i = 0; i < msg->nrequests; i++) add_request(e, rank, &msg->requests[i], now_ms, box);
+  emit_ready(e, box);
+  if (msg->has_leave) {
+    s->state = RANK_LEFT;
+    e->nconnected--;
+    if (e->left_rank < 0) e->left_rank = rank;
+    out_log(box, GS__LOG_INFO, "rank %d (%s:%d) left the job%s%s", rank, rank_host(e, rank),
+            s->pid, msg->leave_reason[0] ? ": " : "", msg->leave_reason);
+    entry *en, *tmp;
+    HASH_ITER(hh, e->table, en, tmp) mark_ready(e, en);
+    emit_ready(e, box);
+  }
+}
+
+/* "[a, b, c]" of the names pending (at most 20), oldest first. */
+static void pending_names(const gs__engine *e, char *buf, size_t cap) {
+  buf[0] = 0;
+  append(buf, cap, "[");
+  size_t n = 0, total = HASH_COUNT(e->table);
+  const entry *en;
+  for (en = e->table; en && n < 20; en = en->hh.next, n++)
+    append(buf, cap, "%s%s", n ? ", " : "", en->name);
+  if (total > n) append(buf, cap, ", ... %zu more", total - n);
+  append(buf, cap, "]");
+}
+
+void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
+                               gs__outbox *box) {
+  if (rank < 0 || rank >= e->world) return;
+  rank_slot *s = &e->ranks[rank];
+  if (s->state != RANK_CONNECTED) return;
+  s->state = RANK_LOST;
+  e->nconnected--;
+  if (e->aborted) return;
+  e->aborted = 1;
+  char names[2048], text[GS__MAX_TEXT];
+  pending_names(e, names, sizeof names);
+  snprintf(text, sizeof text,
+           "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s. The job cannot continue "
+           "without it: look at rank %d's log for why it stopped, then restart the job",
+           rank, rank_host(e, rank), s->pid, detail && *detail ? detail : "its session ended",
+           names, rank);
+  out_log(box, GS__LOG_ERROR, "%s", text);
+  gs__out *o = out_push(box, GS__OUT_TO_ALL);
+  if (!o) return;
+  o->msg.kind = GS__MSG_ABORT;
+  o->msg.status = GS__ERR_RANK_LOST;
+  o->msg.text = strdup(text);
+}
+
+void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
+  (void)e;
+  (void)now_ms;
+  (void)box;
+}
+
+void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
+  memset(out, 0, sizeof *out);
+  out->world_size = e->world;
+  for (int32_t r = 0; r < e->world; r++) {
+    switch (e->ranks[r].state) {
+    case RANK_JOINED: out->joined++; break;
+    case RANK_CONNECTED: out->joined++; out->connected++; break;
+    case RANK_LEFT: out->joined++; out->left++; break;
+    case RANK_LOST: out->joined++; out->lost++; break;
+    default: break;
+    }
+  }
+  out->world_ready = e->world_ready;
+  out->aborted = e->aborted;
+  out->plans_emitted = e->next_plan_seq - 1;
+  out->tensors_planned = e->tensors_planned;
+  out->pending_tensors = HASH_COUNT(e->table);
+}

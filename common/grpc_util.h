@@ -1,0 +1,27 @@
+/* Small helpers over the gRPC C core shared by the coordinator and the
+ * worker client: byte buffers <-> bytes, metadata lookup, deadlines. Any
+ * thread. */
+#ifndef GS_COMMON_GRPC_UTIL_H
+#define GS_COMMON_GRPC_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
+
+/* A new byte buffer holding a copy of len bytes (caller destroys). */
+grpc_byte_buffer *gs__bb_from_bytes(const uint8_t *data, size_t len);
+/* Copies the buffer into one malloc'd array (*out; caller frees).
+ * bb may be NULL (then *out = NULL, *len = 0). Returns 0 or -1. */
+int gs__bb_to_bytes(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
+/* Finds key in md and copies its value (NUL-terminated, truncated) into out.
+ * Returns 1 when found. */
+int gs__md_get(const grpc_metadata_array *md, const char *key, char *out, size_t outlen);
+/* A monotonic deadline ms milliseconds from now (ms < 0: infinite). */
+gpr_timespec gs__deadline_ms(int64_t ms);
+/* Constant-time comparison of two NUL-terminated strings; 1 when equal. */
+int gs__secret_equal(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,92 @@
+/* The coordinator's engine: membership, the tensor table, validation and
+ * the ordered plans. Pure C: no I/O, no gRPC or protobuf, no clock. Events
+ * come in as calls with the current time as an argument; what to send comes
+ * out in a gs__outbox, in the order it must be sent. The transport owns the
+ * engine and calls it from its one completion-queue thread only.
+ *
+ * Ranks go NONE -> JOINED (Join RPC) -> CONNECTED (Session hello) -> LEFT
+ * (leave message) or LOST (session ended without leaving). The world is
+ * ready when every rank is CONNECTED; from then on every CONNECTED rank
+ * receives every plan, numbered from 1. */
+#ifndef GS_SERVER_ENGINE_H
+#define GS_SERVER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "messages.h"
+
+typedef struct gs__engine gs__engine;
+
+typedef struct gs__engine_config {
+  int32_t world_size;            /* 0 = taken from the first rank that joins */
+  char job_id[GS__MAX_JOB_ID + 1]; /* "" = accept any job id */
+  gs__job_config job;            /* handed to every rank in JoinResponse */
+} gs__engine_config;
+
+typedef enum gs__out_kind {
+  GS__OUT_TO_ALL,    /* msg to every rank whose session is open */
+  GS__OUT_TO_RANK,   /* msg to one rank */
+  GS__OUT_LOG,       /* text for the coordinator's log at level */
+} gs__out_kind;
+
+typedef struct gs__out {
+  gs__out_kind kind;
+  int32_t rank;    /* TO_RANK */
+  gs__plan_msg msg; /* TO_ALL, TO_RANK: owned by the outbox */
+  int level;       /* LOG: a gs__log_level */
+  char *text;      /* LOG: owned by the outbox */
+} gs__out;
+
+typedef struct gs__outbox {
+  gs__out *items;
+  size_t n, cap;
+} gs__outbox;
+
+/* Frees every item (and its message) and empties the box; keeps capacity. */
+void gs__outbox_clear(gs__outbox *box);
+/* Frees the box's storage too. */
+void gs__outbox_free(gs__outbox *box);
+
+/* Returns GS__OK and a new engine in *out, or GS__ERR_INVALID_ARG. */
+int gs__engine_create(const gs__engine_config *cfg, gs__engine **out);
+void gs__engine_destroy(gs__engine *e);
+
+/* A rank asks to join. On GS__OK fills resp. Refusals:
+ * GS__ERR_INVALID_ARG (size or rank out of range, size disagreeing with the
+ * world) and GS__ERR_ALREADY_JOINED, each with a message in err. */
+int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
+                    gs__join_response *resp, char *err, size_t errlen);
+
+/* The Session stream of a joined rank said hello. GS__ERR_INVALID_ARG when
+ * the rank did not join or already has a session (message in err). Emits the
+ * world status (to all, ready once every rank is connected). */
+int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box,
+                            char *err, size_t errlen);
+
+/* A message on rank's session (hello already consumed). Emits plans, errors
+ * and aborts. */
+void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg,
+                             uint64_t now_ms, gs__outbox *box);
+
+/* rank's session ended (after a leave: a clean exit; otherwise the rank is
+ * lost and every other rank is told). detail describes how it ended. */
+void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
+                               gs__outbox *box);
+
+/* Periodic work (stall and liveness checks); call at least every 100 ms. */
+void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box);
+
+/* Read-only views for diagnostics and tests. */
+typedef struct gs__engine_stats {
+  int32_t world_size;
+  int32_t joined, connected, left, lost;
+  int world_ready;
+  int aborted;
+  uint64_t plans_emitted;
+  uint64_t tensors_planned;
+  size_t pending_tensors;
+} gs__engine_stats;
+void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
+
+#endif
