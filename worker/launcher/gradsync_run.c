@@ -355,7 +355,8 @@ static void stream_close(launcher *L, stream *s) {
 /* Reads what is available. Returns 1 if the stream is still open. When all,
  * keeps reading until the pipe is empty (for a process that just ended). */
 static int stream_read(launcher *L, stream *s, int all) {
-  while (s->fd >= 0) {
+  /* Bounded even when all: something the process left behind may still write. */
+  for (int budget = all ? 64 : 1; s->fd >= 0 && budget > 0; budget--) {
     if (s->cap - s->len < READ_CHUNK) {
       size_t cap = s->cap ? s->cap * 2 : 2 * READ_CHUNK;
       while (cap - s->len < READ_CHUNK) cap *= 2;
@@ -377,9 +378,8 @@ static int stream_read(launcher *L, stream *s, int all) {
     }
     s->len += (size_t)r;
     stream_flush(L, s, 0);
-    if (!all) return 1;
   }
-  return 0;
+  return s->fd >= 0;
 }
 
 /* ---- processes ---------------------------------------------------------- */
