@@ -1,1 +1,522 @@
-/* placeholder: being written */
+/* The public API of libgradsync (gradsync.h): options, gs_init and
+ * gs_shutdown, op submission and the waits. Runs on application threads;
+ * hands ops to the background thread through ctx->mu's submission queue
+ * (see worker.h for who owns what). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "client.h"
+#include "clock.h"
+#include "dtype.h"
+#include "env.h"
+#include "gradsync.h"
+#include "log.h"
+#include "status.h"
+#include "worker.h"
+
+_Static_assert((int)GS_ERR_ALREADY_JOINED == GS__ERR_ALREADY_JOINED, "status numbering");
+_Static_assert((int)GS_ERR_MISMATCH == GS__ERR_MISMATCH, "status numbering");
+_Static_assert((int)GS_UINT8 == (int)GS__UINT8, "dtype numbering");
+_Static_assert((int)GS_BFLOAT16 == (int)GS__BFLOAT16, "dtype numbering");
+_Static_assert((int)GS_ADASUM == (int)GS__ADASUM, "reduce op numbering");
+_Static_assert((int)GS_PRODUCT == (int)GS__PRODUCT, "reduce op numbering");
+
+static __thread char tl_error[4096];
+
+/* Records msg as the calling thread's last error and returns status. */
+static gs_status set_error(gs_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static gs_status set_error(gs_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tl_error, sizeof tl_error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *gs_last_error(const gs_ctx *ctx) {
+  (void)ctx;
+  return tl_error;
+}
+
+const char *gs_status_str(gs_status status) {
+  static const char *const text[] = {
+      "GS_OK: success",
+      "GS_ERR_INVALID_ARG: invalid argument",
+      "GS_ERR_NO_MEMORY: out of memory",
+      "GS_ERR_TIMEOUT: timed out",
+      "GS_ERR_MISMATCH: tensor differs across ranks",
+      "GS_ERR_DUPLICATE_NAME: tensor name already in flight",
+      "GS_ERR_JOIN_REFUSED: coordinator refused to let this rank join",
+      "GS_ERR_JOIN_TIMEOUT: not every rank joined in time",
+      "GS_ERR_COORDINATOR_LOST: connection to the coordinator lost",
+      "GS_ERR_RANK_LOST: a rank of the job was lost",
+      "GS_ERR_DATA_PLANE: data-plane (backend) failure",
+      "GS_ERR_ABORTED: job aborted",
+      "GS_ERR_SHUTDOWN: library is shutting down",
+      "GS_ERR_DEADLOCK: deadlock detected",
+      "GS_ERR_STALL: stalled past the shutdown time",
+      "GS_ERR_UNSUPPORTED: not supported",
+      "GS_ERR_INTERNAL: internal error (a gradsync bug)",
+      "GS_ERR_UNAUTHENTICATED: missing or wrong job token",
+      "GS_ERR_ALREADY_JOINED: this rank already joined",
+  };
+  _Static_assert(sizeof text / sizeof *text == GS__STATUS_COUNT, "one text per status");
+  if ((int)status < 0 || (int)status >= GS__STATUS_COUNT) return "unknown gradsync status";
+  return text[status];
+}
+
+size_t gs_dtype_size(gs_dtype dtype) {
+  return gs__dtype_size((gs__dtype)dtype);
+}
+
+void gs_options_init(gs_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->rank = o->size = o->local_rank = o->local_size = -1;
+  o->join_timeout_ms = o->data_timeout_ms = -1;
+}
+
+/* ---- gs_init -------------------------------------------------------------- */
+
+typedef struct resolved {
+  const char *coordinator, *token, *advertise;
+  int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms;
+} resolved;
+
+static gs_status env_or(int given, const char *var, int def, int min, int max, int *out) {
+  if (given >= 0) {
+    *out = given;
+    return GS_OK;
+  }
+  const char *const names[] = {var, NULL};
+  int64_t v;
+  char err[512];
+  if (gs__env_int(names, def, min, max, &v, err, sizeof err) != GS__OK)
+    return set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
+  *out = (int)v;
+  return GS_OK;
+}
+
+static gs_status resolve(const gs_options *o, resolved *r) {
+  gs_options dflt;
+  gs_options_init(&dflt);
+  if (!o) o = &dflt;
+  gs_status st;
+  r->coordinator = o->coordinator ? o->coordinator : getenv("GRADSYNC_COORDINATOR");
+  if (!r->coordinator || !*r->coordinator)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "gs_init: no coordinator address: set GRADSYNC_COORDINATOR=host:port (or "
+                     "start the job with gradsync-run, which sets it)");
+  if ((st = env_or(o->size, "GRADSYNC_SIZE", -1, 1, 65536, &r->size))) return st;
+  if (r->size < 1)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "gs_init: the job size is unknown: set GRADSYNC_SIZE (or gs_options.size)");
+  if ((st = env_or(o->rank, "GRADSYNC_RANK", -1, 0, 65535, &r->rank))) return st;
+  if (r->rank < 0)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "gs_init: this process's rank is unknown: set GRADSYNC_RANK (or "
+                     "gs_options.rank)");
+  if (r->rank >= r->size)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "gs_init: rank %d is out of range for a job of %d ranks (valid: 0..%d)",
+                     r->rank, r->size, r->size - 1);
+  if ((st = env_or(o->local_rank, "GRADSYNC_LOCAL_RANK", 0, 0, 65535, &r->local_rank))) return st;
+  if ((st = env_or(o->local_size, "GRADSYNC_LOCAL_SIZE", 1, 1, 65536, &r->local_size))) return st;
+  if ((st = env_or(o->join_timeout_ms, "GRADSYNC_JOIN_TIMEOUT_MS", 60000, 1, 86400000,
+                   &r->join_timeout_ms)))
+    return st;
+  if ((st = env_or(o->data_timeout_ms, "GRADSYNC_DATA_TIMEOUT_MS", 60000, 1, 86400000,
+                   &r->data_timeout_ms)))
+    return st;
+  r->token = o->job_token ? o->job_token : getenv("GRADSYNC_JOB_TOKEN");
+  r->advertise = o->advertise_addr ? o->advertise_addr : getenv("GRADSYNC_ADVERTISE_ADDR");
+  return GS_OK;
+}
+
+/* Waits for the coordinator's "world ready", naming the missing ranks if it
+ * does not come before deadline_ms. */
+static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
+  char err[4096];
+  gs__world_status last;
+  memset(&last, 0, sizeof last);
+  gs_status st = GS_OK;
+  for (;;) {
+    uint64_t now = gs__now_ms();
+    if (now >= deadline_ms) {
+      char missing[1024] = "", joined[2048] = "";
+      size_t used = 0;
+      for (size_t i = 0; i < last.nmissing && used < sizeof missing - 16; i++)
+        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", i ? "," : "",
+                                 last.missing_ranks[i]);
+      used = 0;
+      for (size_t i = 0; i < last.nranks && used < sizeof joined - 64; i++)
+        used += (size_t)snprintf(joined + used, sizeof joined - used, "%s%d (%s:%d)",
+                                 i ? ", " : "", last.ranks[i].rank, last.ranks[i].host,
+                                 last.ranks[i].pid);
+      st = set_error(GS_ERR_JOIN_TIMEOUT,
+                     "gs_init (rank %d): timed out after %d ms waiting for ranks [%s] to join the "
+                     "job at coordinator %s (present: %s). Check that those ranks were started "
+                     "with GRADSYNC_SIZE=%d and can reach the coordinator; raise "
+                     "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
+                     ctx->rank, timeout_ms, missing, ctx->coordinator,
+                     joined[0] ? joined : "none", ctx->size);
+      break;
+    }
+    gs__plan_msg m;
+    int got = 0;
+    int rc = gs__client_session_poll(ctx->client, (int)(deadline_ms - now), &m, &got, err,
+                                     sizeof err);
+    if (rc) {
+      st = set_error((gs_status)rc, "gs_init (rank %d): %s", ctx->rank, err);
+      break;
+    }
+    if (!got) continue;
+    if (m.kind == GS__MSG_WORLD) {
+      int ready = m.world.ready;
+      gs__world_status_free(&last);
+      last = m.world;
+      memset(&m.world, 0, sizeof m.world);
+      gs__plan_msg_free(&m);
+      if (ready) break;
+    } else if (m.kind == GS__MSG_ABORT) {
+      st = set_error((gs_status)m.status, "gs_init (rank %d): the job was aborted: %s", ctx->rank,
+                     m.text ? m.text : "");
+      gs__plan_msg_free(&m);
+      break;
+    } else {
+      gs__plan_msg_free(&m);
+    }
+  }
+  gs__world_status_free(&last);
+  return st;
+}
+
+static int kv_set(void *c, const char *key, const void *val, size_t len, char *err, size_t errlen) {
+  return gs__client_kv_set(c, key, val, len, err, errlen);
+}
+
+static int kv_get(void *c, const char *key, int timeout_ms, void **val, size_t *len, char *err,
+                  size_t errlen) {
+  return gs__client_kv_get(c, key, timeout_ms, val, len, err, errlen);
+}
+
+static void ctx_free(gs_ctx *ctx) {
+  gs__backend_destroy(ctx->backend);
+  gs__client_destroy(ctx->client);
+  while (ctx->plans_head) {
+    plan_node *n = ctx->plans_head;
+    ctx->plans_head = n->next;
+    gs__plan_free(&n->plan);
+    free(n);
+  }
+  free(ctx->done_plans);
+  pthread_mutex_destroy(&ctx->mu);
+  pthread_cond_destroy(&ctx->cv);
+  free(ctx);
+}
+
+gs_status gs_init(const gs_options *opts, gs_ctx **out) {
+  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_init: out is NULL");
+  *out = NULL;
+  resolved r;
+  gs_status st = resolve(opts, &r);
+  if (st) return st;
+  gs_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return set_error(GS_ERR_NO_MEMORY, "gs_init: out of memory");
+  ctx->rank = r.rank;
+  ctx->size = r.size;
+  ctx->local_rank = r.local_rank;
+  ctx->local_size = r.local_size;
+  snprintf(ctx->coordinator, sizeof ctx->coordinator, "%s", r.coordinator);
+  if (gethostname(ctx->host, sizeof ctx->host) != 0) snprintf(ctx->host, sizeof ctx->host, "?");
+  pthread_mutex_init(&ctx->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* gs_wait deadlines are monotonic */
+  pthread_cond_init(&ctx->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  char log_name[64];
+  snprintf(log_name, sizeof log_name, "gradsync[rank %d]", r.rank);
+  gs__log_init(log_name);
+
+  uint64_t deadline = gs__now_ms() + (uint64_t)r.join_timeout_ms;
+  char err[4096];
+  int rc = gs__client_create(r.coordinator, r.token, &ctx->client, err, sizeof err);
+  if (rc) {
+    st = set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
+    goto out_free_ctx;
+  }
+  gs__join_request jr;
+  memset(&jr, 0, sizeof jr);
+  jr.rank = r.rank;
+  jr.size = r.size;
+  jr.local_rank = r.local_rank;
+  jr.local_size = r.local_size;
+  snprintf(jr.host, sizeof jr.host, "%s", ctx->host);
+  jr.pid = (int32_t)getpid();
+  snprintf(jr.version, sizeof jr.version, "%s", GS_VERSION_STRING);
+  const char *job = getenv("GRADSYNC_JOB_ID");
+  snprintf(jr.job_id, sizeof jr.job_id, "%s", job ? job : "");
+  rc = gs__client_join(ctx->client, &jr, r.join_timeout_ms, &ctx->join, err, sizeof err);
+  if (rc) {
+    st = set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
+    goto out_free_ctx;
+  }
+  rc = gs__client_session_open(ctx->client, r.rank, ctx->join.epoch, err, sizeof err);
+  if (rc) {
+    st = set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
+    goto out_free_ctx;
+  }
+  st = wait_world(ctx, deadline, r.join_timeout_ms);
+  if (st) goto out_free_ctx;
+
+  gs__tcp_ring_opts ro;
+  memset(&ro, 0, sizeof ro);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "epoch/%llu/", (unsigned long long)ctx->join.epoch);
+  ro.rank = r.rank;
+  ro.size = r.size;
+  ro.coordinator = r.coordinator;
+  ro.advertise_addr = r.advertise;
+  ro.key_prefix = prefix;
+  uint64_t now = gs__now_ms();
+  ro.connect_timeout_ms = now < deadline ? (int)(deadline - now) : 1;
+  if (ro.connect_timeout_ms < 5000) ro.connect_timeout_ms = 5000;
+  ro.io_timeout_ms = r.data_timeout_ms;
+  ro.kv.ctx = ctx->client;
+  ro.kv.set = kv_set;
+  ro.kv.get = kv_get;
+  rc = gs__tcp_ring_create(&ro, &ctx->backend, err, sizeof err);
+  if (rc) {
+    st = set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s",
+                   r.rank, err);
+    goto out_free_ctx;
+  }
+  ctx->last_send_ms = gs__now_ms();
+  if (pthread_create(&ctx->thread, NULL, gs__background_main, ctx) != 0) {
+    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the background thread: %s",
+                   r.rank, strerror(errno));
+    goto out_free_ctx;
+  }
+  ctx->thread_started = 1;
+  GS_LOG_DEBUG("rank %d of %d ready (coordinator %s)", r.rank, r.size, r.coordinator);
+  *out = ctx;
+  return GS_OK;
+
+out_free_ctx:
+  ctx_free(ctx);
+  return st;
+}
+
+gs_status gs_shutdown(gs_ctx *ctx) {
+  if (!ctx) return GS_OK;
+  pthread_mutex_lock(&ctx->mu);
+  ctx->stop = 1;
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
+  if (ctx->thread_started) pthread_join(ctx->thread, NULL);
+  /* The loop has ended: fail what is left (the first failure wins). */
+  gs__ctx_fail(ctx, GS_ERR_SHUTDOWN,
+               "gs_shutdown was called while this op was in flight; wait for ops before "
+               "shutting down");
+  ctx_free(ctx);
+  return GS_OK;
+}
+
+int gs_rank(const gs_ctx *ctx) {
+  return ctx ? ctx->rank : -1;
+}
+int gs_size(const gs_ctx *ctx) {
+  return ctx ? ctx->size : -1;
+}
+int gs_local_rank(const gs_ctx *ctx) {
+  return ctx ? ctx->local_rank : -1;
+}
+int gs_local_size(const gs_ctx *ctx) {
+  return ctx ? ctx->local_size : -1;
+}
+
+/* ---- submission ------------------------------------------------------------ */
+
+static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
+  pthread_mutex_lock(&ctx->mu);
+  gs_status st = GS_OK;
+  struct gs_handle *dup = NULL;
+  if (ctx->fatal) {
+    st = set_error(ctx->fatal, "%s", ctx->fatal_msg);
+  } else if (ctx->stop) {
+    st = set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", h->req.name);
+  } else {
+    HASH_FIND_STR(ctx->inflight, h->req.name, dup);
+    if (dup)
+      st = set_error(GS_ERR_DUPLICATE_NAME,
+                     "tensor '%s': rank %d already has an op of this name in flight; wait for it "
+                     "to complete (gs_wait) before submitting the name again, or use another name",
+                     h->req.name, ctx->rank);
+  }
+  if (st == GS_OK) {
+    HASH_ADD_STR(ctx->inflight, req.name, h);
+    if (ctx->sub_tail) ctx->sub_tail->next_submit = h;
+    else ctx->sub_head = h;
+    ctx->sub_tail = h;
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  return st;
+}
+
+gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                             size_t count, gs_dtype dtype, gs_reduce_op op,
+                             const gs_allreduce_opts *opts, gs_handle **out) {
+  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
+  *out = NULL;
+  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: ctx is NULL");
+  if (!name || !*name)
+    return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: the tensor name is empty");
+  size_t nlen = strlen(name);
+  if (nlen > GS__MAX_NAME)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "gs_allreduce_async: tensor name '%.40s...' is %zu bytes; the limit is %d",
+                     name, nlen, GS__MAX_NAME);
+  if ((int)dtype < 0 || (int)dtype >= GS__DTYPE_COUNT)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_UINT8)", name,
+                     (int)dtype);
+  if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)", name,
+                     (int)op);
+  if (op == GS_ADASUM)
+    return set_error(GS_ERR_UNSUPPORTED,
+                     "tensor '%s': the adasum reduce op is not supported yet; use GS_AVERAGE or "
+                     "GS_SUM",
+                     name);
+  if (count > 0 && (!send || !recv))
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': %s buffer is NULL for %zu elements", name,
+                     !send ? "send" : "recv", count);
+  if (count > (size_t)INT64_MAX / 8)
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': count %zu is too large", name, count);
+  struct gs_handle *h = calloc(1, sizeof *h);
+  if (!h) return set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
+  gs__tensor_request_init(&h->req);
+  memcpy(h->req.name, name, nlen + 1);
+  h->req.op = GS__OP_ALLREDUCE;
+  h->req.dtype = (gs__dtype)dtype;
+  h->req.reduce_op = (gs__reduce_op)op;
+  if (opts && opts->ndim > 0) {
+    if (opts->ndim > GS__MAX_DIMS || !opts->shape) {
+      free(h);
+      return set_error(GS_ERR_INVALID_ARG,
+                       "tensor '%s': shape has %d dimensions%s; at most %d are allowed", name,
+                       opts->ndim, opts->shape ? "" : " but shape is NULL", GS__MAX_DIMS);
+    }
+    memcpy(h->req.shape, opts->shape, (size_t)opts->ndim * sizeof *h->req.shape);
+    h->req.ndim = opts->ndim;
+    int64_t n = gs__shape_elements(h->req.shape, h->req.ndim);
+    if (n < 0 || (uint64_t)n != (uint64_t)count) {
+      char s[256];
+      gs__shape_format(h->req.shape, h->req.ndim, s, sizeof s);
+      free(h);
+      return set_error(GS_ERR_INVALID_ARG,
+                       "tensor '%s': shape %s does not hold count=%zu elements (it holds %lld)",
+                       name, s, count, (long long)n);
+    }
+  } else {
+    h->req.ndim = 1;
+    h->req.shape[0] = (int64_t)count;
+  }
+  h->ctx = ctx;
+  h->send = send;
+  h->recv = recv;
+  h->count = count;
+  atomic_init(&h->refs, 2); /* the caller's and the library's */
+  atomic_init(&h->done, 0);
+  gs_status st = submit(ctx, h);
+  if (st) {
+    free(h);
+    return st;
+  }
+  *out = h;
+  return GS_OK;
+}
+
+/* ---- waiting --------------------------------------------------------------- */
+
+static void abs_deadline(struct timespec *ts, int timeout_ms) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += timeout_ms / 1000;
+  ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+static gs_status finished(gs_handle *h) {
+  if (h->status != GS_OK) set_error(h->status, "%s", h->error ? h->error : "");
+  return h->status;
+}
+
+gs_status gs_wait(gs_handle *h, int timeout_ms) {
+  size_t idx;
+  if (!h) return set_error(GS_ERR_INVALID_ARG, "gs_wait: handle is NULL");
+  return gs_wait_any(&h, 1, timeout_ms, &idx);
+}
+
+gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index) {
+  if (!hs || n == 0 || !index)
+    return set_error(GS_ERR_INVALID_ARG, "gs_wait_any: no handles given (hs=%p, n=%zu)",
+                     (const void *)hs, n);
+  for (size_t i = 0; i < n; i++) {
+    if (!hs[i]) return set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handle %zu is NULL", i);
+    if (hs[i]->ctx != hs[0]->ctx)
+      return set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handles belong to different contexts");
+  }
+  /* Completed handles are readable without the context (it may be gone). */
+  for (size_t i = 0; i < n; i++)
+    if (atomic_load_explicit(&hs[i]->done, memory_order_acquire)) {
+      *index = i;
+      return finished(hs[i]);
+    }
+  if (timeout_ms == 0) return set_error(GS_ERR_TIMEOUT, "gs_wait: the op is still pending");
+  gs_ctx *ctx = hs[0]->ctx;
+  struct timespec ts;
+  if (timeout_ms > 0) abs_deadline(&ts, timeout_ms);
+  pthread_mutex_lock(&ctx->mu);
+  for (;;) {
+    for (size_t i = 0; i < n; i++)
+      if (atomic_load_explicit(&hs[i]->done, memory_order_acquire)) {
+        pthread_mutex_unlock(&ctx->mu);
+        *index = i;
+        return finished(hs[i]);
+      }
+    int rc = timeout_ms < 0 ? pthread_cond_wait(&ctx->cv, &ctx->mu)
+                            : pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
+    if (rc == ETIMEDOUT) {
+      pthread_mutex_unlock(&ctx->mu);
+      return set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
+                       timeout_ms);
+    }
+  }
+}
+
+gs_status gs_test(gs_handle *h, int *done) {
+  if (!h || !done) return set_error(GS_ERR_INVALID_ARG, "gs_test: NULL argument");
+  *done = atomic_load_explicit(&h->done, memory_order_acquire);
+  return GS_OK;
+}
+
+const char *gs_handle_error(const gs_handle *h) {
+  if (!h || !atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire)) return "";
+  return h->error ? h->error : "";
+}
+
+void gs_handle_free(gs_handle *h) {
+  if (h) gs__handle_unref(h);
+}

@@ -1,1 +1,546 @@
-/* placeholder: being written */
+/* gRPC C core client of the coordinator (see client.h).
+ *
+ * The Session stream lives on its own "next" completion queue driven by
+ * gs__client_session_poll: one RECV_MESSAGE kept armed, one SEND_MESSAGE in
+ * flight with a queue behind it, RECV_STATUS_ON_CLIENT telling the end.
+ * Unary calls use a pluck queue per call, so any thread may make them. */
+#include "client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "clock.h"
+#include "codec.h"
+#include "grpc_util.h"
+#include "status.h"
+
+typedef enum { C_START, C_RECV, C_SEND, C_STATUS, C_CLOSE } ctag_kind;
+
+typedef struct ctag {
+  ctag_kind kind;
+} ctag;
+
+typedef struct send_node {
+  grpc_byte_buffer *bb; /* NULL = half-close */
+  struct send_node *next;
+} send_node;
+
+struct gs__client {
+  char *target;
+  grpc_channel *ch;
+  void *h_join, *h_session, *h_kv_set, *h_kv_get, *h_kv_delete;
+  grpc_metadata md[1];
+  size_t nmd;
+  /* the session (one thread at a time) */
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  ctag t_start, t_recv, t_send, t_status;
+  grpc_metadata_array init_md, trail;
+  grpc_status_code status;
+  grpc_slice details;
+  grpc_byte_buffer *recv_bb, *send_bb;
+  send_node *q_head, *q_tail;
+  int pending, send_busy, recv_armed, ended, half_closed;
+};
+
+int gs__client_create(const char *target, const char *token, gs__client **out, char *err,
+                      size_t errlen) {
+  *out = NULL;
+  gs__client *c = calloc(1, sizeof *c);
+  if (!c || !(c->target = strdup(target))) {
+    free(c);
+    snprintf(err, errlen, "out of memory");
+    return GS__ERR_NO_MEMORY;
+  }
+  grpc_init();
+  grpc_arg args[5];
+  memset(args, 0, sizeof args);
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_KEEPALIVE_TIME_MS;
+  args[0].value.integer = 2000;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
+  args[1].value.integer = 5000;
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
+  args[2].value.integer = 1;
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA;
+  args[3].value.integer = 0;
+  args[4].type = GRPC_ARG_INTEGER;
+  args[4].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[4].value.integer = 64 << 20;
+  grpc_channel_args ca = {5, args};
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  c->ch = grpc_channel_create(target, creds, &ca);
+  grpc_channel_credentials_release(creds);
+  c->h_join = grpc_channel_register_call(c->ch, "/gradsync.v1.Coordinator/Join", NULL, NULL);
+  c->h_session = grpc_channel_register_call(c->ch, "/gradsync.v1.Coordinator/Session", NULL, NULL);
+  c->h_kv_set = grpc_channel_register_call(c->ch, "/gradsync.v1.Coordinator/KvSet", NULL, NULL);
+  c->h_kv_get = grpc_channel_register_call(c->ch, "/gradsync.v1.Coordinator/KvGet", NULL, NULL);
+  c->h_kv_delete =
+      grpc_channel_register_call(c->ch, "/gradsync.v1.Coordinator/KvDelete", NULL, NULL);
+  if (token && *token) {
+    char v[1024];
+    snprintf(v, sizeof v, "Bearer %s", token);
+    memset(c->md, 0, sizeof c->md);
+    c->md[0].key = grpc_slice_from_static_string("authorization");
+    c->md[0].value = grpc_slice_from_copied_string(v);
+    c->nmd = 1;
+  }
+  c->t_start = (ctag){C_START};
+  c->t_recv = (ctag){C_RECV};
+  c->t_send = (ctag){C_SEND};
+  c->t_status = (ctag){C_STATUS};
+  c->details = grpc_empty_slice();
+  grpc_metadata_array_init(&c->init_md);
+  grpc_metadata_array_init(&c->trail);
+  *out = c;
+  return GS__OK;
+}
+
+static const char *grpc_code_name(grpc_status_code code) {
+  static const char *const names[] = {
+      "OK",           "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",    "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return (int)code >= 0 && (int)code <= 16 ? names[code] : "UNKNOWN";
+}
+
+/* The one place gRPC status codes become gradsync statuses. */
+static int status_of(grpc_status_code code) {
+  switch (code) {
+  case GRPC_STATUS_OK: return GS__OK;
+  case GRPC_STATUS_INVALID_ARGUMENT:
+  case GRPC_STATUS_FAILED_PRECONDITION: return GS__ERR_JOIN_REFUSED;
+  case GRPC_STATUS_ALREADY_EXISTS: return GS__ERR_ALREADY_JOINED;
+  case GRPC_STATUS_UNAUTHENTICATED:
+  case GRPC_STATUS_PERMISSION_DENIED: return GS__ERR_UNAUTHENTICATED;
+  case GRPC_STATUS_ABORTED: return GS__ERR_ABORTED;
+  case GRPC_STATUS_RESOURCE_EXHAUSTED: return GS__ERR_NO_MEMORY;
+  case GRPC_STATUS_UNIMPLEMENTED: return GS__ERR_UNSUPPORTED;
+  default: return GS__ERR_COORDINATOR_LOST;
+  }
+}
+
+static void slice_text(grpc_slice s, char *out, size_t outlen) {
+  size_t n = GRPC_SLICE_LENGTH(s);
+  if (n >= outlen) n = outlen - 1;
+  memcpy(out, GRPC_SLICE_START_PTR(s), n);
+  out[n] = 0;
+}
+
+/* One unary call on a private pluck queue. *resp receives the reply bytes
+ * (malloc'd) on GRPC_STATUS_OK. Returns the gRPC status code. */
+static grpc_status_code unary(gs__client *c, void *method, const uint8_t *req, size_t reqlen,
+                              int timeout_ms, uint8_t **resp, size_t *resplen, char *details,
+                              size_t dlen) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_call *call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                        method, gs__deadline_ms(timeout_ms), NULL);
+  grpc_metadata_array init_md, trail;
+  grpc_metadata_array_init(&init_md);
+  grpc_metadata_array_init(&trail);
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice det = grpc_empty_slice();
+  grpc_byte_buffer *out = gs__bb_from_bytes(req, reqlen), *in = NULL;
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = c->nmd;
+  ops[0].data.send_initial_metadata.metadata = c->md;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = out;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &in;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &trail;
+  ops[5].data.recv_status_on_client.status = &status;
+  ops[5].data.recv_status_on_client.status_details = &det;
+  int tag;
+  if (grpc_call_start_batch(call, ops, 6, &tag, NULL) == GRPC_CALL_OK) {
+    /* The call's deadline bounds this wait. */
+    grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  } else {
+    status = GRPC_STATUS_INTERNAL;
+  }
+  *resp = NULL;
+  *resplen = 0;
+  if (status == GRPC_STATUS_OK && gs__bb_to_bytes(in, resp, resplen) != 0)
+    status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+  slice_text(det, details, dlen);
+  grpc_slice_unref(det);
+  if (in) grpc_byte_buffer_destroy(in);
+  grpc_byte_buffer_destroy(out);
+  grpc_metadata_array_destroy(&init_md);
+  grpc_metadata_array_destroy(&trail);
+  grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  grpc_completion_queue_destroy(cq);
+  return status;
+}
+
+int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
+                    gs__join_response *resp, char *err, size_t errlen) {
+  uint8_t *buf = NULL, *rbuf = NULL;
+  size_t len, rlen;
+  int rc = gs__encode_join_request(req, &buf, &len);
+  if (rc) {
+    snprintf(err, errlen, "could not encode the join request");
+    return rc;
+  }
+  uint64_t end = gs__now_ms() + (uint64_t)timeout_ms;
+  char details[GS__MAX_TEXT];
+  grpc_status_code code;
+  for (;;) {
+    uint64_t now = gs__now_ms();
+    int left = now < end ? (int)(end - now) : 0;
+    code = unary(c, c->h_join, buf, len, left > 0 ? left : 1, &rbuf, &rlen, details,
+                 sizeof details);
+    /* The coordinator may still be starting: retry while time is left. */
+    if (code != GRPC_STATUS_UNAVAILABLE || gs__now_ms() + 200 >= end) break;
+    gs__sleep_ms(200);
+  }
+  free(buf);
+  if (code != GRPC_STATUS_OK) {
+    rc = status_of(code);
+    if (rc == GS__ERR_COORDINATOR_LOST)
+      snprintf(err, errlen,
+               "cannot reach the coordinator at %s within %d ms (%s: %s); check that gradsyncd "
+               "is running and GRADSYNC_COORDINATOR is right",
+               c->target, timeout_ms, grpc_code_name(code), details);
+    else
+      snprintf(err, errlen, "the coordinator at %s refused to let this rank join: %s", c->target,
+               details);
+    return rc;
+  }
+  rc = gs__decode_join_response(rbuf, rlen, resp, err, errlen);
+  free(rbuf);
+  return rc;
+}
+
+int gs__client_kv_set(gs__client *c, const char *key, const void *val, size_t len, char *err,
+                      size_t errlen) {
+  gs__kv_msg m = {0};
+  m.key = (char *)key;
+  m.value = (uint8_t *)val;
+  m.value_len = len;
+  uint8_t *buf = NULL, *rbuf = NULL;
+  size_t blen, rlen;
+  if (gs__encode_kv(GS__KV_SET_REQ, &m, &buf, &blen)) {
+    snprintf(err, errlen, "could not encode kv key '%s'", key);
+    return GS__ERR_NO_MEMORY;
+  }
+  char details[GS__MAX_TEXT];
+  grpc_status_code code = unary(c, c->h_kv_set, buf, blen, 10000, &rbuf, &rlen, details,
+                                sizeof details);
+  free(buf);
+  free(rbuf);
+  if (code != GRPC_STATUS_OK) {
+    snprintf(err, errlen, "storing rendezvous key '%s' at the coordinator %s failed (%s: %s)", key,
+             c->target, grpc_code_name(code), details);
+    return status_of(code) == GS__ERR_UNAUTHENTICATED ? GS__ERR_UNAUTHENTICATED
+                                                        : GS__ERR_COORDINATOR_LOST;
+  }
+  return GS__OK;
+}
+
+int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, size_t *len,
+                      char *err, size_t errlen) {
+  *val = NULL;
+  *len = 0;
+  gs__kv_msg m = {0};
+  m.key = (char *)key;
+  m.wait_ms = wait_ms > 0 ? (uint32_t)wait_ms : 0;
+  uint8_t *buf = NULL, *rbuf = NULL;
+  size_t blen, rlen;
+  if (gs__encode_kv(GS__KV_GET_REQ, &m, &buf, &blen)) {
+    snprintf(err, errlen, "could not encode kv key '%s'", key);
+    return GS__ERR_NO_MEMORY;
+  }
+  char details[GS__MAX_TEXT];
+  grpc_status_code code = unary(c, c->h_kv_get, buf, blen, (wait_ms > 0 ? wait_ms : 0) + 10000,
+                                &rbuf, &rlen, details, sizeof details);
+  free(buf);
+  if (code != GRPC_STATUS_OK) {
+    free(rbuf);
+    snprintf(err, errlen, "reading rendezvous key '%s' from the coordinator %s failed (%s: %s)",
+             key, c->target, grpc_code_name(code), details);
+    return status_of(code) == GS__ERR_UNAUTHENTICATED ? GS__ERR_UNAUTHENTICATED
+                                                        : GS__ERR_COORDINATOR_LOST;
+  }
+  gs__kv_msg r;
+  int rc = gs__decode_kv(GS__KV_GET_RESP, rbuf, rlen, &r, err, errlen);
+  free(rbuf);
+  if (rc) return rc;
+  if (!r.found) {
+    gs__kv_msg_free(&r);
+    snprintf(err, errlen, "rendezvous key '%s' did not appear within %d ms", key, wait_ms);
+    return GS__ERR_TIMEOUT;
+  }
+  *val = r.value;
+  *len = r.value_len;
+  r.value = NULL;
+  gs__kv_msg_free(&r);
+  return GS__OK;
+}
+
+/* ---- session -------------------------------------------------------------- */
+
+static void start(gs__client *c, const grpc_op *ops, size_t n, ctag *t) {
+  if (grpc_call_start_batch(c->call, ops, n, t, NULL) == GRPC_CALL_OK) c->pending++;
+  else c->ended = 1; /* only our own misuse gets here; treat as an ended stream */
+}
+
+static void send_now(gs__client *c, grpc_byte_buffer *bb) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  if (bb) {
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+  } else {
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    c->half_closed = 1;
+  }
+  c->send_bb = bb;
+  c->send_busy = 1;
+  start(c, &op, 1, &c->t_send);
+}
+
+static void enqueue(gs__client *c, grpc_byte_buffer *bb) {
+  if (!c->send_busy) {
+    send_now(c, bb);
+    return;
+  }
+  send_node *n = malloc(sizeof *n);
+  if (!n) {
+    if (bb) grpc_byte_buffer_destroy(bb);
+    return;
+  }
+  n->bb = bb;
+  n->next = NULL;
+  if (c->q_tail) c->q_tail->next = n;
+  else c->q_head = n;
+  c->q_tail = n;
+}
+
+static void arm_recv(gs__client *c) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->recv_bb;
+  c->recv_armed = 1;
+  start(c, &op, 1, &c->t_recv);
+}
+
+int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen) {
+  c->cq = grpc_completion_queue_create_for_next(NULL);
+  c->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq,
+                                                c->h_session, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                NULL);
+  if (!c->call) {
+    snprintf(err, errlen, "could not create the session call to %s", c->target);
+    return GS__ERR_INTERNAL;
+  }
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = c->nmd;
+  ops[0].data.send_initial_metadata.metadata = c->md;
+  ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[1].data.recv_initial_metadata.recv_initial_metadata = &c->init_md;
+  start(c, ops, 2, &c->t_start);
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[0].data.recv_status_on_client.trailing_metadata = &c->trail;
+  ops[0].data.recv_status_on_client.status = &c->status;
+  ops[0].data.recv_status_on_client.status_details = &c->details;
+  start(c, ops, 1, &c->t_status);
+  arm_recv(c);
+  gs__rank_msg hello;
+  memset(&hello, 0, sizeof hello);
+  hello.has_hello = 1;
+  hello.hello_rank = rank;
+  hello.hello_epoch = epoch;
+  return gs__client_session_send(c, &hello, err, errlen);
+}
+
+int gs__client_session_send(gs__client *c, const gs__rank_msg *m, char *err, size_t errlen) {
+  if (c->ended || c->half_closed) {
+    snprintf(err, errlen, "the session with the coordinator %s has ended", c->target);
+    return GS__ERR_COORDINATOR_LOST;
+  }
+  uint8_t *buf = NULL;
+  size_t len;
+  if (gs__encode_rank_msg(m, &buf, &len)) {
+    snprintf(err, errlen, "could not encode a message for the coordinator");
+    return GS__ERR_NO_MEMORY;
+  }
+  enqueue(c, gs__bb_from_bytes(buf, len));
+  free(buf);
+  return GS__OK;
+}
+
+int gs__client_session_idle(const gs__client *c) {
+  return !c->send_busy;
+}
+
+static int lost(gs__client *c, char *err, size_t errlen) {
+  char det[GS__MAX_TEXT];
+  slice_text(c->details, det, sizeof det);
+  snprintf(err, errlen,
+           "lost the coordinator at %s: its session stream ended (%s%s%s). The coordinator "
+           "process died, was stopped, or cannot be reached; check its log",
+           c->target, grpc_code_name(c->status), det[0] ? ": " : "", det);
+  return GS__ERR_COORDINATOR_LOST;
+}
+
+int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, int *got, char *err,
+                            size_t errlen) {
+  *got = 0;
+  gpr_timespec deadline = gs__deadline_ms(timeout_ms > 0 ? timeout_ms : 0);
+  for (;;) {
+    if (c->ended) return lost(c, err, errlen);
+    grpc_event ev = grpc_completion_queue_next(c->cq, deadline, NULL);
+    if (ev.type != GRPC_OP_COMPLETE) return GS__OK; /* timeout */
+    ctag *t = ev.tag;
+    c->pending--;
+    switch (t->kind) {
+    case C_START: break;
+    case C_SEND:
+      if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
+      c->send_bb = NULL;
+      c->send_busy = 0;
+      if (ev.success && c->q_head) {
+        send_node *n = c->q_head;
+        c->q_head = n->next;
+        if (!c->q_head) c->q_tail = NULL;
+        grpc_byte_buffer *bb = n->bb;
+        free(n);
+        send_now(c, bb);
+      }
+      break;
+    case C_RECV:
+      c->recv_armed = 0;
+      if (ev.success && c->recv_bb) {
+        uint8_t *buf;
+        size_t len;
+        int rc = gs__bb_to_bytes(c->recv_bb, &buf, &len);
+        grpc_byte_buffer_destroy(c->recv_bb);
+        c->recv_bb = NULL;
+        arm_recv(c);
+        if (rc != 0) {
+          snprintf(err, errlen, "out of memory reading a message from the coordinator");
+          return GS__ERR_NO_MEMORY;
+        }
+        char derr[GS__MAX_TEXT];
+        rc = gs__decode_plan_msg(buf, len, msg, derr, sizeof derr);
+        free(buf);
+        if (rc) {
+          snprintf(err, errlen, "the coordinator at %s sent a malformed message: %s", c->target,
+                   derr);
+          return GS__ERR_INTERNAL;
+        }
+        *got = 1;
+        return GS__OK;
+      }
+      /* End of the server's messages: the status follows. Wait for it
+       * briefly so the error can say why. */
+      deadline = gs__deadline_ms(1000);
+      break;
+    case C_STATUS:
+      c->ended = 1;
+      return lost(c, err, errlen);
+    case C_CLOSE: break;
+    }
+  }
+}
+
+void gs__client_session_close(gs__client *c, int timeout_ms) {
+  if (!c->call) return;
+  if (!c->ended && !c->half_closed) enqueue(c, NULL);
+  uint64_t end = gs__now_ms() + (uint64_t)timeout_ms;
+  int cancelled = 0;
+  while (c->pending > 0) {
+    uint64_t now = gs__now_ms();
+    if (now >= end && !cancelled) {
+      grpc_call_cancel(c->call, NULL);
+      cancelled = 1;
+    }
+    grpc_event ev = grpc_completion_queue_next(c->cq, gs__deadline_ms(cancelled ? 1000 : (int64_t)(end > now ? end - now : 0)), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) {
+      if (cancelled) break; /* should not happen: a cancelled call completes its batches */
+      continue;
+    }
+    ctag *t = ev.tag;
+    c->pending--;
+    if (t->kind == C_SEND) {
+      if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
+      c->send_bb = NULL;
+      c->send_busy = 0;
+      if (c->q_head) {
+        send_node *n = c->q_head;
+        c->q_head = n->next;
+        if (!c->q_head) c->q_tail = NULL;
+        grpc_byte_buffer *bb = n->bb;
+        free(n);
+        if (ev.success) send_now(c, bb);
+        else if (bb) grpc_byte_buffer_destroy(bb);
+      }
+    } else if (t->kind == C_RECV) {
+      c->recv_armed = 0;
+      if (c->recv_bb) {
+        grpc_byte_buffer_destroy(c->recv_bb);
+        c->recv_bb = NULL;
+        if (ev.success) arm_recv(c); /* drain until the server ends the stream */
+      }
+    } else if (t->kind == C_STATUS) {
+      c->ended = 1;
+    }
+  }
+}
+
+void gs__client_destroy(gs__client *c) {
+  if (!c) return;
+  if (c->call) {
+    if (c->pending > 0) gs__client_session_close(c, 0);
+    grpc_call_unref(c->call);
+  }
+  while (c->q_head) {
+    send_node *n = c->q_head;
+    c->q_head = n->next;
+    if (n->bb) grpc_byte_buffer_destroy(n->bb);
+    free(n);
+  }
+  if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
+  if (c->recv_bb) grpc_byte_buffer_destroy(c->recv_bb);
+  if (c->cq) {
+    grpc_completion_queue_shutdown(c->cq);
+    while (grpc_completion_queue_next(c->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(c->cq);
+  }
+  grpc_slice_unref(c->details);
+  grpc_metadata_array_destroy(&c->init_md);
+  grpc_metadata_array_destroy(&c->trail);
+  if (c->nmd) {
+    grpc_slice_unref(c->md[0].key);
+    grpc_slice_unref(c->md[0].value);
+  }
+  grpc_channel_destroy(c->ch);
+  free(c->target);
+  free(c);
+  grpc_shutdown();
+}

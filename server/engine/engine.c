@@ -264,7 +264,7 @@ static int world_status(const gs__engine *e, gs__plan_msg *m) {
       ri->rank = r;
       snprintf(ri->host, sizeof ri->host, "%s", s->host);
       ri->pid = s->pid;
-    } else {
+    } else if (s->state == RANK_NONE || s->state == RANK_JOINED) {
       m->world.missing_ranks[m->world.nmissing++] = r;
     }
   }
@@ -632,6 +632,21 @@ void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, 
   s->state = RANK_LOST;
   e->nconnected--;
   if (e->aborted) return;
+  if (!e->world_ready) {
+    /* Still gathering: while some ranks never connected, the others keep
+     * waiting and will name those in their join timeout; a rank that gave
+     * up is not the one to blame. */
+    int32_t never = 0;
+    for (int32_t r = 0; r < e->world; r++)
+      if (e->ranks[r].state == RANK_NONE || e->ranks[r].state == RANK_JOINED) never++;
+    if (never > 0) {
+      out_log(box, GS__LOG_WARN, "rank %d (%s:%d) disconnected before the job started: %s", rank,
+              rank_host(e, rank), s->pid, detail && *detail ? detail : "session ended");
+      gs__out *o = out_push(box, GS__OUT_TO_ALL);
+      if (o && world_status(e, &o->msg) != GS__OK) box->n--;
+      return;
+    }
+  }
   e->aborted = 1;
   char names[2048], text[GS__MAX_TEXT];
   pending_names(e, names, sizeof names);

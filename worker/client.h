@@ -1,0 +1,54 @@
+/* The worker's gRPC client of the coordinator: Join, the Session stream and
+ * the Kv store. The only worker code that touches gRPC, and the one place
+ * where gRPC status codes become gradsync statuses.
+ *
+ * Threads: the unary calls (join, kv) may be called from any thread at any
+ * time, each on its own completion queue. The session functions are for one
+ * thread at a time: gs_init's thread, then the background thread. */
+#ifndef GS_WORKER_CLIENT_H
+#define GS_WORKER_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "messages.h"
+
+typedef struct gs__client gs__client;
+
+/* target "host:port"; token NULL or "" for none. */
+int gs__client_create(const char *target, const char *token, gs__client **out, char *err,
+                      size_t errlen);
+/* Cancels the session if still open and frees everything. NULL-safe. */
+void gs__client_destroy(gs__client *c);
+
+/* Join, retrying while the coordinator is not reachable yet, until
+ * timeout_ms. Refusals come back as GS__ERR_JOIN_REFUSED,
+ * GS__ERR_ALREADY_JOINED or GS__ERR_UNAUTHENTICATED with the coordinator's
+ * message; an unreachable coordinator as GS__ERR_COORDINATOR_LOST. */
+int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
+                    gs__join_response *resp, char *err, size_t errlen);
+
+/* Rendezvous store. kv_get waits up to wait_ms for the key; GS__ERR_TIMEOUT
+ * if it did not appear. *val is malloc'd (caller frees). */
+int gs__client_kv_set(gs__client *c, const char *key, const void *val, size_t len, char *err,
+                      size_t errlen);
+int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, size_t *len,
+                      char *err, size_t errlen);
+
+/* Opens the Session stream and queues the hello. */
+int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen);
+/* Queues one message (sent in order, one in flight at a time). */
+int gs__client_session_send(gs__client *c, const gs__rank_msg *m, char *err, size_t errlen);
+/* Runs the stream's events for up to timeout_ms (0 = only what is ready),
+ * returning as soon as one message arrives (*got = 1, *msg filled: free it
+ * with gs__plan_msg_free). GS__ERR_COORDINATOR_LOST with a message once the
+ * stream has ended. */
+int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, int *got, char *err,
+                            size_t errlen);
+/* 1 while nothing queued waits to be sent. */
+int gs__client_session_idle(const gs__client *c);
+/* Half-closes the stream and waits up to timeout_ms for its end, then
+ * cancels it. */
+void gs__client_session_close(gs__client *c, int timeout_ms);
+
+#endif

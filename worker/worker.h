@@ -1,0 +1,84 @@
+/* Internal state of the worker library, shared by api.c (application
+ * threads) and background.c (the background thread).
+ *
+ * Ownership and threads:
+ * - ctx->mu guards the submission queue, the table of ops in flight (by
+ *   name), every handle's completion fields and the context's fatal state.
+ *   ctx->cv is broadcast whenever a handle completes.
+ * - The client session, the backend and the plan queue belong to the
+ *   background thread (gs_init's thread before it starts).
+ * - A handle is reference-counted (atomically): one reference for the
+ *   application, one for the library while the op is in flight. Its done
+ *   flag is set with release order after status and error are written, so
+ *   a completed handle can be read without the context. */
+#ifndef GS_WORKER_WORKER_H
+#define GS_WORKER_WORKER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include "backend.h"
+#include "client.h"
+#include "gradsync.h"
+#include "messages.h"
+
+struct gs_handle {
+  gs_ctx *ctx;
+  atomic_int refs;
+  atomic_int done;
+  gs_status status; /* valid once done */
+  char *error;      /* valid once done; NULL on success */
+  /* the op, immutable after submission */
+  gs__tensor_request req;
+  const void *send;
+  void *recv;
+  size_t count;
+  struct gs_handle *next_submit; /* submission queue (under mu) */
+  UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
+};
+
+typedef struct plan_node {
+  gs__plan plan;
+  struct plan_node *next;
+} plan_node;
+
+struct gs_ctx {
+  int rank, size, local_rank, local_size;
+  char coordinator[512];
+  char host[256];
+  gs__join_response join;
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct gs_handle *sub_head, *sub_tail; /* submitted, not yet sent */
+  struct gs_handle *inflight;            /* by name: submitted, not completed */
+  int stop;                              /* gs_shutdown asked the loop to end */
+  gs_status fatal;                       /* set once: every op fails with it */
+  char fatal_msg[4096];
+
+  /* background thread */
+  pthread_t thread;
+  int thread_started;
+  gs__client *client;
+  gs__backend *backend;
+  plan_node *plans_head, *plans_tail;
+  uint64_t *done_plans;
+  size_t ndone, done_cap;
+  uint64_t last_send_ms;
+};
+
+/* background.c */
+void *gs__background_main(void *arg);
+/* Completes h with status and message (NULL = success); takes ctx->mu. */
+void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg);
+/* Completes every op in flight and every later submission with status and
+ * msg (the first call wins); takes ctx->mu. */
+void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);
+/* Releases one reference of h. */
+void gs__handle_unref(struct gs_handle *h);
+
+#endif
