@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages gradsync needs to build and test, if any
+# is missing. Runs as root (or via sudo when available). Idempotent.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config libgrpc-dev protobuf-compiler
+  libprotobuf-dev protobuf-c-compiler libprotobuf-c-dev grpc-proto libcmocka-dev
+  openssl valgrind uthash-dev iproute2 clang-format procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

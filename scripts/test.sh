@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets up everything on a fresh Debian 12 machine and runs the whole test
+# suite: the normal build's tests (unit, integration, fault), the same tests
+# under AddressSanitizer + UndefinedBehaviorSanitizer, and valgrind over the
+# unit tests. Exits non-zero on the first failing stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+
+echo "== build (RelWithDebInfo) =="
+bash scripts/build.sh build
+echo "== tests =="
+(cd build && ctest --output-on-failure -j "$jobs")
+
+echo "== build (ASan + UBSan) =="
+bash scripts/build.sh build-asan -DGRADSYNC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+echo "== tests under ASan + UBSan =="
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+(cd build-asan && ctest --output-on-failure -j "$jobs")
+unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
+
+echo "== unit tests under valgrind =="
+bash tests/valgrind.sh build
+echo "test.sh: all stages passed"
