@@ -1,0 +1,231 @@
+#!/bin/bash
+# netns.sh BINDIR: the multi-host path of gradsync, on one machine.
+#
+# Builds a small private network out of network namespaces: a hub namespace
+# holding a bridge, and one namespace each for the coordinator and three
+# ranks, joined to the bridge by veth pairs, addressed from TEST-NET-1
+# (coordinator 192.0.2.1, ranks 192.0.2.11-13). Runs gradsyncd in its
+# namespace and `gs-test-worker ops` as ranks 0..2, each in its own namespace,
+# so every control and data connection crosses the bridge between distinct
+# addresses. Asserts that every rank passes, that each rank holds an
+# established data-plane connection to another rank's 192.0.2.x address
+# (and one to the coordinator), and that gradsyncd exits 0 on SIGTERM.
+#
+# Exit 0 = PASS, 1 = FAIL, 77 = SKIP (not root, or `ip netns` unusable).
+# Everything it creates (processes, namespaces, links, files) is removed on
+# exit; no traffic leaves its namespaces.
+set -u
+
+BIN=${1:-}
+P="gs-$$"
+HUB="$P-hub"
+COORD_NS="$P-coord"
+RANK_NS=("$P-r0" "$P-r1" "$P-r2")
+COORD_IP=192.0.2.1
+RANK_IP=(192.0.2.11 192.0.2.12 192.0.2.13)
+NSS=()
+TMP=""
+PASSED=0
+
+say() { echo "netns: $*"; }
+skip() {
+  say "SKIP: $*"
+  exit 77
+}
+
+dump() {
+  local f
+  for f in "$TMP"/*.out; do
+    [ -f "$f" ] || continue
+    echo "---- $(basename "$f") ----"
+    sed 's/^/    /' "$f"
+  done
+}
+
+fail() {
+  say "FAIL: $*"
+  dump
+  exit 1
+}
+
+cleanup() {
+  local rc=$? ns pids
+  trap - EXIT INT TERM HUP
+  # Every process in our namespaces, then the namespaces; deleting a
+  # namespace removes its end of each veth pair and with it the peer.
+  for ns in "${NSS[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null)
+    [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+  done
+  for ns in "${NSS[@]}"; do
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break
+      sleep 0.1
+    done
+    ip netns del "$ns" 2>/dev/null
+  done
+  wait 2>/dev/null
+  [ -n "$TMP" ] && rm -rf "$TMP"
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$PASSED" -eq 0 ]; then
+    say "FAIL (exit $rc)"
+  fi
+  exit "$rc"
+}
+
+[ -n "$BIN" ] || {
+  echo "usage: netns.sh BINDIR" >&2
+  exit 2
+}
+[ "$(id -u)" = 0 ] || skip "needs root"
+command -v ip >/dev/null 2>&1 || skip "no ip(8)"
+command -v ss >/dev/null 2>&1 || skip "no ss(8)"
+command -v timeout >/dev/null 2>&1 || skip "no timeout(1)"
+ip netns add "$P-probe" 2>/dev/null || skip "ip netns does not work here"
+ip netns del "$P-probe"
+for prog in gradsyncd gs-test-worker; do
+  [ -x "$BIN/$prog" ] || {
+    say "FAIL: $BIN/$prog missing"
+    exit 1
+  }
+done
+
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+TMP=$(mktemp -d /tmp/gs-netns-XXXXXX) || fail "mktemp"
+
+# ---- the network ------------------------------------------------------------
+add_ns() {
+  ip netns add "$1" || fail "ip netns add $1"
+  NSS+=("$1")
+  ip -n "$1" link set lo up || fail "lo up in $1"
+}
+
+add_ns "$HUB"
+ip -n "$HUB" link add br0 type bridge || fail "bridge in $HUB"
+ip -n "$HUB" link set br0 up || fail "br0 up"
+
+# attach NS ADDR PEERNAME: eth0 in NS, its peer on the hub's bridge.
+attach() {
+  local ns=$1 addr=$2 peer=$3
+  add_ns "$ns"
+  ip -n "$ns" link add eth0 type veth peer name "$peer" netns "$HUB" || fail "veth $ns"
+  ip -n "$HUB" link set "$peer" master br0 || fail "$peer into br0"
+  ip -n "$HUB" link set "$peer" up || fail "$peer up"
+  ip -n "$ns" addr add "$addr/24" dev eth0 || fail "address $addr in $ns"
+  ip -n "$ns" link set eth0 up || fail "eth0 up in $ns"
+}
+
+attach "$COORD_NS" "$COORD_IP" p-coord
+for i in 0 1 2; do attach "${RANK_NS[$i]}" "${RANK_IP[$i]}" "p-r$i"; done
+
+# The bridge forwards at once (no STP); where ping(8) exists, make sure every
+# rank reaches the coordinator before starting anything (bounded).
+if command -v ping >/dev/null 2>&1; then
+  for i in 0 1 2; do
+    ok=0
+    for _ in $(seq 1 50); do
+      if ip netns exec "${RANK_NS[$i]}" ping -c1 -W1 "$COORD_IP" >/dev/null 2>&1; then
+        ok=1
+        break
+      fi
+      sleep 0.2
+    done
+    [ $ok -eq 1 ] || fail "rank $i (${RANK_IP[$i]}) cannot reach $COORD_IP over the bridge"
+  done
+fi
+
+# ---- the coordinator ----------------------------------------------------------
+ip netns exec "$COORD_NS" timeout -k 5 150 "$BIN/gradsyncd" --listen "$COORD_IP:0" --world-size 3 \
+  >"$TMP/gradsyncd.out" 2>&1 &
+COORD_PID=$!
+ADDR=""
+for _ in $(seq 1 300); do
+  ADDR=$(sed -n 's/^gradsyncd listening on \([^[:space:]]*\)[[:space:]]*$/\1/p' "$TMP/gradsyncd.out" | head -n1)
+  [ -n "$ADDR" ] && break
+  kill -0 $COORD_PID 2>/dev/null || break
+  sleep 0.1
+done
+[ -n "$ADDR" ] || fail "gradsyncd did not print 'gradsyncd listening on HOST:PORT'"
+PORT=${ADDR##*:}
+[ "${ADDR%:*}" = "$COORD_IP" ] || fail "gradsyncd listens on $ADDR, expected $COORD_IP:PORT"
+case $PORT in
+'' | *[!0-9]*) fail "bad port in '$ADDR'" ;;
+esac
+say "gradsyncd listening on $ADDR in $COORD_NS"
+
+# ---- the ranks ---------------------------------------------------------------
+RELEASE="$TMP/release"
+RANK_PID=()
+for i in 0 1 2; do
+  ip netns exec "${RANK_NS[$i]}" env -u GRADSYNC_ADVERTISE_ADDR \
+    GRADSYNC_COORDINATOR="$COORD_IP:$PORT" GRADSYNC_RANK=$i GRADSYNC_SIZE=3 \
+    GRADSYNC_LOCAL_RANK=0 GRADSYNC_LOCAL_SIZE=1 GRADSYNC_JOIN_TIMEOUT_MS=60000 \
+    GS_TEST_WAIT_FILE="$RELEASE" \
+    timeout -k 5 120 "$BIN/gs-test-worker" ops >"$TMP/rank$i.out" 2>&1 &
+  RANK_PID+=($!)
+done
+
+# Every rank checks its results, then waits for $RELEASE with its data plane
+# still up: look at its connections meanwhile.
+for i in 0 1 2; do
+  ok=0
+  for _ in $(seq 1 1200); do
+    if grep -q "waiting for $RELEASE" "$TMP/rank$i.out" 2>/dev/null; then
+      ok=1
+      break
+    fi
+    kill -0 "${RANK_PID[$i]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ $ok -eq 1 ] || fail "rank $i did not finish its checks"
+  grep -q "ops: [0-9]* checks passed" "$TMP/rank$i.out" || fail "rank $i: no 'checks passed'"
+done
+
+# established TCP connections in NS as "LOCALIP PEERIP" lines
+conns() {
+  ip netns exec "$1" ss -tnH state established 2>/dev/null | awk '{
+    n = 0
+    for (f = 1; f <= NF; f++)
+      if ($f ~ /^(\[::ffff:)?192\.0\.2\.[0-9]+\]?:[0-9]+$/) a[++n] = $f
+    if (n >= 2) {
+      sub(/^\[::ffff:/, "", a[1]); sub(/^\[::ffff:/, "", a[2])
+      sub(/\]?:[0-9]+$/, "", a[1]); p = a[2]; sub(/\]?:[0-9]+$/, "", a[2])
+      print a[1], a[2], p
+    }
+  }'
+}
+
+for i in 0 1 2; do
+  conns "${RANK_NS[$i]}" >"$TMP/conns$i.txt"
+  {
+    echo "rank $i connections:"
+    sed 's/^/    /' "$TMP/conns$i.txt"
+  } >>"$TMP/ss.out"
+  peers=$(awk -v me="${RANK_IP[$i]}" '$1 == me && $2 ~ /^192\.0\.2\.1[1-3]$/ && $2 != me { print $2 }' \
+    "$TMP/conns$i.txt" | sort -u | tr '\n' ' ')
+  [ -n "$peers" ] || fail "rank $i (${RANK_IP[$i]}): no data-plane connection to another rank"
+  awk -v me="${RANK_IP[$i]}" -v c="$COORD_IP:$PORT" '$1 == me && $3 == c { f = 1 } END { exit !f }' \
+    "$TMP/conns$i.txt" || fail "rank $i (${RANK_IP[$i]}): no connection to the coordinator $COORD_IP:$PORT"
+  say "rank $i (${RANK_IP[$i]}): data plane connected to ${peers% }"
+done
+
+touch "$RELEASE"
+for i in 0 1 2; do
+  wait "${RANK_PID[$i]}"
+  rc=$?
+  [ $rc -eq 0 ] || fail "rank $i exited with $rc"
+done
+
+# SIGTERM to gradsyncd itself (the child of timeout(1), which passes its
+# status on); signalling timeout would also hit gradsyncd through its
+# process group, i.e. twice.
+COORD_CHILD=$(cat "/proc/$COORD_PID/task/$COORD_PID/children" 2>/dev/null | awk '{ print $1 }')
+[ -n "$COORD_CHILD" ] || fail "gradsyncd is not running any more"
+kill -TERM "$COORD_CHILD"
+wait $COORD_PID
+rc=$?
+[ $rc -eq 0 ] || fail "gradsyncd exited with $rc on SIGTERM"
+
+PASSED=1
+say "PASS: gradsyncd at $COORD_IP:$PORT and 3 ranks in separate namespaces; ops checked on every rank"
+exit 0
