@@ -200,7 +200,21 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
     leave.reason = (char *)m->leave_reason;
     pb.leave = &leave;
   }
+  char **blocked = NULL;
+  if (m->nblocked) {
+    blocked = malloc(m->nblocked * sizeof *blocked);
+    if (!blocked) {
+      free(reqs);
+      free(reqp);
+      return GS__ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < m->nblocked; i++) blocked[i] = m->blocked_on[i];
+  }
+  pb.n_blocked_on = m->nblocked;
+  pb.blocked_on = blocked;
+  pb.blocked_update = m->blocked_update ? 1 : 0;
   int rc = pack(&pb.base, out, len);
+  free(blocked);
   free(reqs);
   free(reqp);
   return rc;
@@ -258,6 +272,21 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
     m->ndone = pb->n_done_plans;
   }
   m->heartbeat = pb->heartbeat;
+  m->blocked_update = pb->blocked_update;
+  if (!rc && pb->n_blocked_on > GS__MAX_BLOCKED)
+    rc = fail(err, errlen, "%zu blocked-on names exceed the limit of %d", pb->n_blocked_on,
+              GS__MAX_BLOCKED);
+  if (!rc && pb->n_blocked_on) {
+    m->blocked_on = calloc(pb->n_blocked_on, sizeof *m->blocked_on);
+    if (!m->blocked_on) {
+      rc = GS__ERR_NO_MEMORY;
+      goto out_free_pb;
+    }
+    m->nblocked = pb->n_blocked_on;
+    for (size_t i = 0; i < pb->n_blocked_on && !rc; i++)
+      rc = copy_str(m->blocked_on[i], sizeof m->blocked_on[i], pb->blocked_on[i],
+                    "blocked-on tensor name", err, errlen);
+  }
   if (!rc && pb->leave) {
     m->has_leave = 1;
     snprintf(m->leave_reason, sizeof m->leave_reason, "%s", pb->leave->reason ? pb->leave->reason : "");

@@ -10,6 +10,7 @@ void gs__rank_msg_free(gs__rank_msg *m) {
   if (!m) return;
   free(m->requests);
   free(m->done_plans);
+  free(m->blocked_on);
   memset(m, 0, sizeof *m);
 }
 

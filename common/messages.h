@@ -68,7 +68,12 @@ typedef struct gs__rank_msg {
   int heartbeat;
   int has_leave;
   char leave_reason[GS__MAX_TEXT];
+  int blocked_update;
+  size_t nblocked;
+  char (*blocked_on)[GS__MAX_NAME + 1]; /* nblocked names */
 } gs__rank_msg;
+
+#define GS__MAX_BLOCKED 64 /* blocked-on names reported per rank */
 
 typedef struct gs__rank_info {
   int32_t rank;

@@ -25,6 +25,18 @@ static void usage(FILE *f) {
           "                            (env GRADSYNC_JOB_TOKEN)\n"
           "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
           "                            HOROVOD_CYCLE_TIME)\n"
+          "  --stall-warning-s S       report tensors waiting on some ranks for S seconds, checked\n"
+          "                            every S seconds (default 60; 0 = off; env\n"
+          "                            GRADSYNC_STALL_CHECK_TIME_SECONDS, HOROVOD_STALL_CHECK_TIME_SECONDS)\n"
+          "  --stall-shutdown-s S      abort the job when a tensor waits S seconds (default 0 = never;\n"
+          "                            env GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS,\n"
+          "                            HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)\n"
+          "  --deadlock-time-ms MS     every rank blocked and nothing new for MS = deadlock\n"
+          "                            (default 5000; 0 = off; env GRADSYNC_DEADLOCK_TIME_MS)\n"
+          "  --deadlock-action A       abort (default) or warn (env GRADSYNC_DEADLOCK_ACTION)\n"
+          "  --rank-timeout-ms MS      a rank silent this long is lost (default 10000; 0 = off;\n"
+          "                            env GRADSYNC_RANK_TIMEOUT_MS)\n"
+          "  --heartbeat-ms MS         rank heartbeat period (default 1000; env GRADSYNC_HEARTBEAT_MS)\n"
           "  --log-level LEVEL         error, warn, info (default) or debug (env GRADSYNC_LOG_LEVEL)\n"
           "  -h, --help                this text\n"
           "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n");
@@ -50,6 +62,16 @@ static int flag_int(const char *flag, const char *val, int64_t min, int64_t max,
   return 0;
 }
 
+static int parse_action(const char *val, int *warn_only) {
+  if (!strcmp(val, "abort")) *warn_only = 0;
+  else if (!strcmp(val, "warn")) *warn_only = 1;
+  else {
+    fprintf(stderr, "gradsyncd: deadlock action '%s': expected abort or warn\n", val);
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   gs__log_init("gradsyncd");
   gs__server_opts o;
@@ -59,16 +81,31 @@ int main(int argc, char **argv) {
   o.token = getenv("GRADSYNC_JOB_TOKEN");
   o.job_id = getenv("GRADSYNC_JOB_ID");
   o.shutdown_grace_ms = 2000;
-  o.job.heartbeat_ms = 1000;
-  o.job.rank_timeout_ms = 10000;
-  o.job.deadlock_time_ms = 5000;
-  o.job.stall_warning_s = 60;
   o.job.cache_capacity = 1024;
   o.job.fusion_threshold_bytes = 64u << 20;
 
   char err[GS__MAX_TEXT];
   int64_t v;
   static const char *const world_env[] = {"GRADSYNC_WORLD_SIZE", NULL};
+  static const char *const stall_env[] = {"GRADSYNC_STALL_CHECK_TIME_SECONDS",
+                                          "HOROVOD_STALL_CHECK_TIME_SECONDS", NULL};
+  static const char *const shut_env[] = {"GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS",
+                                         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", NULL};
+  static const char *const dl_env[] = {"GRADSYNC_DEADLOCK_TIME_MS", NULL};
+  static const char *const rt_env[] = {"GRADSYNC_RANK_TIMEOUT_MS", NULL};
+  static const char *const hb_env[] = {"GRADSYNC_HEARTBEAT_MS", NULL};
+  if (gs__env_int(stall_env, 60, 0, 86400, &v, err, sizeof err)) goto bad_env;
+  o.job.stall_warning_s = (uint32_t)v;
+  if (gs__env_int(shut_env, 0, 0, 86400 * 7, &v, err, sizeof err)) goto bad_env;
+  o.job.stall_shutdown_s = (uint32_t)v;
+  if (gs__env_int(dl_env, 5000, 0, 86400000, &v, err, sizeof err)) goto bad_env;
+  o.job.deadlock_time_ms = (uint32_t)v;
+  if (gs__env_int(rt_env, 10000, 0, 86400000, &v, err, sizeof err)) goto bad_env;
+  o.job.rank_timeout_ms = (uint32_t)v;
+  if (gs__env_int(hb_env, 1000, 10, 60000, &v, err, sizeof err)) goto bad_env;
+  o.job.heartbeat_ms = (uint32_t)v;
+  const char *action = getenv("GRADSYNC_DEADLOCK_ACTION");
+  if (action && *action && parse_action(action, &o.deadlock_warn_only)) return 2;
   static const char *const cycle_env[] = {"GRADSYNC_CYCLE_TIME", "HOROVOD_CYCLE_TIME", NULL};
   if (gs__env_int(world_env, 0, 0, 65536, &v, err, sizeof err)) goto bad_env;
   o.world_size = (int32_t)v;
@@ -100,6 +137,23 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--cycle-time-ms")) {
       if (flag_int(a, val, 0, 60000, &v)) return 2;
       o.job.cycle_time_us = (uint32_t)v * 1000u;
+    } else if (!strcmp(a, "--stall-warning-s")) {
+      if (flag_int(a, val, 0, 86400, &v)) return 2;
+      o.job.stall_warning_s = (uint32_t)v;
+    } else if (!strcmp(a, "--stall-shutdown-s")) {
+      if (flag_int(a, val, 0, 86400 * 7, &v)) return 2;
+      o.job.stall_shutdown_s = (uint32_t)v;
+    } else if (!strcmp(a, "--deadlock-time-ms")) {
+      if (flag_int(a, val, 0, 86400000, &v)) return 2;
+      o.job.deadlock_time_ms = (uint32_t)v;
+    } else if (!strcmp(a, "--deadlock-action")) {
+      if (parse_action(val, &o.deadlock_warn_only)) return 2;
+    } else if (!strcmp(a, "--rank-timeout-ms")) {
+      if (flag_int(a, val, 0, 86400000, &v)) return 2;
+      o.job.rank_timeout_ms = (uint32_t)v;
+    } else if (!strcmp(a, "--heartbeat-ms")) {
+      if (flag_int(a, val, 10, 60000, &v)) return 2;
+      o.job.heartbeat_ms = (uint32_t)v;
     } else if (!strcmp(a, "--log-level")) {
       static const char *const lv[] = {"error", "warn", "info", "debug"};
       int found = 0;

@@ -453,6 +453,18 @@ static void flush_outbox(gs__server *s) {
       gs__log((gs__log_level)o->level, "%s", o->text ? o->text : "");
       continue;
     }
+    if (o->kind == GS__OUT_CLOSE_RANK) {
+      rpc *r = session_of_rank(s, o->rank);
+      if (r) {
+        r->rank = -1; /* the engine already counts it lost */
+        list_remove(&s->sessions, r);
+        char msg[GS__MAX_TEXT];
+        snprintf(msg, sizeof msg, "the coordinator declared this rank lost: %s",
+                 o->text ? o->text : "");
+        stream_finish(r, GRPC_STATUS_UNAVAILABLE, msg);
+      }
+      continue;
+    }
     uint8_t *buf = NULL;
     size_t len = 0;
     if (gs__encode_plan_msg(&o->msg, &buf, &len) != GS__OK) {
@@ -684,6 +696,7 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
   ec.world_size = o->world_size;
   snprintf(ec.job_id, sizeof ec.job_id, "%s", o->job_id ? o->job_id : "");
   ec.job = o->job;
+  ec.deadlock_warn_only = o->deadlock_warn_only;
   int rc = gs__engine_create(&ec, &s->engine);
   if (rc) {
     snprintf(err, errlen, "invalid world size %d (expected 0..%d)", o->world_size, GS__MAX_WORLD);

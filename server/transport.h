@@ -17,7 +17,8 @@ typedef struct gs__server_opts {
   int32_t world_size;  /* 0 = taken from the first rank */
   const char *job_id;  /* NULL or "" = any */
   const char *token;   /* NULL = no token required */
-  gs__job_config job;  /* imposed on every rank */
+  gs__job_config job;  /* imposed on every rank; the engine's check times */
+  int deadlock_warn_only; /* --deadlock-action warn */
   int shutdown_grace_ms;
 } gs__server_opts;
 

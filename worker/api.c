@@ -210,7 +210,7 @@ static int kv_get(void *c, const char *key, int timeout_ms, void **val, size_t *
 static void ctx_free(gs_ctx *ctx) {
   gs__backend_destroy(ctx->backend);
   gs__client_destroy(ctx->client);
-  while (ctx->plans_head) {
+  while (ctx->plans_head) { /* left by a failed gs_init only */
     plan_node *n = ctx->plans_head;
     ctx->plans_head = n->next;
     gs__plan_free(&n->plan);
@@ -219,6 +219,7 @@ static void ctx_free(gs_ctx *ctx) {
   free(ctx->done_plans);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
+  pthread_cond_destroy(&ctx->exec_cv);
   free(ctx);
 }
 
@@ -242,6 +243,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* gs_wait deadlines are monotonic */
   pthread_cond_init(&ctx->cv, &ca);
   pthread_condattr_destroy(&ca);
+  pthread_cond_init(&ctx->exec_cv, NULL);
   char log_name[64];
   snprintf(log_name, sizeof log_name, "gradsync[rank %d]", r.rank);
   gs__log_init(log_name);
@@ -300,16 +302,28 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
     goto out_free_ctx;
   }
   ctx->last_send_ms = gs__now_ms();
-  if (pthread_create(&ctx->thread, NULL, gs__background_main, ctx) != 0) {
-    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the background thread: %s",
+  if (pthread_create(&ctx->exec_thread, NULL, gs__executor_main, ctx) != 0) {
+    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the exec thread: %s",
                    r.rank, strerror(errno));
     goto out_free_ctx;
+  }
+  ctx->exec_started = 1;
+  if (pthread_create(&ctx->thread, NULL, gs__background_main, ctx) != 0) {
+    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the comm thread: %s",
+                   r.rank, strerror(errno));
+    goto out_stop_exec;
   }
   ctx->thread_started = 1;
   GS_LOG_DEBUG("rank %d of %d ready (coordinator %s)", r.rank, r.size, r.coordinator);
   *out = ctx;
   return GS_OK;
 
+out_stop_exec:
+  pthread_mutex_lock(&ctx->mu);
+  ctx->exec_stop = 1;
+  pthread_cond_broadcast(&ctx->exec_cv);
+  pthread_mutex_unlock(&ctx->mu);
+  pthread_join(ctx->exec_thread, NULL);
 out_free_ctx:
   ctx_free(ctx);
   return st;
@@ -321,8 +335,9 @@ gs_status gs_shutdown(gs_ctx *ctx) {
   ctx->stop = 1;
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
-  if (ctx->thread_started) pthread_join(ctx->thread, NULL);
-  /* The loop has ended: fail what is left (the first failure wins). */
+  if (ctx->thread_started) pthread_join(ctx->thread, NULL); /* it stops the exec thread */
+  if (ctx->exec_started) pthread_join(ctx->exec_thread, NULL);
+  /* The threads have ended: fail what is left (the first failure wins). */
   gs__ctx_fail(ctx, GS_ERR_SHUTDOWN,
                "gs_shutdown was called while this op was in flight; wait for ops before "
                "shutting down");
@@ -488,22 +503,34 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
   gs_ctx *ctx = hs[0]->ctx;
   struct timespec ts;
   if (timeout_ms > 0) abs_deadline(&ts, timeout_ms);
+  /* Registered so the comm thread can report what this thread is blocked
+   * on (deadlock detection). */
+  gs__waiter self = {hs, n, gs__now_ms(), NULL};
+  gs_status st = GS_ERR_TIMEOUT;
   pthread_mutex_lock(&ctx->mu);
+  self.next = ctx->waiters;
+  ctx->waiters = &self;
   for (;;) {
-    for (size_t i = 0; i < n; i++)
-      if (atomic_load_explicit(&hs[i]->done, memory_order_acquire)) {
-        pthread_mutex_unlock(&ctx->mu);
-        *index = i;
-        return finished(hs[i]);
-      }
+    size_t i = 0;
+    while (i < n && !atomic_load_explicit(&hs[i]->done, memory_order_acquire)) i++;
+    if (i < n) {
+      *index = i;
+      st = GS_OK;
+      break;
+    }
     int rc = timeout_ms < 0 ? pthread_cond_wait(&ctx->cv, &ctx->mu)
                             : pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
-    if (rc == ETIMEDOUT) {
-      pthread_mutex_unlock(&ctx->mu);
-      return set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
-                       timeout_ms);
-    }
+    if (rc == ETIMEDOUT) break;
   }
+  for (gs__waiter **w = &ctx->waiters; *w; w = &(*w)->next)
+    if (*w == &self) {
+      *w = self.next;
+      break;
+    }
+  pthread_mutex_unlock(&ctx->mu);
+  if (st == GS_OK) return finished(hs[*index]);
+  return set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
+                   timeout_ms);
 }
 
 gs_status gs_test(gs_handle *h, int *done) {

@@ -1,19 +1,25 @@
-/* The worker's background thread: every cycle it sends the ops submitted
- * since the last cycle to the coordinator (plus heartbeats and the numbers
- * of the plans it finished), receives plans, and runs them strictly in
- * order on the backend, completing handles as it goes.
+/* The worker's comm thread: every cycle it receives what the coordinator
+ * sent (plans go to the exec thread's queue; aborts fail the job and abort
+ * the backend, interrupting a running collective), then sends the ops
+ * submitted since the last cycle, the numbers of the plans executed, the
+ * tensor names application threads are blocked on when that set changes,
+ * and a heartbeat when one is due.
  *
- * Owns the client session, the backend and the plan queue (see worker.h);
- * touches handles and the submission queue only under ctx->mu. */
+ * Owns the client session; touches handles, the submission queue, the
+ * waiter list and the plan queue only under ctx->mu. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "clock.h"
-#include "dtype.h"
 #include "log.h"
 #include "status.h"
 #include "worker.h"
+
+/* A wait counts as blocked once it has lasted this long on ops that no plan
+ * names yet: short enough to catch deadlocks fast, long enough that ordinary
+ * waits during a step never show up. */
+#define BLOCKED_GRACE_MS 50
 
 void gs__handle_unref(struct gs_handle *h) {
   if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) == 1) {
@@ -48,138 +54,134 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
   ctx->sub_head = ctx->sub_tail = NULL;
   struct gs_handle *h, *tmp;
   HASH_ITER(hh, ctx->inflight, h, tmp) complete_locked(ctx, h, ctx->fatal, ctx->fatal_msg);
+  pthread_cond_broadcast(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
 }
 
-static struct gs_handle *find_op(gs_ctx *ctx, const char *name) {
-  struct gs_handle *h = NULL;
+/* The job is over for this rank: fail everything and interrupt the data
+ * plane (the first failure's message wins). */
+static void fail_job(gs_ctx *ctx, gs_status status, const char *msg) {
+  GS_LOG_ERROR("%s", msg);
+  gs__ctx_fail(ctx, status, msg);
+  ctx->backend->v->abort(ctx->backend);
+}
+
+/* Queues a plan for the exec thread; marks the ops it names as planned so
+ * waits on them no longer count as blocked. */
+static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
+  plan_node *n = calloc(1, sizeof *n);
+  if (!n) {
+    fail_job(ctx, GS_ERR_NO_MEMORY, "out of memory queueing a plan");
+    return;
+  }
+  n->plan = *plan;
+  memset(plan, 0, sizeof *plan);
   pthread_mutex_lock(&ctx->mu);
-  HASH_FIND_STR(ctx->inflight, name, h);
+  for (size_t i = 0; i < n->plan.nresponses; i++)
+    for (size_t k = 0; k < n->plan.responses[i].ntensors; k++) {
+      struct gs_handle *h = NULL;
+      HASH_FIND_STR(ctx->inflight, n->plan.responses[i].tensors[k].name, h);
+      if (h) h->planned = 1;
+    }
+  if (ctx->plans_tail) ctx->plans_tail->next = n;
+  else ctx->plans_head = n;
+  ctx->plans_tail = n;
+  pthread_cond_signal(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
-  return h;
-}
-
-/* Runs one collective response. Returns GS__OK, or a data-plane failure
- * that ends the job (message in err). */
-static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
-  for (size_t i = 0; i < r->ntensors; i++) {
-    const gs__plan_tensor *t = &r->tensors[i];
-    struct gs_handle *h = find_op(ctx, t->name);
-    if (!h) {
-      snprintf(err, errlen,
-               "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync "
-               "bug; please report it with the coordinator's log)",
-               t->name, ctx->rank);
-      return GS__ERR_INTERNAL;
-    }
-    if (r->op != GS__OP_ALLREDUCE) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "tensor '%s': %s is not supported by this library version",
-               t->name, gs__op_type_name(r->op));
-      gs__handle_complete(ctx, h, GS_ERR_UNSUPPORTED, msg);
-      continue;
-    }
-    size_t bytes = h->count * gs__dtype_size(h->req.dtype);
-    if (h->send != h->recv && bytes) memcpy(h->recv, h->send, bytes);
-    int rc = ctx->backend->v->allreduce(ctx->backend, h->recv, h->count, h->req.dtype,
-                                        h->req.reduce_op, err, errlen);
-    if (rc) {
-      char *detail = strdup(err);
-      snprintf(err, errlen, "tensor '%s' (rank %d on %s): %s", t->name, ctx->rank, ctx->host,
-               detail ? detail : "data-plane failure");
-      free(detail);
-      return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
-    }
-    gs__handle_complete(ctx, h, GS_OK, NULL);
-  }
-  return GS__OK;
-}
-
-static int run_plan(gs_ctx *ctx, const gs__plan *p, char *err, size_t errlen) {
-  for (size_t i = 0; i < p->nresponses; i++) {
-    const gs__response *r = &p->responses[i];
-    if (r->kind == GS__RESP_ERROR) {
-      for (size_t k = 0; k < r->ntensors; k++) {
-        struct gs_handle *h = find_op(ctx, r->tensors[k].name);
-        if (h)
-          gs__handle_complete(ctx, h, (gs_status)r->error_status,
-                              r->error_message ? r->error_message : "error from the coordinator");
-      }
-      continue;
-    }
-    int rc = run_collective(ctx, r, err, errlen);
-    if (rc) return rc;
-  }
-  return GS__OK;
-}
-
-static void remember_done(gs_ctx *ctx, uint64_t seq) {
-  if (ctx->ndone == ctx->done_cap) {
-    size_t cap = ctx->done_cap ? ctx->done_cap * 2 : 16;
-    uint64_t *d = realloc(ctx->done_plans, cap * sizeof *d);
-    if (!d) return; /* only diagnostics lose a number */
-    ctx->done_plans = d;
-    ctx->done_cap = cap;
-  }
-  ctx->done_plans[ctx->ndone++] = seq;
 }
 
 /* Handles one message from the coordinator. Returns non-zero when the job
  * is over for this rank. */
 static int on_message(gs_ctx *ctx, gs__plan_msg *m) {
   switch (m->kind) {
-  case GS__MSG_PLAN: {
-    plan_node *n = calloc(1, sizeof *n);
-    if (!n) {
-      gs__ctx_fail(ctx, GS_ERR_NO_MEMORY, "out of memory queueing a plan");
-      return 1;
-    }
-    n->plan = m->plan;
-    memset(&m->plan, 0, sizeof m->plan);
-    if (ctx->plans_tail) ctx->plans_tail->next = n;
-    else ctx->plans_head = n;
-    ctx->plans_tail = n;
-    return 0;
-  }
+  case GS__MSG_PLAN: queue_plan(ctx, &m->plan); return 0;
   case GS__MSG_RANK_ERROR: {
-    struct gs_handle *h = find_op(ctx, m->name);
-    if (h) gs__handle_complete(ctx, h, (gs_status)m->status, m->text ? m->text : "");
+    pthread_mutex_lock(&ctx->mu);
+    struct gs_handle *h = NULL;
+    HASH_FIND_STR(ctx->inflight, m->name, h);
+    if (h) complete_locked(ctx, h, (gs_status)m->status, m->text ? m->text : "");
+    pthread_mutex_unlock(&ctx->mu);
     return 0;
   }
   case GS__MSG_ABORT: {
     char msg[4096];
     snprintf(msg, sizeof msg, "the coordinator aborted the job: %s", m->text ? m->text : "");
-    GS_LOG_ERROR("%s", msg);
-    ctx->backend->v->abort(ctx->backend);
-    gs__ctx_fail(ctx, (gs_status)m->status, msg);
+    fail_job(ctx, (gs_status)m->status, msg);
     return 1;
   }
   default: return 0;
   }
 }
 
-/* Moves the ops submitted since the last cycle into one message, together
- * with the finished plans and a heartbeat when one is due, and sends it. */
+static int cmp_name(const void *a, const void *b) {
+  return strcmp((const char *)a, (const char *)b);
+}
+
+/* Collects the names this rank's threads are blocked on into m (sorted,
+ * deduplicated) when the set differs from the last one reported. */
+static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m) {
+  char(*names)[GS__MAX_NAME + 1] = NULL;
+  size_t n = 0;
+  pthread_mutex_lock(&ctx->mu);
+  for (gs__waiter *w = ctx->waiters; w; w = w->next) {
+    if (now - w->since_ms < BLOCKED_GRACE_MS) continue;
+    int blocked = 1;
+    for (size_t i = 0; i < w->n && blocked; i++)
+      if (atomic_load_explicit(&w->hs[i]->done, memory_order_relaxed) || w->hs[i]->planned)
+        blocked = 0;
+    for (size_t i = 0; blocked && i < w->n && n < GS__MAX_BLOCKED; i++) {
+      if (!names && !(names = malloc(GS__MAX_BLOCKED * sizeof *names))) break;
+      memcpy(names[n++], w->hs[i]->req.name, sizeof names[0]);
+    }
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (n > 1) qsort(names, n, sizeof *names, cmp_name);
+  size_t u = 0;
+  uint64_t sig = 1469598103934665603ull; /* FNV-1a over the sorted unique names */
+  for (size_t i = 0; i < n; i++) {
+    if (u && !strcmp(names[u - 1], names[i])) continue;
+    if (u != i) memcpy(names[u], names[i], sizeof names[0]);
+    for (const char *c = names[u]; *c; c++) sig = (sig ^ (unsigned char)*c) * 1099511628211ull;
+    sig = (sig ^ 0xff) * 1099511628211ull;
+    u++;
+  }
+  if (!u) sig = 0;
+  if (sig == ctx->blocked_sig) {
+    free(names);
+    return;
+  }
+  ctx->blocked_sig = sig;
+  m->blocked_update = 1;
+  m->blocked_on = names;
+  m->nblocked = u;
+}
+
+/* Sends the ops submitted since the last cycle in one message, together
+ * with the executed plans, the blocked-on names when they changed and a
+ * heartbeat when one is due. */
 static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
   gs__rank_msg m;
   memset(&m, 0, sizeof m);
+  uint64_t now = gs__now_ms();
   pthread_mutex_lock(&ctx->mu);
   struct gs_handle *list = ctx->sub_head;
   ctx->sub_head = ctx->sub_tail = NULL;
-  pthread_mutex_unlock(&ctx->mu);
   size_t n = 0;
   for (struct gs_handle *h = list; h; h = h->next_submit) n++;
-  if (n) {
-    m.requests = malloc(n * sizeof *m.requests);
-    if (!m.requests) {
-      snprintf(err, errlen, "out of memory batching %zu requests", n);
-      return GS__ERR_NO_MEMORY;
-    }
-    for (struct gs_handle *h = list; h; h = h->next_submit) m.requests[m.nrequests++] = h->req;
-  }
+  if (n && !(m.requests = malloc(n * sizeof *m.requests))) n = 0;
+  for (struct gs_handle *h = list; h && m.requests; h = h->next_submit)
+    m.requests[m.nrequests++] = h->req;
   m.done_plans = ctx->done_plans;
   m.ndone = ctx->ndone;
-  uint64_t now = gs__now_ms();
+  ctx->done_plans = NULL;
+  ctx->ndone = ctx->done_cap = 0;
+  pthread_mutex_unlock(&ctx->mu);
+  if (list && !m.requests) {
+    snprintf(err, errlen, "out of memory batching requests");
+    free(m.done_plans);
+    return GS__ERR_NO_MEMORY;
+  }
+  blocked_update(ctx, now, &m);
   uint32_t hb = ctx->join.config.heartbeat_ms ? ctx->join.config.heartbeat_ms : 1000;
   m.heartbeat = now - ctx->last_send_ms >= hb;
   if (stopping) {
@@ -187,12 +189,11 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
     snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
   }
   int rc = GS__OK;
-  if (m.nrequests || m.ndone || m.heartbeat || m.has_leave) {
+  if (m.nrequests || m.ndone || m.heartbeat || m.has_leave || m.blocked_update) {
     rc = gs__client_session_send(ctx->client, &m, err, errlen);
     ctx->last_send_ms = now;
-    ctx->ndone = 0;
   }
-  free(m.requests);
+  gs__rank_msg_free(&m);
   return rc;
 }
 
@@ -201,7 +202,7 @@ void *gs__background_main(void *arg) {
   char err[4096];
   int cycle_ms = (int)((ctx->join.config.cycle_time_us + 999) / 1000);
   if (cycle_ms < 1) cycle_ms = 1;
-  int over = 0, stopping = 0;
+  int over = 0;
   while (!over) {
     /* 1. Receive: wait up to one cycle for the first message, then take
      * whatever else is ready. */
@@ -211,9 +212,7 @@ void *gs__background_main(void *arg) {
       int got = 0;
       int rc = gs__client_session_poll(ctx->client, wait, &m, &got, err, sizeof err);
       if (rc) {
-        GS_LOG_ERROR("%s", err);
-        ctx->backend->v->abort(ctx->backend);
-        gs__ctx_fail(ctx, (gs_status)rc, err);
+        fail_job(ctx, (gs_status)rc, err);
         over = 1;
         break;
       }
@@ -224,35 +223,25 @@ void *gs__background_main(void *arg) {
       wait = 0;
     }
     if (over) break;
-    /* 2. Run the plans in order. */
-    while (ctx->plans_head) {
-      plan_node *n = ctx->plans_head;
-      ctx->plans_head = n->next;
-      if (!ctx->plans_head) ctx->plans_tail = NULL;
-      int rc = run_plan(ctx, &n->plan, err, sizeof err);
-      remember_done(ctx, n->plan.seq);
-      gs__plan_free(&n->plan);
-      free(n);
-      if (rc) {
-        GS_LOG_ERROR("%s", err);
-        gs__ctx_fail(ctx, (gs_status)rc, err);
-        over = 1;
-        break;
-      }
-    }
-    if (over) break;
-    /* 3. Send this cycle's submissions. */
+    /* 2. Send this cycle's part. */
     pthread_mutex_lock(&ctx->mu);
-    stopping = ctx->stop;
+    int stopping = ctx->stop;
+    int failed = ctx->fatal != GS_OK;
     pthread_mutex_unlock(&ctx->mu);
+    if (failed) break; /* e.g. the data plane failed on the exec thread */
     if (send_cycle(ctx, stopping, err, sizeof err) != GS__OK) {
-      gs__ctx_fail(ctx, GS_ERR_COORDINATOR_LOST, err);
+      fail_job(ctx, GS_ERR_COORDINATOR_LOST, err);
       break;
     }
     if (stopping) break;
   }
-  /* Leave cleanly (bounded): flush the leave message, half-close, wait for
-   * the coordinator to end the stream. */
+  /* Leave (bounded): flush the leave message, half-close, wait for the
+   * coordinator to end the stream. Then let the exec thread finish the plans
+   * it has and stop. */
   gs__client_session_close(ctx->client, 2000);
+  pthread_mutex_lock(&ctx->mu);
+  ctx->exec_stop = 1;
+  pthread_cond_broadcast(&ctx->exec_cv);
+  pthread_mutex_unlock(&ctx->mu);
   return NULL;
 }

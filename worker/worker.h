@@ -38,6 +38,7 @@ struct gs_handle {
   void *recv;
   size_t count;
   struct gs_handle *next_submit; /* submission queue (under mu) */
+  int planned;                   /* a plan names it (under mu) */
   UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
 };
 
@@ -45,6 +46,14 @@ typedef struct plan_node {
   gs__plan plan;
   struct plan_node *next;
 } plan_node;
+
+/* An application thread inside gs_wait / gs_wait_any (under mu). */
+typedef struct gs__waiter {
+  struct gs_handle *const *hs;
+  size_t n;
+  uint64_t since_ms;
+  struct gs__waiter *next;
+} gs__waiter;
 
 struct gs_ctx {
   int rank, size, local_rank, local_size;
@@ -59,20 +68,30 @@ struct gs_ctx {
   int stop;                              /* gs_shutdown asked the loop to end */
   gs_status fatal;                       /* set once: every op fails with it */
   char fatal_msg[4096];
+  gs__waiter *waiters;                   /* threads blocked in a wait */
+  /* plans handed from the comm thread to the exec thread */
+  pthread_cond_t exec_cv;
+  plan_node *plans_head, *plans_tail;
+  int exec_stop;
+  uint64_t *done_plans; /* executed, not yet reported */
+  size_t ndone, done_cap;
 
-  /* background thread */
+  /* comm thread (background.c): the session */
   pthread_t thread;
   int thread_started;
   gs__client *client;
-  gs__backend *backend;
-  plan_node *plans_head, *plans_tail;
-  uint64_t *done_plans;
-  size_t ndone, done_cap;
   uint64_t last_send_ms;
+  uint64_t blocked_sig; /* the blocked-on set last reported */
+  /* exec thread (executor.c): the backend */
+  pthread_t exec_thread;
+  int exec_started;
+  gs__backend *backend; /* abort() may be called from the comm thread */
 };
 
-/* background.c */
+/* background.c: the comm thread */
 void *gs__background_main(void *arg);
+/* executor.c: the exec thread */
+void *gs__executor_main(void *arg);
 /* Completes h with status and message (NULL = success); takes ctx->mu. */
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg);
 /* Completes every op in flight and every later submission with status and

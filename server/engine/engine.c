@@ -24,6 +24,8 @@ typedef struct rank_slot {
   char host[GS__MAX_HOST + 1];
   int32_t pid;
   uint64_t joined_ms, last_msg_ms;
+  size_t nblocked; /* names its application threads are blocked on */
+  char (*blocked)[GS__MAX_NAME + 1];
 } rank_slot;
 
 /* One tensor name waiting for every rank. Ranks whose requests differ from
@@ -54,6 +56,12 @@ struct gs__engine {
   uint64_t tensors_planned;
   entry **ready;       /* entries that became ready during the current event */
   size_t nready, ready_cap;
+  uint64_t ready_ms;         /* when the world became ready */
+  uint64_t last_activity_ms; /* last new request or change of a blocked set */
+  int deadlock_reported;     /* this quiet episode was already reported */
+  uint64_t next_stall_check_ms;
+  uint64_t stall_reports, deadlocks;
+  char *last_stall, *last_deadlock;
 };
 
 /* ---- outbox --------------------------------------------------------------- */
@@ -176,7 +184,10 @@ void gs__engine_destroy(gs__engine *e) {
     entry_free(en);
   }
   free(e->ready);
+  for (int32_t r = 0; r < e->world; r++) free(e->ranks[r].blocked);
   free(e->ranks);
+  free(e->last_stall);
+  free(e->last_deadlock);
   free(e);
 }
 
@@ -286,7 +297,13 @@ int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__ou
   s->state = RANK_CONNECTED;
   s->last_msg_ms = now_ms;
   e->nconnected++;
-  if (e->nconnected == e->world) e->world_ready = 1;
+  if (e->nconnected == e->world) {
+    e->world_ready = 1;
+    e->ready_ms = e->last_activity_ms = now_ms;
+    /* Liveness counts from here: ranks do not heartbeat while they wait. */
+    for (int32_t r = 0; r < e->world; r++) e->ranks[r].last_msg_ms = now_ms;
+    e->next_stall_check_ms = now_ms + (uint64_t)e->cfg.job.stall_warning_s * 1000u;
+  }
   out_log(box, GS__LOG_INFO, "rank %d (%s:%d) connected; %d of %d ranks present", rank,
           rank_host(e, rank), s->pid, e->nconnected, e->world);
   gs__out *o = out_push(box, GS__OUT_TO_ALL);
@@ -586,6 +603,21 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
   e->nready = 0;
 }
 
+static void set_blocked(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, uint64_t now_ms) {
+  free(s->blocked);
+  s->blocked = NULL;
+  s->nblocked = 0;
+  if (msg->nblocked) {
+    s->blocked = malloc(msg->nblocked * sizeof *s->blocked);
+    if (s->blocked) {
+      memcpy(s->blocked, msg->blocked_on, msg->nblocked * sizeof *s->blocked);
+      s->nblocked = msg->nblocked;
+    }
+  }
+  e->last_activity_ms = now_ms;
+  e->deadlock_reported = 0;
+}
+
 void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg,
                              uint64_t now_ms, gs__outbox *box) {
   if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
@@ -598,8 +630,13 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
                  "request sent before every rank joined (wait for gs_init to return)");
     return;
   }
+  if (msg->nrequests) {
+    e->last_activity_ms = now_ms;
+    e->deadlock_reported = 0;
+  }
   for (size_t i = 0; i < msg->nrequests; i++) add_request(e, rank, &msg->requests[i], now_ms, box);
   emit_ready(e, box);
+  if (msg->blocked_update) set_blocked(e, s, msg, now_ms);
   if (msg->has_leave) {
     s->state = RANK_LEFT;
     e->nconnected--;
@@ -624,11 +661,19 @@ static void pending_names(const gs__engine *e, char *buf, size_t cap) {
   append(buf, cap, "]");
 }
 
-void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
-                               gs__outbox *box) {
-  if (rank < 0 || rank >= e->world) return;
+static void abort_job(gs__engine *e, int status, const char *text, gs__outbox *box) {
+  e->aborted = 1;
+  out_log(box, GS__LOG_ERROR, "aborting the job: %s", text);
+  gs__out *o = out_push(box, GS__OUT_TO_ALL);
+  if (!o) return;
+  o->msg.kind = GS__MSG_ABORT;
+  o->msg.status = status;
+  o->msg.text = strdup(text);
+}
+
+/* Marks a connected rank lost and tells everyone (see session_closed). */
+static void lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outbox *box) {
   rank_slot *s = &e->ranks[rank];
-  if (s->state != RANK_CONNECTED) return;
   s->state = RANK_LOST;
   e->nconnected--;
   if (e->aborted) return;
@@ -647,7 +692,6 @@ void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, 
       return;
     }
   }
-  e->aborted = 1;
   char names[2048], text[GS__MAX_TEXT];
   pending_names(e, names, sizeof names);
   snprintf(text, sizeof text,
@@ -655,6 +699,7 @@ void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, 
            "without it: look at rank %d's log for why it stopped, then restart the job",
            rank, rank_host(e, rank), s->pid, detail && *detail ? detail : "its session ended",
            names, rank);
+  e->aborted = 1;
   out_log(box, GS__LOG_ERROR, "%s", text);
   gs__out *o = out_push(box, GS__OUT_TO_ALL);
   if (!o) return;
@@ -663,10 +708,201 @@ void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, 
   o->msg.text = strdup(text);
 }
 
-void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
-  (void)e;
+void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
+                               gs__outbox *box) {
   (void)now_ms;
-  (void)box;
+  if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
+  lose_rank(e, rank, detail, box);
+}
+
+/* ---- periodic checks ------------------------------------------------------------ */
+
+static void check_liveness(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
+  uint32_t timeout = e->cfg.job.rank_timeout_ms;
+  if (!timeout || !e->world_ready) return;
+  for (int32_t r = 0; r < e->world; r++) {
+    rank_slot *s = &e->ranks[r];
+    if (s->state != RANK_CONNECTED || now_ms - s->last_msg_ms <= timeout) continue;
+    char detail[256];
+    snprintf(detail, sizeof detail,
+             "it was silent for %.1f s (no heartbeat within the rank timeout of %.1f s): the "
+             "process is stopped or hung, or the network to its host is down",
+             (double)(now_ms - s->last_msg_ms) / 1000.0, timeout / 1000.0);
+    gs__out *o = out_push(box, GS__OUT_CLOSE_RANK);
+    if (o) {
+      o->rank = r;
+      o->text = strdup(detail);
+    }
+    lose_rank(e, r, detail, box);
+  }
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* "[a, b, c, d, e, f, ...]": sorted, at most 6 names. */
+static void format_names(const char **names, size_t n, char *buf, size_t cap) {
+  qsort(names, n, sizeof *names, cmp_str);
+  buf[0] = 0;
+  append(buf, cap, "[");
+  for (size_t i = 0; i < n && i < 6; i++) append(buf, cap, "%s%s", i ? ", " : "", names[i]);
+  if (n > 6) append(buf, cap, ", ...");
+  append(buf, cap, "]");
+}
+
+/* The stall report of every entry older than age_ms, grouped by missing
+ * rank; NULL when nothing is that old. */
+static char *stall_report(const gs__engine *e, uint64_t now_ms, uint64_t age_ms) {
+  size_t total = HASH_COUNT(e->table), nold = 0;
+  if (!total) return NULL;
+  const entry **old = malloc(total * sizeof *old);
+  const char **names = malloc(total * sizeof *names);
+  char *text = malloc(GS__MAX_TEXT * 4);
+  if (!old || !names || !text) goto out_free;
+  for (const entry *en = e->table; en; en = en->hh.next)
+    if (now_ms - en->first_ms >= age_ms) old[nold++] = en;
+  if (!nold) goto out_free;
+  text[0] = 0;
+  append(text, GS__MAX_TEXT * 4,
+         "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+         "ranks and are waiting for remainder of ranks for more than %llu seconds. Every rank "
+         "must submit every tensor; the ranks below have not.\nMissing ranks:",
+         (unsigned long long)(age_ms / 1000u));
+  for (int32_t r = 0; r < e->world; r++) {
+    size_t n = 0;
+    for (size_t i = 0; i < nold; i++)
+      if (old[i]->variant_of[r] < 0) names[n++] = old[i]->name;
+    if (!n) continue;
+    char list[2048];
+    format_names(names, n, list, sizeof list);
+    append(text, GS__MAX_TEXT * 4, "\n%d (%s:%d): %s", r, rank_host(e, r), e->ranks[r].pid, list);
+  }
+  free(old);
+  free(names);
+  return text;
+out_free:
+  free(old);
+  free(names);
+  free(text);
+  return NULL;
+}
+
+static void check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
+  uint64_t warn_ms = (uint64_t)e->cfg.job.stall_warning_s * 1000u;
+  uint64_t shut_ms = (uint64_t)e->cfg.job.stall_shutdown_s * 1000u;
+  if (!e->world_ready || e->aborted) return;
+  if (shut_ms) {
+    char *report = stall_report(e, now_ms, shut_ms);
+    if (report) {
+      char *text = malloc(strlen(report) + 256);
+      if (text) {
+        sprintf(text, "%s\nStall shutdown time of %llu s exceeded (--stall-shutdown-s): aborting",
+                report, (unsigned long long)(shut_ms / 1000u));
+        free(e->last_stall);
+        e->last_stall = report;
+        e->stall_reports++;
+        abort_job(e, GS__ERR_STALL, text, box);
+        free(text);
+        return;
+      }
+      free(report);
+    }
+  }
+  if (!warn_ms || now_ms < e->next_stall_check_ms) return;
+  e->next_stall_check_ms = now_ms + warn_ms;
+  char *report = stall_report(e, now_ms, warn_ms);
+  if (!report) return;
+  out_log(box, GS__LOG_WARN, "%s", report);
+  free(e->last_stall);
+  e->last_stall = report;
+  e->stall_reports++;
+}
+
+/* Ranks that have not submitted en, as "rank 1" or "ranks [1,2]". */
+static void missing_ranks(const gs__engine *e, const entry *en, char *buf, size_t cap) {
+  int32_t *ranks = malloc((size_t)e->world * sizeof *ranks);
+  size_t n = 0;
+  if (!ranks) {
+    snprintf(buf, cap, "some ranks");
+    return;
+  }
+  for (int32_t r = 0; r < e->world; r++)
+    if (en->variant_of[r] < 0) ranks[n++] = r;
+  if (n == 1) {
+    snprintf(buf, cap, "rank %d", ranks[0]);
+  } else {
+    char list[1024];
+    format_ranks(ranks, n, list, sizeof list);
+    snprintf(buf, cap, "ranks %s", list);
+  }
+  free(ranks);
+}
+
+static void check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
+  uint32_t quiet = e->cfg.job.deadlock_time_ms;
+  if (!quiet || !e->world_ready || e->aborted || e->deadlock_reported) return;
+  if (now_ms - e->last_activity_ms < quiet) return;
+  int32_t live = 0;
+  for (int32_t r = 0; r < e->world; r++) {
+    const rank_slot *s = &e->ranks[r];
+    if (s->state != RANK_CONNECTED) continue;
+    if (!s->nblocked) return; /* a rank still computing: no deadlock */
+    live++;
+  }
+  if (!live) return;
+  size_t cap = GS__MAX_TEXT * 4;
+  char *text = malloc(cap);
+  if (!text) return;
+  snprintf(text, cap,
+           "deadlock: every rank is blocked waiting for tensors that other ranks have not "
+           "submitted, and no rank submitted anything for %.1f s: ",
+           (double)(now_ms - e->last_activity_ms) / 1000.0);
+  int32_t shown = 0;
+  for (int32_t r = 0; r < e->world; r++) {
+    const rank_slot *s = &e->ranks[r];
+    if (s->state != RANK_CONNECTED) continue;
+    if (shown == 32) {
+      append(text, cap, "; ... (%d more ranks)", live - shown);
+      break;
+    }
+    append(text, cap, "%srank %d (%s:%d) waits on ", shown ? "; " : "", r, rank_host(e, r),
+           s->pid);
+    for (size_t i = 0; i < s->nblocked && i < 6; i++) {
+      entry *en = NULL;
+      char why[1100];
+      HASH_FIND_STR(e->table, s->blocked[i], en);
+      if (en) missing_ranks(e, en, why, sizeof why);
+      append(text, cap, "%s[%s] (%s%s)", i ? ", " : "", s->blocked[i],
+             en ? "missing from " : "not pending at the coordinator", en ? why : "");
+    }
+    if (s->nblocked > 6) append(text, cap, ", ... %zu more", s->nblocked - 6);
+    shown++;
+  }
+  append(text, cap,
+         ". The ranks submit different tensor names (look for rank-dependent code paths or "
+         "names); make every rank submit the same tensors, then restart the job");
+  e->deadlock_reported = 1;
+  e->deadlocks++;
+  free(e->last_deadlock);
+  e->last_deadlock = strdup(text);
+  if (e->cfg.deadlock_warn_only) out_log(box, GS__LOG_WARN, "%s", text);
+  else abort_job(e, GS__ERR_DEADLOCK, text, box);
+  free(text);
+}
+
+void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
+  check_liveness(e, now_ms, box);
+  check_stalls(e, now_ms, box);
+  check_deadlock(e, now_ms, box);
+}
+
+const char *gs__engine_last_stall(const gs__engine *e) {
+  return e->last_stall ? e->last_stall : "";
+}
+
+const char *gs__engine_last_deadlock(const gs__engine *e) {
+  return e->last_deadlock ? e->last_deadlock : "";
 }
 
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
@@ -686,4 +922,6 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->plans_emitted = e->next_plan_seq - 1;
   out->tensors_planned = e->tensors_planned;
   out->pending_tensors = HASH_COUNT(e->table);
+  out->stall_reports = e->stall_reports;
+  out->deadlocks = e->deadlocks;
 }

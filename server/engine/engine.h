@@ -21,13 +21,17 @@ typedef struct gs__engine gs__engine;
 typedef struct gs__engine_config {
   int32_t world_size;            /* 0 = taken from the first rank that joins */
   char job_id[GS__MAX_JOB_ID + 1]; /* "" = accept any job id */
-  gs__job_config job;            /* handed to every rank in JoinResponse */
+  gs__job_config job;            /* handed to every rank in JoinResponse; also
+                                    the engine's stall, deadlock and liveness
+                                    times (0 turns a check off) */
+  int deadlock_warn_only;        /* 1: log a deadlock, do not abort */
 } gs__engine_config;
 
 typedef enum gs__out_kind {
   GS__OUT_TO_ALL,    /* msg to every rank whose session is open */
   GS__OUT_TO_RANK,   /* msg to one rank */
   GS__OUT_LOG,       /* text for the coordinator's log at level */
+  GS__OUT_CLOSE_RANK, /* end rank's session (it was declared lost); text says why */
 } gs__out_kind;
 
 typedef struct gs__out {
@@ -74,7 +78,15 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
 void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
                                gs__outbox *box);
 
-/* Periodic work (stall and liveness checks); call at least every 100 ms. */
+/* Periodic work; call at least every 100 ms:
+ * - liveness: a connected rank silent for rank_timeout_ms is lost (its
+ *   session is closed and every rank gets an abort naming it);
+ * - stall inspector: every stall_warning_s, tensors waiting longer than
+ *   that are logged grouped by missing rank; past stall_shutdown_s (if set)
+ *   the job is aborted with that report;
+ * - deadlock detector: every live rank blocked, nothing ready and no new
+ *   request for deadlock_time_ms -> the wait-for report, as an abort
+ *   (GS__ERR_DEADLOCK) or only a log line (deadlock_warn_only). */
 void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box);
 
 /* Read-only views for diagnostics and tests. */
@@ -86,7 +98,13 @@ typedef struct gs__engine_stats {
   uint64_t plans_emitted;
   uint64_t tensors_planned;
   size_t pending_tensors;
+  uint64_t stall_reports, deadlocks;
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
+
+/* The latest stall and deadlock reports ("" if none); owned by the engine,
+ * valid until its next event. */
+const char *gs__engine_last_stall(const gs__engine *e);
+const char *gs__engine_last_deadlock(const gs__engine *e);
 
 #endif
