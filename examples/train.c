@@ -443,23 +443,38 @@ static void evaluate(job *j, mlp *m, const dataset *d) {
            sums[0] / N_SAMPLES, N_SAMPLES);
 }
 
-/* Returns 0 if the parameters are bit-identical on every rank. */
+/* Returns 0 if the parameters are bit-identical on every rank. If not, the
+ * ranks that differ from the majority say so: min and max of the checksums
+ * tell whether they differ, a count of the ranks holding each tells who. */
 static int check_identical(job *j, const mlp *m) {
   int64_t mine = mlp_checksum(m), lo = mine, hi = mine;
   allreduce_now(j, "checksum/min", &lo, 1, GS_INT64, GS_MIN);
   allreduce_now(j, "checksum/max", &hi, 1, GS_INT64, GS_MAX);
-  if (lo != hi) {
-    if (mine != lo || mine != hi)
-      fprintf(stderr,
-              "rank %d: parameters differ from other ranks (checksum 0x%" PRIx64
-              " vs min 0x%" PRIx64 " max 0x%" PRIx64 ")\n",
-              j->rank, (uint64_t)mine, (uint64_t)lo, (uint64_t)hi);
-    return -1;
+  if (lo == hi) {
+    if (j->rank == 0)
+      printf("parameters identical on all %d ranks (checksum 0x%" PRIx64 ")\n", j->size,
+             (uint64_t)mine);
+    return 0;
   }
-  if (j->rank == 0)
-    printf("parameters identical on all %d ranks (checksum 0x%" PRIx64 ")\n", j->size,
-           (uint64_t)mine);
-  return 0;
+  int64_t votes[2] = {mine == lo, mine == hi};
+  allreduce_now(j, "checksum/votes", votes, 2, GS_INT64, GS_SUM);
+  int64_t majority = votes[1] > votes[0] ? hi : lo;
+  if (mine != majority)
+    fprintf(stderr,
+            "rank %d: parameters differ from other ranks (checksum 0x%" PRIx64 " vs min 0x%" PRIx64
+            " max 0x%" PRIx64 "; %" PRId64 " of %d ranks hold 0x%" PRIx64 ")\n",
+            j->rank, (uint64_t)mine, (uint64_t)lo, (uint64_t)hi, votes[majority == hi], j->size,
+            (uint64_t)majority);
+  else if (j->rank == 0)
+    fprintf(stderr,
+            "rank 0: parameters are not identical on all %d ranks (%" PRId64
+            " ranks hold 0x%" PRIx64 " like this one; the others say so)\n",
+            j->size, votes[majority == hi], (uint64_t)majority);
+  /* Nobody exits (and gets its peers stopped by gradsync-run) before every
+   * rank has said its piece. */
+  int64_t done = 1;
+  allreduce_now(j, "checksum/reported", &done, 1, GS_INT64, GS_SUM);
+  return -1;
 }
 
 static void train(job *j, const options *o, mlp *m, dataset *d) {
@@ -514,9 +529,6 @@ int main(int argc, char **argv) {
   if (st != GS_OK) {
     fprintf(stderr, "gradsync-train: cannot join the job: %s: %s\n", gs_status_str(st),
             gs_last_error(NULL));
-    if (!getenv("GRADSYNC_COORDINATOR"))
-      fprintf(stderr, "gradsync-train: GRADSYNC_COORDINATOR is not set; run me under "
-                      "gradsync-run, e.g.  gradsync-run -np 2 gradsync-train\n");
     return 1;
   }
   j.rank = gs_rank(j.ctx);
