@@ -490,7 +490,7 @@ static int make_pipe(int fds[2]) {
 /* Starts argv with stdout/stderr on pipes read by p's streams. rank < 0 is
  * the coordinator. Returns 0, or -1 after saying why. */
 static int proc_start(launcher *L, proc *p, char **argv, int rank) {
-  int out[2], err[2];
+  int out[2], err[2], saved;
   if (make_pipe(out) != 0) goto out_fail;
   if (make_pipe(err) != 0) goto out_close_out;
   pid_t pid = fork();
@@ -505,11 +505,15 @@ static int proc_start(launcher *L, proc *p, char **argv, int rank) {
   return 0;
 
 out_close_err:
+  saved = errno;
   close(err[0]);
   close(err[1]);
+  errno = saved;
 out_close_out:
+  saved = errno;
   close(out[0]);
   close(out[1]);
+  errno = saved;
 out_fail:
   say(L, "cannot start %s: %s", rank < 0 ? "gradsyncd" : "a rank", strerror(errno));
   return -1;
