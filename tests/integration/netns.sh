@@ -51,6 +51,7 @@ fail() {
 cleanup() {
   local rc=$? ns pids
   trap - EXIT INT TERM HUP
+  exec 2>/dev/null # no "Killed" job notices for what we kill here
   # Every process in our namespaces, then the namespaces; deleting a
   # namespace removes its end of each veth pair and with it the peer.
   for ns in "${NSS[@]}"; do
@@ -188,8 +189,9 @@ conns() {
     for (f = 1; f <= NF; f++)
       if ($f ~ /^(\[::ffff:)?192\.0\.2\.[0-9]+\]?:[0-9]+$/) a[++n] = $f
     if (n >= 2) {
-      sub(/^\[::ffff:/, "", a[1]); sub(/^\[::ffff:/, "", a[2])
-      sub(/\]?:[0-9]+$/, "", a[1]); p = a[2]; sub(/\]?:[0-9]+$/, "", a[2])
+      for (k = 1; k <= 2; k++) { sub(/^\[::ffff:/, "", a[k]); sub(/\]/, "", a[k]) }
+      p = a[2]
+      sub(/:[0-9]+$/, "", a[1]); sub(/:[0-9]+$/, "", a[2])
       print a[1], a[2], p
     }
   }'

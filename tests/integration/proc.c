@@ -211,7 +211,12 @@ proc *proc_spawn(const char *label, char *const argv[], char *const env_extra[])
       if (same_name(environ[i], env_extra[j])) overridden = 1;
     if (!overridden) envp[k++] = environ[i];
   }
-  for (size_t j = 0; j < n_extra; j++) envp[k++] = env_extra[j];
+  for (size_t j = 0; j < n_extra; j++) {
+    int overridden = 0; /* a later extra of the same name wins */
+    for (size_t l = j + 1; l < n_extra; l++)
+      if (same_name(env_extra[j], env_extra[l])) overridden = 1;
+    if (!overridden) envp[k++] = env_extra[j];
+  }
   envp[k] = NULL;
 
   pid_t parent = getpid();

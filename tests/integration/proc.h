@@ -37,7 +37,8 @@ int proc_guard_left_ms(void);
 
 /* Starts argv[0] (a path) with the environment of the test minus any
  * GRADSYNC_* variable, plus env_extra ("NAME=value" strings, NULL
- * terminated; may be NULL). Returns a registered proc or NULL. */
+ * terminated; may be NULL; of two extras with the same NAME the later
+ * wins). Returns a registered proc or NULL. */
 proc *proc_spawn(const char *label, char *const argv[], char *const env_extra[]);
 
 /* Waits until p exits, at most timeout_ms (and never past the hang guard).

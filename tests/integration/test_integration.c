@@ -71,7 +71,8 @@ static proc *start_rank(world *w, int rank, char *const args[], char *const env_
   snprintf(s, sizeof s, "GRADSYNC_SIZE=%d", w->size);
   snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", rank);
   snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", w->size);
-  /* Fail well inside the hang guard if a join goes wrong. */
+  /* Fail well inside the hang guard if a join goes wrong; an extra of the
+   * same name overrides this default (proc_spawn keeps the last). */
   char *env[16] = {coord, r, s, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000"};
   size_t n = 6;
   for (size_t i = 0; env_extra && env_extra[i] && n < 15; i++) env[n++] = env_extra[i];
@@ -245,6 +246,10 @@ static void test_never_joined(void **state) {
   start_coordinator(&w, 3);
   proc *r0 = start_rank(&w, 0, join, env);
   proc *r1 = start_rank(&w, 1, join, env);
+  /* A hang bound, not a timing check: with GRADSYNC_JOIN_TIMEOUT_MS=2000
+   * both must give up long before the 60 s default would end the wait. */
+  if (proc_wait(r0, 30000) != 0 || proc_wait(r1, 30000) != 0)
+    fail_with_dump("gs_init ignored GRADSYNC_JOIN_TIMEOUT_MS=2000: still waiting after 30 s");
   expect_exit(r0, 3);
   expect_exit(r1, 3);
   expect_output(r0, "join: gs_init failed: GS_ERR_JOIN_TIMEOUT: ");
