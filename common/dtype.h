@@ -36,4 +36,8 @@ void gs__reduce(void *dst, const void *src, size_t n, gs__dtype dt, gs__reduce_o
  * toward zero; float16/bfloat16 divide in float32 and round back. */
 void gs__divide(void *buf, size_t n, gs__dtype dt, int divisor);
 
+/* buf[i] = buf[i] * factor for n elements (scale.c). Integers are scaled in
+ * double and rounded to nearest; float16/bfloat16 in float32. */
+void gs__scale(void *buf, size_t n, gs__dtype dt, double factor);
+
 #endif

@@ -25,6 +25,14 @@ static void usage(FILE *f) {
           "                            (env GRADSYNC_JOB_TOKEN)\n"
           "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
           "                            HOROVOD_CYCLE_TIME)\n"
+          "  --fusion-threshold BYTES  fuse allreduces up to this many bytes (default 67108864;\n"
+          "                            0 = off; env GRADSYNC_FUSION_THRESHOLD, HOROVOD_FUSION_THRESHOLD)\n"
+          "  --emit-policy P           adaptive (default: emit at once while fewer than\n"
+          "                            --max-plans-in-flight plans are unfinished, else fuse) or\n"
+          "                            window (emit every cycle time, like Horovod)\n"
+          "                            (env GRADSYNC_EMIT_POLICY)\n"
+          "  --max-plans-in-flight N   adaptive policy depth (default 2; env\n"
+          "                            GRADSYNC_MAX_PLANS_IN_FLIGHT)\n"
           "  --stall-warning-s S       report tensors waiting on some ranks for S seconds, checked\n"
           "                            every S seconds (default 60; 0 = off; env\n"
           "                            GRADSYNC_STALL_CHECK_TIME_SECONDS, HOROVOD_STALL_CHECK_TIME_SECONDS)\n"
@@ -62,6 +70,16 @@ static int flag_int(const char *flag, const char *val, int64_t min, int64_t max,
   return 0;
 }
 
+static int parse_policy(const char *val, int *window) {
+  if (!strcmp(val, "adaptive")) *window = 0;
+  else if (!strcmp(val, "window")) *window = 1;
+  else {
+    fprintf(stderr, "gradsyncd: emit policy '%s': expected adaptive or window\n", val);
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_action(const char *val, int *warn_only) {
   if (!strcmp(val, "abort")) *warn_only = 0;
   else if (!strcmp(val, "warn")) *warn_only = 1;
@@ -82,7 +100,6 @@ int main(int argc, char **argv) {
   o.job_id = getenv("GRADSYNC_JOB_ID");
   o.shutdown_grace_ms = 2000;
   o.job.cache_capacity = 1024;
-  o.job.fusion_threshold_bytes = 64u << 20;
 
   char err[GS__MAX_TEXT];
   int64_t v;
@@ -104,6 +121,15 @@ int main(int argc, char **argv) {
   o.job.rank_timeout_ms = (uint32_t)v;
   if (gs__env_int(hb_env, 1000, 10, 60000, &v, err, sizeof err)) goto bad_env;
   o.job.heartbeat_ms = (uint32_t)v;
+  static const char *const fusion_env[] = {"GRADSYNC_FUSION_THRESHOLD",
+                                           "HOROVOD_FUSION_THRESHOLD", NULL};
+  static const char *const inflight_env[] = {"GRADSYNC_MAX_PLANS_IN_FLIGHT", NULL};
+  if (gs__env_int(fusion_env, 64 << 20, 0, (int64_t)1 << 40, &v, err, sizeof err)) goto bad_env;
+  o.job.fusion_threshold_bytes = (uint64_t)v;
+  if (gs__env_int(inflight_env, 2, 1, 1024, &v, err, sizeof err)) goto bad_env;
+  o.max_plans_in_flight = (int)v;
+  const char *policy = getenv("GRADSYNC_EMIT_POLICY");
+  if (policy && *policy && parse_policy(policy, &o.window_policy)) return 2;
   const char *action = getenv("GRADSYNC_DEADLOCK_ACTION");
   if (action && *action && parse_action(action, &o.deadlock_warn_only)) return 2;
   static const char *const cycle_env[] = {"GRADSYNC_CYCLE_TIME", "HOROVOD_CYCLE_TIME", NULL};
@@ -137,6 +163,14 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--cycle-time-ms")) {
       if (flag_int(a, val, 0, 60000, &v)) return 2;
       o.job.cycle_time_us = (uint32_t)v * 1000u;
+    } else if (!strcmp(a, "--fusion-threshold")) {
+      if (flag_int(a, val, 0, (int64_t)1 << 40, &v)) return 2;
+      o.job.fusion_threshold_bytes = (uint64_t)v;
+    } else if (!strcmp(a, "--emit-policy")) {
+      if (parse_policy(val, &o.window_policy)) return 2;
+    } else if (!strcmp(a, "--max-plans-in-flight")) {
+      if (flag_int(a, val, 1, 1024, &v)) return 2;
+      o.max_plans_in_flight = (int)v;
     } else if (!strcmp(a, "--stall-warning-s")) {
       if (flag_int(a, val, 0, 86400, &v)) return 2;
       o.job.stall_warning_s = (uint32_t)v;

@@ -697,6 +697,8 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
   snprintf(ec.job_id, sizeof ec.job_id, "%s", o->job_id ? o->job_id : "");
   ec.job = o->job;
   ec.deadlock_warn_only = o->deadlock_warn_only;
+  ec.policy = o->window_policy ? GS__POLICY_WINDOW : GS__POLICY_ADAPTIVE;
+  ec.max_plans_in_flight = o->max_plans_in_flight;
   int rc = gs__engine_create(&ec, &s->engine);
   if (rc) {
     snprintf(err, errlen, "invalid world size %d (expected 0..%d)", o->world_size, GS__MAX_WORLD);
@@ -763,12 +765,15 @@ static void drain(gs__server *s, int ms) {
 }
 
 int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg) {
-  uint64_t next_tick = gs__now_ms() + TICK_MS;
+  /* The window policy emits every cycle time from the tick. */
+  uint64_t period = TICK_MS, cycle = s->o.job.cycle_time_us / 1000u;
+  if (s->o.window_policy && cycle < period) period = cycle ? cycle : 1;
+  uint64_t next_tick = gs__now_ms() + period;
   while (!should_stop(arg)) {
     uint64_t now = gs__now_ms();
     if (now >= next_tick) {
       tick(s);
-      next_tick = now + TICK_MS;
+      next_tick = now + period;
       continue;
     }
     drain(s, (int)(next_tick - now));

@@ -19,6 +19,8 @@ typedef struct gs__server_opts {
   const char *token;   /* NULL = no token required */
   gs__job_config job;  /* imposed on every rank; the engine's check times */
   int deadlock_warn_only; /* --deadlock-action warn */
+  int window_policy;      /* --emit-policy window */
+  int max_plans_in_flight;
   int shutdown_grace_ms;
 } gs__server_opts;
 

@@ -217,6 +217,7 @@ static void ctx_free(gs_ctx *ctx) {
     free(n);
   }
   free(ctx->done_plans);
+  free(ctx->fusion_buf);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
   pthread_cond_destroy(&ctx->exec_cv);
@@ -446,6 +447,10 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
     h->req.ndim = 1;
     h->req.shape[0] = (int64_t)count;
   }
+  if (opts) {
+    h->req.prescale = opts->prescale != 0.0 ? opts->prescale : 1.0;
+    h->req.postscale = opts->postscale != 0.0 ? opts->postscale : 1.0;
+  }
   h->ctx = ctx;
   h->send = send;
   h->recv = recv;
@@ -546,4 +551,12 @@ const char *gs_handle_error(const gs_handle *h) {
 
 void gs_handle_free(gs_handle *h) {
   if (h) gs__handle_unref(h);
+}
+
+gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out) {
+  if (!ctx || !out) return set_error(GS_ERR_INVALID_ARG, "gs_get_stats: NULL argument");
+  pthread_mutex_lock((pthread_mutex_t *)&ctx->mu);
+  *out = ctx->stats;
+  pthread_mutex_unlock((pthread_mutex_t *)&ctx->mu);
+  return GS_OK;
 }

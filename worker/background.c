@@ -190,8 +190,14 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
   }
   int rc = GS__OK;
   if (m.nrequests || m.ndone || m.heartbeat || m.has_leave || m.blocked_update) {
-    rc = gs__client_session_send(ctx->client, &m, err, errlen);
+    size_t bytes = 0;
+    rc = gs__client_session_send(ctx->client, &m, &bytes, err, errlen);
     ctx->last_send_ms = now;
+    pthread_mutex_lock(&ctx->mu);
+    ctx->stats.requests_sent += m.nrequests;
+    ctx->stats.bytes_to_coordinator += bytes;
+    ctx->stats.messages_to_coordinator++;
+    pthread_mutex_unlock(&ctx->mu);
   }
   gs__rank_msg_free(&m);
   return rc;

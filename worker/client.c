@@ -373,10 +373,11 @@ int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *e
   hello.has_hello = 1;
   hello.hello_rank = rank;
   hello.hello_epoch = epoch;
-  return gs__client_session_send(c, &hello, err, errlen);
+  return gs__client_session_send(c, &hello, NULL, err, errlen);
 }
 
-int gs__client_session_send(gs__client *c, const gs__rank_msg *m, char *err, size_t errlen) {
+int gs__client_session_send(gs__client *c, const gs__rank_msg *m, size_t *bytes, char *err,
+                            size_t errlen) {
   if (c->ended || c->half_closed) {
     snprintf(err, errlen, "the session with the coordinator %s has ended", c->target);
     return GS__ERR_COORDINATOR_LOST;
@@ -389,6 +390,7 @@ int gs__client_session_send(gs__client *c, const gs__rank_msg *m, char *err, siz
   }
   enqueue(c, gs__bb_from_bytes(buf, len));
   free(buf);
+  if (bytes) *bytes = len;
   return GS__OK;
 }
 

@@ -37,8 +37,10 @@ int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, s
 
 /* Opens the Session stream and queues the hello. */
 int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen);
-/* Queues one message (sent in order, one in flight at a time). */
-int gs__client_session_send(gs__client *c, const gs__rank_msg *m, char *err, size_t errlen);
+/* Queues one message (sent in order, one in flight at a time); *bytes (may
+ * be NULL) receives its encoded size. */
+int gs__client_session_send(gs__client *c, const gs__rank_msg *m, size_t *bytes, char *err,
+                            size_t errlen);
 /* Runs the stream's events for up to timeout_ms (0 = only what is ready),
  * returning as soon as one message arrives (*got = 1, *msg filled: free it
  * with gs__plan_msg_free). GS__ERR_COORDINATOR_LOST with a message once the

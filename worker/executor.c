@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "fusion_layout.h"
 #include "log.h"
 #include "status.h"
 #include "worker.h"
@@ -28,39 +29,116 @@ static int job_failed(gs_ctx *ctx) {
   return f;
 }
 
-/* Runs one collective response. Returns GS__OK, or a failure that ends the
- * job (message in err). */
+/* Grows the persistent fusion buffer to at least bytes. */
+static uint8_t *fusion_buffer(gs_ctx *ctx, size_t bytes) {
+  if (bytes > ctx->fusion_cap) {
+    size_t cap = ctx->fusion_cap ? ctx->fusion_cap : 1 << 20;
+    while (cap < bytes) cap *= 2;
+    uint8_t *b = realloc(ctx->fusion_buf, cap);
+    if (!b) return NULL;
+    ctx->fusion_buf = b;
+    ctx->fusion_cap = cap;
+  }
+  return ctx->fusion_buf;
+}
+
+static void add_stats(gs_ctx *ctx, size_t ntensors) {
+  pthread_mutex_lock(&ctx->mu);
+  ctx->stats.collectives++;
+  ctx->stats.tensors += ntensors;
+  if (ntensors > 1) ctx->stats.fused_collectives++;
+  pthread_mutex_unlock(&ctx->mu);
+}
+
+/* Runs one allreduce response: a lone unscaled tensor in place in its recv
+ * buffer; otherwise packed (with prescale) into the fusion buffer at the
+ * offsets of the shared layout, reduced once, and unpacked (with
+ * postscale). Returns GS__OK, or a failure that ends the job (message in
+ * err). */
+static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  size_t n = r->ntensors, esize = gs__dtype_size(r->dtype);
+  struct gs_handle **hs = calloc(n, sizeof *hs);
+  uint64_t *offs = calloc(n, sizeof *offs);
+  int rc = GS__OK;
+  if (!hs || !offs) {
+    snprintf(err, errlen, "out of memory running a collective of %zu tensors", n);
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
+  }
+  for (size_t i = 0; i < n; i++) {
+    hs[i] = find_op(ctx, r->tensors[i].name);
+    if (hs[i]) continue;
+    if (job_failed(ctx)) goto out_free; /* its op was failed with the job */
+    snprintf(err, errlen,
+             "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync bug; "
+             "please report it with the coordinator's log)",
+             r->tensors[i].name, ctx->rank);
+    rc = GS__ERR_INTERNAL;
+    goto out_free;
+  }
+  void *buf;
+  size_t count;
+  int packed = n > 1 || r->prescale != 1.0 || r->postscale != 1.0;
+  if (!packed) {
+    struct gs_handle *h = hs[0];
+    if (h->send != h->recv && h->count) memcpy(h->recv, h->send, h->count * esize);
+    buf = h->recv;
+    count = h->count;
+  } else {
+    uint64_t total = gs__fusion_offsets(r, offs);
+    uint8_t *fb = fusion_buffer(ctx, total);
+    if (!fb) {
+      snprintf(err, errlen, "out of memory for a fusion buffer of %llu bytes",
+               (unsigned long long)total);
+      rc = GS__ERR_NO_MEMORY;
+      goto out_free;
+    }
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+      size_t bytes = hs[i]->count * esize;
+      memset(fb + at, 0, offs[i] - at); /* alignment padding */
+      if (bytes) memcpy(fb + offs[i], hs[i]->send, bytes);
+      gs__scale(fb + offs[i], hs[i]->count, r->dtype, r->prescale);
+      at = offs[i] + bytes;
+    }
+    memset(fb + at, 0, total - at);
+    buf = fb;
+    count = total / esize;
+  }
+  rc = ctx->backend->v->allreduce(ctx->backend, buf, count, r->dtype, r->reduce_op, err, errlen);
+  if (rc) {
+    char *detail = strdup(err);
+    snprintf(err, errlen, "tensor '%s'%s (rank %d on %s): %s", r->tensors[0].name,
+             n > 1 ? " and the tensors fused with it" : "", ctx->rank, ctx->host,
+             detail ? detail : "data-plane failure");
+    free(detail);
+    rc = rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
+    goto out_free;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (packed) {
+      size_t bytes = hs[i]->count * esize;
+      if (bytes) memcpy(hs[i]->recv, (uint8_t *)buf + offs[i], bytes);
+      gs__scale(hs[i]->recv, hs[i]->count, r->dtype, r->postscale);
+    }
+    gs__handle_complete(ctx, hs[i], GS_OK, NULL);
+  }
+  add_stats(ctx, n);
+out_free:
+  free(hs);
+  free(offs);
+  return rc;
+}
+
+/* Runs one collective response. */
 static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  if (r->op == GS__OP_ALLREDUCE) return run_allreduce(ctx, r, err, errlen);
   for (size_t i = 0; i < r->ntensors; i++) {
-    const gs__plan_tensor *t = &r->tensors[i];
-    struct gs_handle *h = find_op(ctx, t->name);
-    if (!h) {
-      if (job_failed(ctx)) return GS__OK; /* its op was failed with the job */
-      snprintf(err, errlen,
-               "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync "
-               "bug; please report it with the coordinator's log)",
-               t->name, ctx->rank);
-      return GS__ERR_INTERNAL;
-    }
-    if (r->op != GS__OP_ALLREDUCE) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "tensor '%s': %s is not supported by this library version",
-               t->name, gs__op_type_name(r->op));
-      gs__handle_complete(ctx, h, GS_ERR_UNSUPPORTED, msg);
-      continue;
-    }
-    size_t bytes = h->count * gs__dtype_size(h->req.dtype);
-    if (h->send != h->recv && bytes) memcpy(h->recv, h->send, bytes);
-    int rc = ctx->backend->v->allreduce(ctx->backend, h->recv, h->count, h->req.dtype,
-                                        h->req.reduce_op, err, errlen);
-    if (rc) {
-      char *detail = strdup(err);
-      snprintf(err, errlen, "tensor '%s' (rank %d on %s): %s", t->name, ctx->rank, ctx->host,
-               detail ? detail : "data-plane failure");
-      free(detail);
-      return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
-    }
-    gs__handle_complete(ctx, h, GS_OK, NULL);
+    struct gs_handle *h = find_op(ctx, r->tensors[i].name);
+    char msg[512];
+    snprintf(msg, sizeof msg, "tensor '%s': %s is not supported by this library version",
+             r->tensors[i].name, gs__op_type_name(r->op));
+    if (h) gs__handle_complete(ctx, h, GS_ERR_UNSUPPORTED, msg);
   }
   return GS__OK;
 }
@@ -116,6 +194,7 @@ void *gs__executor_main(void *arg) {
     }
     pthread_mutex_lock(&ctx->mu);
     remember_done(ctx, n->plan.seq);
+    ctx->stats.plans_executed++;
     gs__plan_free(&n->plan);
     free(n);
   }

@@ -75,6 +75,7 @@ struct gs_ctx {
   int exec_stop;
   uint64_t *done_plans; /* executed, not yet reported */
   size_t ndone, done_cap;
+  gs_stats stats;       /* under mu */
 
   /* comm thread (background.c): the session */
   pthread_t thread;
@@ -86,6 +87,8 @@ struct gs_ctx {
   pthread_t exec_thread;
   int exec_started;
   gs__backend *backend; /* abort() may be called from the comm thread */
+  uint8_t *fusion_buf;  /* persistent CPU fusion buffer */
+  size_t fusion_cap;
 };
 
 /* background.c: the comm thread */

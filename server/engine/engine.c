@@ -14,6 +14,7 @@
 #include <uthash.h>
 
 #include "dtype.h"
+#include "fusion_layout.h"
 #include "log.h"
 #include "status.h"
 
@@ -24,6 +25,7 @@ typedef struct rank_slot {
   char host[GS__MAX_HOST + 1];
   int32_t pid;
   uint64_t joined_ms, last_msg_ms;
+  uint64_t last_done_seq; /* highest plan it reported executed */
   size_t nblocked; /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
 } rank_slot;
@@ -40,6 +42,8 @@ typedef struct entry {
   int32_t count;
   uint64_t first_ms;
   uint64_t order; /* arrival order, for stable reports */
+  uint64_t bytes; /* of the first request */
+  int queued;     /* ready, waiting in e->ready for emission */
 } entry;
 
 struct gs__engine {
@@ -54,8 +58,10 @@ struct gs__engine {
   uint64_t next_order;
   uint64_t next_plan_seq;
   uint64_t tensors_planned;
-  entry **ready;       /* entries that became ready during the current event */
+  entry **ready;       /* ready entries not yet emitted, in readiness order */
   size_t nready, ready_cap;
+  uint64_t ready_bytes;
+  uint64_t next_window_ms; /* window policy: next emission */
   uint64_t ready_ms;         /* when the world became ready */
   uint64_t last_activity_ms; /* last new request or change of a blocked set */
   int deadlock_reported;     /* this quiet episode was already reported */
@@ -452,6 +458,7 @@ static void rank_error(gs__outbox *box, int32_t rank, const char *name, int stat
 }
 
 static int mark_ready(gs__engine *e, entry *en) {
+  if (en->queued) return GS__OK;
   if (e->nready == e->ready_cap) {
     size_t cap = e->ready_cap ? e->ready_cap * 2 : 16;
     entry **r = realloc(e->ready, cap * sizeof *r);
@@ -460,6 +467,8 @@ static int mark_ready(gs__engine *e, entry *en) {
     e->ready_cap = cap;
   }
   e->ready[e->nready++] = en;
+  en->queued = 1;
+  e->ready_bytes += en->bytes;
   return GS__OK;
 }
 
@@ -491,6 +500,7 @@ static void add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r
     en->nvariants = 1;
     en->first_ms = now_ms;
     en->order = e->next_order++;
+    en->bytes = gs__tensor_bytes(r->dtype, r->shape, r->ndim);
     HASH_ADD_STR(e->table, name, en);
   } else if (en->variant_of[rank] >= 0) {
     snprintf(err, sizeof err,
@@ -572,35 +582,117 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
   return GS__OK;
 }
 
-/* Emits one plan holding every entry that became ready, in the order they
- * became ready, and drops those entries from the table. */
+static int entry_is_error(const gs__engine *e, const entry *en) {
+  return en->count < e->world || en->nvariants > 1;
+}
+
+/* Whether c may join a fused response that starts with first. */
+static int fusable(const gs__engine *e, const entry *first, const entry *c) {
+  const gs__tensor_request *a = &first->variants[0], *b = &c->variants[0];
+  return !entry_is_error(e, c) && a->op == GS__OP_ALLREDUCE && b->op == GS__OP_ALLREDUCE &&
+         a->dtype == b->dtype && a->reduce_op == b->reduce_op && a->device == b->device &&
+         a->prescale == b->prescale && a->postscale == b->postscale;
+}
+
+static int append_tensor(gs__response *resp, const entry *en) {
+  gs__plan_tensor *t = realloc(resp->tensors, (resp->ntensors + 1) * sizeof *t);
+  if (!t) return GS__ERR_NO_MEMORY;
+  resp->tensors = t;
+  t = &resp->tensors[resp->ntensors++];
+  memset(t, 0, sizeof *t);
+  memcpy(t->name, en->name, sizeof t->name);
+  t->ndim = en->variants[0].ndim;
+  memcpy(t->shape, en->variants[0].shape, sizeof t->shape);
+  return GS__OK;
+}
+
+/* Emits one plan with every queued entry, in readiness order, fusing
+ * compatible allreduces greedily up to the fusion threshold. An entry that
+ * cannot join the current response is skipped over (look-ahead) while the
+ * skipped bytes stay within the threshold; it then starts a later response.
+ * Errors, broadcasts, allgathers and barriers are never fused. */
 static void emit_ready(gs__engine *e, gs__outbox *box) {
   if (!e->nready) return;
   gs__out *o = out_push(box, GS__OUT_TO_ALL);
   gs__response *resps = calloc(e->nready, sizeof *resps);
-  if (!o || !resps) {
+  char *taken = calloc(e->nready, 1);
+  if (!o || !resps || !taken) {
     free(resps);
+    free(taken);
     if (o) box->n--;
     out_log(box, GS__LOG_ERROR, "out of memory building a plan of %zu tensors", e->nready);
     return;
   }
+  uint64_t threshold = e->cfg.job.fusion_threshold_bytes;
   o->msg.kind = GS__MSG_PLAN;
   o->msg.plan.seq = e->next_plan_seq++;
   o->msg.plan.responses = resps;
   for (size_t i = 0; i < e->nready; i++) {
+    if (taken[i]) continue;
+    taken[i] = 1;
     entry *en = e->ready[i];
-    if (entry_response(e, en, &resps[o->msg.plan.nresponses]) == GS__OK) {
-      gs__response *rp = &resps[o->msg.plan.nresponses];
-      if (rp->kind == GS__RESP_ERROR) out_log(box, GS__LOG_WARN, "%s", rp->error_message);
-      else e->tensors_planned++;
-      o->msg.plan.nresponses++;
-    } else {
-      gs__response_free(&resps[o->msg.plan.nresponses]);
+    gs__response *rp = &resps[o->msg.plan.nresponses];
+    if (entry_response(e, en, rp) != GS__OK) {
+      gs__response_free(rp);
+      continue;
     }
-    HASH_DEL(e->table, en);
-    entry_free(en);
+    o->msg.plan.nresponses++;
+    if (rp->kind == GS__RESP_ERROR) {
+      out_log(box, GS__LOG_WARN, "%s", rp->error_message);
+      continue;
+    }
+    e->tensors_planned++;
+    if (!threshold || rp->op != GS__OP_ALLREDUCE) continue;
+    size_t align = gs__fusion_align(rp->device);
+    uint64_t end = en->bytes, skipped = 0;
+    for (size_t j = i + 1; j < e->nready; j++) {
+      if (taken[j]) continue;
+      entry *c = e->ready[j];
+      uint64_t c_end = gs__align_up(end, align) + c->bytes;
+      if (fusable(e, en, c) && c_end <= threshold && append_tensor(rp, c) == GS__OK) {
+        taken[j] = 1;
+        end = c_end;
+        e->tensors_planned++;
+        continue;
+      }
+      skipped += c->bytes;
+      if (skipped > threshold) break;
+    }
   }
+  for (size_t i = 0; i < e->nready; i++) {
+    HASH_DEL(e->table, e->ready[i]);
+    entry_free(e->ready[i]);
+  }
+  free(taken);
   e->nready = 0;
+  e->ready_bytes = 0;
+}
+
+/* Plans emitted that some live rank has not finished yet. */
+static uint64_t plans_unfinished(const gs__engine *e) {
+  uint64_t emitted = e->next_plan_seq - 1, min_done = emitted;
+  for (int32_t r = 0; r < e->world; r++)
+    if (e->ranks[r].state == RANK_CONNECTED && e->ranks[r].last_done_seq < min_done)
+      min_done = e->ranks[r].last_done_seq;
+  return emitted - min_done;
+}
+
+/* The emission policy. adaptive: emit at once while fewer than
+ * max_plans_in_flight plans are unfinished, otherwise let ready entries
+ * accumulate (and fuse) until a plan finishes or they fill the fusion
+ * threshold; no timer on the critical path. window: emit every cycle time
+ * from tick. Errors and departures (force) go out at once. */
+static void maybe_emit(gs__engine *e, gs__outbox *box, int force) {
+  if (!e->nready) return;
+  if (!force) {
+    if (e->cfg.policy == GS__POLICY_WINDOW) return;
+    uint64_t threshold = e->cfg.job.fusion_threshold_bytes;
+    int room = plans_unfinished(e) < (uint64_t)(e->cfg.max_plans_in_flight > 0
+                                                     ? e->cfg.max_plans_in_flight
+                                                     : 1);
+    if (!room && threshold && e->ready_bytes < threshold) return;
+  }
+  emit_ready(e, box);
 }
 
 static void set_blocked(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, uint64_t now_ms) {
@@ -635,7 +727,9 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
     e->deadlock_reported = 0;
   }
   for (size_t i = 0; i < msg->nrequests; i++) add_request(e, rank, &msg->requests[i], now_ms, box);
-  emit_ready(e, box);
+  for (size_t i = 0; i < msg->ndone; i++)
+    if (msg->done_plans[i] > s->last_done_seq) s->last_done_seq = msg->done_plans[i];
+  maybe_emit(e, box, 0);
   if (msg->blocked_update) set_blocked(e, s, msg, now_ms);
   if (msg->has_leave) {
     s->state = RANK_LEFT;
@@ -645,7 +739,7 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
             s->pid, msg->leave_reason[0] ? ": " : "", msg->leave_reason);
     entry *en, *tmp;
     HASH_ITER(hh, e->table, en, tmp) mark_ready(e, en);
-    emit_ready(e, box);
+    maybe_emit(e, box, 1);
   }
 }
 
@@ -841,7 +935,7 @@ static void missing_ranks(const gs__engine *e, const entry *en, char *buf, size_
 
 static void check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   uint32_t quiet = e->cfg.job.deadlock_time_ms;
-  if (!quiet || !e->world_ready || e->aborted || e->deadlock_reported) return;
+  if (!quiet || !e->world_ready || e->aborted || e->deadlock_reported || e->nready) return;
   if (now_ms - e->last_activity_ms < quiet) return;
   int32_t live = 0;
   for (int32_t r = 0; r < e->world; r++) {
@@ -892,6 +986,11 @@ static void check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
 }
 
 void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
+  if (e->cfg.policy == GS__POLICY_WINDOW && now_ms >= e->next_window_ms) {
+    uint64_t cycle = e->cfg.job.cycle_time_us / 1000u;
+    e->next_window_ms = now_ms + (cycle ? cycle : 1);
+    maybe_emit(e, box, 1);
+  }
   check_liveness(e, now_ms, box);
   check_stalls(e, now_ms, box);
   check_deadlock(e, now_ms, box);

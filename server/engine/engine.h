@@ -18,6 +18,8 @@
 
 typedef struct gs__engine gs__engine;
 
+typedef enum gs__emit_policy { GS__POLICY_ADAPTIVE = 0, GS__POLICY_WINDOW = 1 } gs__emit_policy;
+
 typedef struct gs__engine_config {
   int32_t world_size;            /* 0 = taken from the first rank that joins */
   char job_id[GS__MAX_JOB_ID + 1]; /* "" = accept any job id */
@@ -25,6 +27,8 @@ typedef struct gs__engine_config {
                                     the engine's stall, deadlock and liveness
                                     times (0 turns a check off) */
   int deadlock_warn_only;        /* 1: log a deadlock, do not abort */
+  gs__emit_policy policy;        /* when ready tensors are emitted */
+  int max_plans_in_flight;       /* adaptive policy (0 = 1) */
 } gs__engine_config;
 
 typedef enum gs__out_kind {

@@ -124,6 +124,8 @@ typedef struct gs_allreduce_opts {
   const int64_t *shape; /* optional logical shape (product must equal count);
                            used in checks and error messages */
   int ndim;             /* entries of shape; 0 = the 1-D shape [count] */
+  double prescale;      /* multiply the input by this before reducing (0 = 1) */
+  double postscale;     /* multiply the result by this (0 = 1) */
 } gs_allreduce_opts;
 
 /* Starts an allreduce of count elements named name (unique among this
@@ -164,6 +166,21 @@ GS_API const char *gs_last_error(const gs_ctx *ctx);
 
 /* "GS_ERR_MISMATCH: tensor differs across ranks"-style text; never NULL. */
 GS_API const char *gs_status_str(gs_status status);
+
+/* Counters of one context since gs_init, for tests, benchmarks and
+ * monitoring. */
+typedef struct gs_stats {
+  uint64_t plans_executed;       /* numbered plans run */
+  uint64_t collectives;          /* collectives run on the data plane */
+  uint64_t tensors;              /* tensors completed by those collectives */
+  uint64_t fused_collectives;    /* collectives that carried more than one tensor */
+  uint64_t requests_sent;        /* tensor requests sent to the coordinator */
+  uint64_t bytes_to_coordinator; /* encoded bytes of every message sent to it */
+  uint64_t messages_to_coordinator;
+} gs_stats;
+
+/* Fills *out with ctx's counters. Any thread. */
+GS_API gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out);
 
 /* Size in bytes of one element of dtype; 0 if invalid. */
 GS_API size_t gs_dtype_size(gs_dtype dtype);

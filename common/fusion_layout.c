@@ -1,0 +1,25 @@
+/* Fusion buffer layout (see fusion_layout.h). */
+#include "fusion_layout.h"
+
+#include "dtype.h"
+
+size_t gs__fusion_align(gs__device device) {
+  return device == GS__DEVICE_GPU ? 256 : 64;
+}
+
+uint64_t gs__tensor_bytes(gs__dtype dt, const int64_t *shape, int ndim) {
+  int64_t n = gs__shape_elements(shape, ndim);
+  return n < 0 ? 0 : (uint64_t)n * gs__dtype_size(dt);
+}
+
+uint64_t gs__fusion_offsets(const gs__response *r, uint64_t *offsets) {
+  size_t align = gs__fusion_align(r->device);
+  uint64_t at = 0;
+  for (size_t i = 0; i < r->ntensors; i++) {
+    at = gs__align_up(at, align);
+    if (offsets) offsets[i] = at;
+    at += gs__tensor_bytes(r->dtype, r->tensors[i].shape, r->tensors[i].ndim);
+  }
+  /* align is a multiple of every element size, so this is whole elements */
+  return gs__align_up(at, align);
+}
