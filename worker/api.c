@@ -387,82 +387,194 @@ static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
   return st;
 }
 
-gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
-                             size_t count, gs_dtype dtype, gs_reduce_op op,
-                             const gs_allreduce_opts *opts, gs_handle **out) {
-  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
+/* Checks what every op shares and builds its handle (not yet submitted). */
+static gs_status new_op(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                        const int64_t *shape, int ndim, struct gs_handle **out) {
+  const char *what = gs__op_type_name(op);
   *out = NULL;
-  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: ctx is NULL");
-  if (!name || !*name)
-    return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: the tensor name is empty");
+  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", what);
+  if (!name || !*name) return set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty", what);
   size_t nlen = strlen(name);
   if (nlen > GS__MAX_NAME)
     return set_error(GS_ERR_INVALID_ARG,
-                     "gs_allreduce_async: tensor name '%.40s...' is %zu bytes; the limit is %d",
-                     name, nlen, GS__MAX_NAME);
+                     "gs_%s: tensor name '%.40s...' is %zu bytes; the limit is %d", what, name,
+                     nlen, GS__MAX_NAME);
   if ((int)dtype < 0 || (int)dtype >= GS__DTYPE_COUNT)
     return set_error(GS_ERR_INVALID_ARG,
                      "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_UINT8)", name,
                      (int)dtype);
-  if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
+  if (ndim < 0 || ndim > GS__MAX_DIMS || (ndim > 0 && !shape))
     return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)", name,
-                     (int)op);
-  if (op == GS_ADASUM)
-    return set_error(GS_ERR_UNSUPPORTED,
-                     "tensor '%s': the adasum reduce op is not supported yet; use GS_AVERAGE or "
-                     "GS_SUM",
-                     name);
-  if (count > 0 && (!send || !recv))
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': %s buffer is NULL for %zu elements", name,
-                     !send ? "send" : "recv", count);
-  if (count > (size_t)INT64_MAX / 8)
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': count %zu is too large", name, count);
+                     "tensor '%s': shape has %d dimensions%s; from 0 to %d are allowed", name, ndim,
+                     ndim > 0 && !shape ? " but shape is NULL" : "", GS__MAX_DIMS);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      return set_error(GS_ERR_INVALID_ARG, "tensor '%s': dimension %d is negative (%lld)", name,
+                       i, (long long)shape[i]);
   struct gs_handle *h = calloc(1, sizeof *h);
   if (!h) return set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
   gs__tensor_request_init(&h->req);
   memcpy(h->req.name, name, nlen + 1);
-  h->req.op = GS__OP_ALLREDUCE;
+  h->req.op = op;
   h->req.dtype = (gs__dtype)dtype;
-  h->req.reduce_op = (gs__reduce_op)op;
-  if (opts && opts->ndim > 0) {
-    if (opts->ndim > GS__MAX_DIMS || !opts->shape) {
-      free(h);
-      return set_error(GS_ERR_INVALID_ARG,
-                       "tensor '%s': shape has %d dimensions%s; at most %d are allowed", name,
-                       opts->ndim, opts->shape ? "" : " but shape is NULL", GS__MAX_DIMS);
-    }
-    memcpy(h->req.shape, opts->shape, (size_t)opts->ndim * sizeof *h->req.shape);
-    h->req.ndim = opts->ndim;
-    int64_t n = gs__shape_elements(h->req.shape, h->req.ndim);
-    if (n < 0 || (uint64_t)n != (uint64_t)count) {
-      char s[256];
-      gs__shape_format(h->req.shape, h->req.ndim, s, sizeof s);
-      free(h);
-      return set_error(GS_ERR_INVALID_ARG,
-                       "tensor '%s': shape %s does not hold count=%zu elements (it holds %lld)",
-                       name, s, count, (long long)n);
-    }
-  } else {
-    h->req.ndim = 1;
-    h->req.shape[0] = (int64_t)count;
+  h->req.ndim = ndim;
+  if (ndim) memcpy(h->req.shape, shape, (size_t)ndim * sizeof *shape);
+  int64_t n = gs__shape_elements(h->req.shape, ndim);
+  if (n < 0 || (uint64_t)n > SIZE_MAX / 16) {
+    free(h);
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': the element count overflows", name);
   }
-  if (opts) {
-    h->req.prescale = opts->prescale != 0.0 ? opts->prescale : 1.0;
-    h->req.postscale = opts->postscale != 0.0 ? opts->postscale : 1.0;
-  }
+  h->count = (size_t)n;
   h->ctx = ctx;
-  h->send = send;
-  h->recv = recv;
-  h->count = count;
   atomic_init(&h->refs, 2); /* the caller's and the library's */
   atomic_init(&h->done, 0);
+  *out = h;
+  return GS_OK;
+}
+
+/* Hands h to the background thread; frees it on failure. */
+static gs_status submit_op(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
   gs_status st = submit(ctx, h);
   if (st) {
     free(h);
     return st;
   }
   *out = h;
+  return GS_OK;
+}
+
+gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                             size_t count, gs_dtype dtype, gs_reduce_op op,
+                             const gs_allreduce_opts *opts, gs_handle **out) {
+  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
+  *out = NULL;
+  if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)",
+                     name ? name : "?", (int)op);
+  if (op == GS_ADASUM)
+    return set_error(GS_ERR_UNSUPPORTED,
+                     "tensor '%s': the adasum reduce op is not supported yet; use GS_AVERAGE or "
+                     "GS_SUM",
+                     name ? name : "?");
+  if (count > (size_t)INT64_MAX / 16)
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': count %zu is too large", name ? name : "?",
+                     count);
+  int64_t flat = (int64_t)count;
+  const int64_t *shape = opts && opts->ndim > 0 ? opts->shape : &flat;
+  int ndim = opts && opts->ndim > 0 ? opts->ndim : 1;
+  struct gs_handle *h;
+  gs_status st = new_op(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, &h);
+  if (st) return st;
+  if (h->count != count) {
+    char s[256];
+    gs__shape_format(h->req.shape, h->req.ndim, s, sizeof s);
+    size_t holds = h->count;
+    free(h);
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)", name,
+                     s, count, holds);
+  }
+  if (count > 0 && (!send || !recv)) {
+    free(h);
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': %s buffer is NULL for %zu elements", name,
+                     !send ? "send" : "recv", count);
+  }
+  h->req.reduce_op = (gs__reduce_op)op;
+  if (opts) {
+    h->req.prescale = opts->prescale != 0.0 ? opts->prescale : 1.0;
+    h->req.postscale = opts->postscale != 0.0 ? opts->postscale : 1.0;
+  }
+  h->send = send;
+  h->recv = recv;
+  return submit_op(ctx, h, out);
+}
+
+gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send,
+                             const int64_t *shape, int ndim, gs_dtype dtype, gs_handle **out) {
+  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allgather_async: out is NULL");
+  *out = NULL;
+  if (ndim < 1)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': allgather needs at least one dimension (got ndim=%d); reshape "
+                     "a scalar to [1]",
+                     name ? name : "?", ndim);
+  struct gs_handle *h;
+  gs_status st = new_op(ctx, name, GS__OP_ALLGATHER, dtype, shape, ndim, &h);
+  if (st) return st;
+  if (h->count > 0 && !send) {
+    size_t n = h->count;
+    free(h);
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL for %zu elements",
+                     name, n);
+  }
+  h->send = send;
+  return submit_op(ctx, h, out);
+}
+
+gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count,
+                             gs_dtype dtype, int root, gs_handle **out) {
+  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_broadcast_async: out is NULL");
+  *out = NULL;
+  if (ctx && (root < 0 || root >= ctx->size))
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': broadcast root %d is not a rank of this job (0..%d)",
+                     name ? name : "?", root, ctx->size - 1);
+  int64_t flat = (int64_t)count;
+  struct gs_handle *h;
+  gs_status st = new_op(ctx, name, GS__OP_BROADCAST, dtype, &flat, 1, &h);
+  if (st) return st;
+  if (count > 0 && !buf) {
+    free(h);
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': buffer is NULL for %zu elements", name,
+                     count);
+  }
+  h->req.root_rank = root;
+  h->send = h->recv = buf;
+  return submit_op(ctx, h, out);
+}
+
+gs_status gs_barrier(gs_ctx *ctx) {
+  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_barrier: ctx is NULL");
+  char name[64];
+  snprintf(name, sizeof name, "gs.barrier.%lu", (unsigned long)atomic_fetch_add(&ctx->barrier_seq, 1));
+  struct gs_handle *h;
+  gs_status st = new_op(ctx, name, GS__OP_BARRIER, GS_UINT8, NULL, 0, &h);
+  if (st) return st;
+  gs_handle *hh;
+  if ((st = submit_op(ctx, h, &hh))) return st;
+  st = gs_wait(hh, -1);
+  gs_handle_free(hh);
+  return st;
+}
+
+gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes) {
+  if (!h || !data || !bytes) return set_error(GS_ERR_INVALID_ARG, "gs_handle_result: NULL argument");
+  if (!atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire) || h->status != GS_OK)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': the op has no result (it is %s)", h->req.name,
+                     h->done ? "failed" : "still pending");
+  if (h->req.op != GS__OP_ALLGATHER)
+    return set_error(GS_ERR_INVALID_ARG,
+                     "tensor '%s': only allgather results live in the handle; a %s writes into "
+                     "your buffer",
+                     h->req.name, gs__op_type_name(h->req.op));
+  *data = h->result;
+  *bytes = h->result_bytes;
+  return GS_OK;
+}
+
+gs_status gs_allgather_dims(const gs_handle *h, int64_t *rank_dims, size_t n, int64_t *total) {
+  const void *d;
+  size_t b;
+  gs_status st = gs_handle_result(h, &d, &b);
+  if (st) return st;
+  int64_t sum = 0;
+  for (size_t i = 0; i < h->nrank_dims; i++) {
+    if (i < n && rank_dims) rank_dims[i] = h->rank_dims[i];
+    sum += h->rank_dims[i];
+  }
+  if (total) *total = sum;
   return GS_OK;
 }
 

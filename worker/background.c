@@ -24,6 +24,8 @@
 void gs__handle_unref(struct gs_handle *h) {
   if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) == 1) {
     free(h->error);
+    free(h->result);
+    free(h->rank_dims);
     free(h);
   }
 }

@@ -130,9 +130,98 @@ out_free:
   return rc;
 }
 
+/* The ops a non-fused response names, or a job failure. */
+static int lone_op(gs_ctx *ctx, const gs__response *r, struct gs_handle **h, char *err,
+                   size_t errlen) {
+  *h = find_op(ctx, r->tensors[0].name);
+  if (*h || job_failed(ctx)) return GS__OK;
+  snprintf(err, errlen,
+           "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync bug; "
+           "please report it with the coordinator's log)",
+           r->tensors[0].name, ctx->rank);
+  return GS__ERR_INTERNAL;
+}
+
+static int data_plane_error(gs_ctx *ctx, const char *name, int rc, char *err, size_t errlen) {
+  char *detail = strdup(err);
+  snprintf(err, errlen, "tensor '%s' (rank %d on %s): %s", name, ctx->rank, ctx->host,
+           detail ? detail : "data-plane failure");
+  free(detail);
+  return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
+}
+
+/* Allgather: the per-rank first dimensions come in the plan; the result is
+ * allocated here and handed to the handle. */
+static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  struct gs_handle *h;
+  int rc = lone_op(ctx, r, &h, err, errlen);
+  if (rc || !h) return rc;
+  const gs__plan_tensor *t = &r->tensors[0];
+  if ((int)t->nrank_dims != ctx->size) {
+    snprintf(err, errlen, "internal: allgather plan for '%s' carries %zu sizes for %d ranks",
+             t->name, t->nrank_dims, ctx->size);
+    return GS__ERR_INTERNAL;
+  }
+  uint64_t row = gs__tensor_bytes(r->dtype, h->req.shape + 1, h->req.ndim - 1);
+  size_t *bytes = malloc((size_t)ctx->size * sizeof *bytes);
+  int64_t *dims = malloc((size_t)ctx->size * sizeof *dims);
+  uint64_t total = 0;
+  for (int i = 0; bytes && dims && i < ctx->size; i++) {
+    dims[i] = t->rank_dims[i];
+    bytes[i] = (size_t)(row * (uint64_t)t->rank_dims[i]);
+    total += bytes[i];
+  }
+  void *out = bytes && dims ? malloc(total ? total : 1) : NULL;
+  if (!out) {
+    free(bytes);
+    free(dims);
+    snprintf(err, errlen, "tensor '%s': out of memory for an allgather result of %llu bytes",
+             t->name, (unsigned long long)total);
+    return GS__ERR_NO_MEMORY;
+  }
+  rc = ctx->backend->v->allgatherv(ctx->backend, h->send, out, bytes, err, errlen);
+  free(bytes);
+  if (rc) {
+    free(out);
+    free(dims);
+    return data_plane_error(ctx, t->name, rc, err, errlen);
+  }
+  h->result = out; /* published to other threads by the completion below */
+  h->result_bytes = (size_t)total;
+  h->rank_dims = dims;
+  h->nrank_dims = (size_t)ctx->size;
+  gs__handle_complete(ctx, h, GS_OK, NULL);
+  add_stats(ctx, 1);
+  return GS__OK;
+}
+
+static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  struct gs_handle *h;
+  int rc = lone_op(ctx, r, &h, err, errlen);
+  if (rc || !h) return rc;
+  rc = ctx->backend->v->broadcast(ctx->backend, h->recv, h->count * gs__dtype_size(r->dtype),
+                                  r->root_rank, err, errlen);
+  if (rc) return data_plane_error(ctx, h->req.name, rc, err, errlen);
+  gs__handle_complete(ctx, h, GS_OK, NULL);
+  add_stats(ctx, 1);
+  return GS__OK;
+}
+
 /* Runs one collective response. */
 static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
-  if (r->op == GS__OP_ALLREDUCE) return run_allreduce(ctx, r, err, errlen);
+  switch (r->op) {
+  case GS__OP_ALLREDUCE: return run_allreduce(ctx, r, err, errlen);
+  case GS__OP_ALLGATHER: return run_allgather(ctx, r, err, errlen);
+  case GS__OP_BROADCAST: return run_broadcast(ctx, r, err, errlen);
+  case GS__OP_BARRIER: {
+    /* The plan itself is the barrier: every rank has arrived. */
+    struct gs_handle *h;
+    int rc = lone_op(ctx, r, &h, err, errlen);
+    if (!rc && h) gs__handle_complete(ctx, h, GS_OK, NULL);
+    return rc;
+  }
+  default: break;
+  }
   for (size_t i = 0; i < r->ntensors; i++) {
     struct gs_handle *h = find_op(ctx, r->tensors[i].name);
     char msg[512];

@@ -36,7 +36,12 @@ struct gs_handle {
   gs__tensor_request req;
   const void *send;
   void *recv;
-  size_t count;
+  size_t count; /* elements of send (allgather: of this rank's block) */
+  /* allgather result, owned by the handle (valid once done) */
+  void *result;
+  size_t result_bytes;
+  int64_t *rank_dims;
+  size_t nrank_dims;
   struct gs_handle *next_submit; /* submission queue (under mu) */
   int planned;                   /* a plan names it (under mu) */
   UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
@@ -76,6 +81,7 @@ struct gs_ctx {
   uint64_t *done_plans; /* executed, not yet reported */
   size_t ndone, done_cap;
   gs_stats stats;       /* under mu */
+  atomic_ulong barrier_seq; /* names the n-th barrier */
 
   /* comm thread (background.c): the session */
   pthread_t thread;

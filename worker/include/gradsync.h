@@ -136,6 +136,38 @@ GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *s
                                     size_t count, gs_dtype dtype, gs_reduce_op op,
                                     const gs_allreduce_opts *opts, gs_handle **out);
 
+/* Starts an allgather: every rank contributes a tensor of shape
+ * [d_r, rest...] (the first dimension d_r may differ per rank, and may be
+ * 0; ndim >= 1 and rest must agree) and receives the concatenation along
+ * the first dimension in rank order. Since no rank knows the total size up
+ * front, the result lives in a buffer owned by the handle: read it with
+ * gs_handle_result and gs_allgather_dims once the op completed. send must
+ * stay valid until then. */
+GS_API gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send,
+                                    const int64_t *shape, int ndim, gs_dtype dtype,
+                                    gs_handle **out);
+
+/* The result buffer of a completed allgather: *data is borrowed from the
+ * handle (valid until gs_handle_free), *bytes its size. GS_ERR_INVALID_ARG
+ * for ops without a result or not completed successfully. */
+GS_API gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes);
+
+/* The first dimension each rank contributed to a completed allgather:
+ * writes min(n, size) entries to rank_dims (may be NULL when n is 0) and
+ * the sum of all to *total (may be NULL). */
+GS_API gs_status gs_allgather_dims(const gs_handle *h, int64_t *rank_dims, size_t n,
+                                   int64_t *total);
+
+/* Starts a broadcast of count elements of buf from rank root to every rank
+ * (in place). buf must stay valid until the op completes. */
+GS_API gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count,
+                                    gs_dtype dtype, int root, gs_handle **out);
+
+/* Blocks until every rank called gs_barrier (the n-th call on each rank
+ * meets the n-th on the others). Returns early with the job's error if it
+ * fails. */
+GS_API gs_status gs_barrier(gs_ctx *ctx);
+
 /* Waits until the op completes or timeout_ms passes (-1 = no timeout; the
  * wait still ends when the job fails). Returns the op's status, or
  * GS_ERR_TIMEOUT if it is still pending. */
