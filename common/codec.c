@@ -213,6 +213,8 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   pb.n_blocked_on = m->nblocked;
   pb.blocked_on = blocked;
   pb.blocked_update = m->blocked_update ? 1 : 0;
+  pb.n_cached = m->ncached;
+  pb.cached = m->cached;
   int rc = pack(&pb.base, out, len);
   free(blocked);
   free(reqs);
@@ -287,6 +289,15 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
       rc = copy_str(m->blocked_on[i], sizeof m->blocked_on[i], pb->blocked_on[i],
                     "blocked-on tensor name", err, errlen);
   }
+  if (!rc && pb->n_cached) {
+    m->cached = malloc(pb->n_cached * sizeof *m->cached);
+    if (!m->cached) {
+      rc = GS__ERR_NO_MEMORY;
+      goto out_free_pb;
+    }
+    memcpy(m->cached, pb->cached, pb->n_cached * sizeof *m->cached);
+    m->ncached = pb->n_cached;
+  }
   if (!rc && pb->leave) {
     m->has_leave = 1;
     snprintf(m->leave_reason, sizeof m->leave_reason, "%s", pb->leave->reason ? pb->leave->reason : "");
@@ -321,6 +332,8 @@ static void scratch_free(plan_scratch *s) {
 static int build_plan(const gs__plan *p, Gradsync__V1__Plan *pb, plan_scratch *s) {
   gradsync__v1__plan__init(pb);
   pb->seq = p->seq;
+  pb->n_evicted = p->nevicted;
+  pb->evicted = p->evicted;
   s->nresp = p->nresponses;
   if (!p->nresponses) return GS__OK;
   s->resp = calloc(p->nresponses, sizeof *s->resp);
@@ -353,6 +366,7 @@ static int build_plan(const gs__plan *p, Gradsync__V1__Plan *pb, plan_scratch *s
         t[k].shape = (int64_t *)r->tensors[k].shape;
         t[k].n_rank_dims = r->tensors[k].nrank_dims;
         t[k].rank_dims = r->tensors[k].rank_dims;
+        t[k].cache_id = r->tensors[k].cache_id;
         tp[k] = &t[k];
       }
       pr->n_tensors = r->ntensors;
@@ -432,6 +446,12 @@ out_free:
 
 static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, size_t errlen) {
   p->seq = pb->seq;
+  if (pb->n_evicted) {
+    p->evicted = malloc(pb->n_evicted * sizeof *p->evicted);
+    if (!p->evicted) return GS__ERR_NO_MEMORY;
+    memcpy(p->evicted, pb->evicted, pb->n_evicted * sizeof *p->evicted);
+    p->nevicted = pb->n_evicted;
+  }
   if (!pb->n_responses) return GS__OK;
   p->responses = calloc(pb->n_responses, sizeof *p->responses);
   if (!p->responses) return GS__ERR_NO_MEMORY;
@@ -464,6 +484,7 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
       for (size_t k = 0; k < pr->n_tensors; k++) {
         const Gradsync__V1__PlanTensor *pt = pr->tensors[k];
         gs__plan_tensor *t = &r->tensors[k];
+        t->cache_id = pt->cache_id;
         if ((rc = copy_str(t->name, sizeof t->name, pt->name, "tensor name", err, errlen)) ||
             (rc = copy_shape(t->shape, &t->ndim, pt->shape, pt->n_shape, t->name, err, errlen)))
           return rc;

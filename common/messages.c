@@ -11,6 +11,7 @@ void gs__rank_msg_free(gs__rank_msg *m) {
   free(m->requests);
   free(m->done_plans);
   free(m->blocked_on);
+  free(m->cached);
   memset(m, 0, sizeof *m);
 }
 
@@ -33,6 +34,7 @@ void gs__plan_free(gs__plan *p) {
   if (!p) return;
   for (size_t i = 0; i < p->nresponses; i++) gs__response_free(&p->responses[i]);
   free(p->responses);
+  free(p->evicted);
   memset(p, 0, sizeof *p);
 }
 
@@ -52,6 +54,16 @@ void gs__tensor_request_init(gs__tensor_request *r) {
   r->prescale = 1.0;
   r->postscale = 1.0;
   r->device = GS__DEVICE_CPU;
+}
+
+int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b) {
+  if (strcmp(a->name, b->name) || a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
+      a->reduce_op != b->reduce_op || a->prescale != b->prescale ||
+      a->postscale != b->postscale || a->root_rank != b->root_rank || a->device != b->device)
+    return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
 }
 
 int64_t gs__shape_elements(const int64_t *shape, int ndim) {

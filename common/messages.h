@@ -71,6 +71,8 @@ typedef struct gs__rank_msg {
   int blocked_update;
   size_t nblocked;
   char (*blocked_on)[GS__MAX_NAME + 1]; /* nblocked names */
+  size_t ncached;
+  uint32_t *cached; /* cache ids standing for requests */
 } gs__rank_msg;
 
 #define GS__MAX_BLOCKED 64 /* blocked-on names reported per rank */
@@ -97,6 +99,7 @@ typedef struct gs__plan_tensor {
   int64_t shape[GS__MAX_DIMS];
   size_t nrank_dims;  /* allgather: one first dimension per rank */
   int64_t *rank_dims;
+  uint32_t cache_id;  /* 0 = none */
 } gs__plan_tensor;
 
 typedef enum gs__response_kind { GS__RESP_COLLECTIVE = 0, GS__RESP_ERROR = 1 } gs__response_kind;
@@ -119,6 +122,8 @@ typedef struct gs__plan {
   uint64_t seq;
   size_t nresponses;
   gs__response *responses;
+  size_t nevicted;
+  uint32_t *evicted;
 } gs__plan;
 
 typedef enum gs__plan_msg_kind {
@@ -146,6 +151,8 @@ void gs__response_free(gs__response *r);
 void gs__plan_free(gs__plan *p);
 void gs__plan_msg_free(gs__plan_msg *m);
 
+/* 1 when a and b are the same request in every field (name included). */
+int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b);
 /* A request initialised to "allreduce, float32, sum, no scaling, CPU". */
 void gs__tensor_request_init(gs__tensor_request *r);
 /* Number of elements of a shape (1 for ndim 0); -1 when negative or the

@@ -33,6 +33,8 @@ static void usage(FILE *f) {
           "                            (env GRADSYNC_EMIT_POLICY)\n"
           "  --max-plans-in-flight N   adaptive policy depth (default 2; env\n"
           "                            GRADSYNC_MAX_PLANS_IN_FLIGHT)\n"
+          "  --cache-capacity N        response cache entries (default 1024; 0 = off; env\n"
+          "                            GRADSYNC_CACHE_CAPACITY, HOROVOD_CACHE_CAPACITY)\n"
           "  --stall-warning-s S       report tensors waiting on some ranks for S seconds, checked\n"
           "                            every S seconds (default 60; 0 = off; env\n"
           "                            GRADSYNC_STALL_CHECK_TIME_SECONDS, HOROVOD_STALL_CHECK_TIME_SECONDS)\n"
@@ -99,7 +101,6 @@ int main(int argc, char **argv) {
   o.token = getenv("GRADSYNC_JOB_TOKEN");
   o.job_id = getenv("GRADSYNC_JOB_ID");
   o.shutdown_grace_ms = 2000;
-  o.job.cache_capacity = 1024;
 
   char err[GS__MAX_TEXT];
   int64_t v;
@@ -124,6 +125,10 @@ int main(int argc, char **argv) {
   static const char *const fusion_env[] = {"GRADSYNC_FUSION_THRESHOLD",
                                            "HOROVOD_FUSION_THRESHOLD", NULL};
   static const char *const inflight_env[] = {"GRADSYNC_MAX_PLANS_IN_FLIGHT", NULL};
+  static const char *const cache_env[] = {"GRADSYNC_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY",
+                                          NULL};
+  if (gs__env_int(cache_env, 1024, 0, 1 << 24, &v, err, sizeof err)) goto bad_env;
+  o.job.cache_capacity = (uint32_t)v;
   if (gs__env_int(fusion_env, 64 << 20, 0, (int64_t)1 << 40, &v, err, sizeof err)) goto bad_env;
   o.job.fusion_threshold_bytes = (uint64_t)v;
   if (gs__env_int(inflight_env, 2, 1, 1024, &v, err, sizeof err)) goto bad_env;
@@ -166,6 +171,9 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--fusion-threshold")) {
       if (flag_int(a, val, 0, (int64_t)1 << 40, &v)) return 2;
       o.job.fusion_threshold_bytes = (uint64_t)v;
+    } else if (!strcmp(a, "--cache-capacity")) {
+      if (flag_int(a, val, 0, 1 << 24, &v)) return 2;
+      o.job.cache_capacity = (uint32_t)v;
     } else if (!strcmp(a, "--emit-policy")) {
       if (parse_policy(val, &o.window_policy)) return 2;
     } else if (!strcmp(a, "--max-plans-in-flight")) {

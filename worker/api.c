@@ -149,7 +149,15 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
   gs_status st = GS_OK;
   for (;;) {
     uint64_t now = gs__now_ms();
-    if (now >= deadline_ms) {
+    gs__plan_msg m;
+    int got = 0;
+    int rc = gs__client_session_poll(ctx->client, now < deadline_ms ? (int)(deadline_ms - now) : 0,
+                                     &m, &got, err, sizeof err);
+    if (rc) {
+      st = set_error((gs_status)rc, "gs_init (rank %d): %s", ctx->rank, err);
+      break;
+    }
+    if (!got && gs__now_ms() >= deadline_ms) {
       char missing[1024] = "", joined[2048] = "";
       size_t used = 0;
       for (size_t i = 0; i < last.nmissing && used < sizeof missing - 16; i++)
@@ -167,14 +175,6 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
                      "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
                      ctx->rank, timeout_ms, missing, ctx->coordinator,
                      joined[0] ? joined : "none", ctx->size);
-      break;
-    }
-    gs__plan_msg m;
-    int got = 0;
-    int rc = gs__client_session_poll(ctx->client, (int)(deadline_ms - now), &m, &got, err,
-                                     sizeof err);
-    if (rc) {
-      st = set_error((gs_status)rc, "gs_init (rank %d): %s", ctx->rank, err);
       break;
     }
     if (!got) continue;
@@ -218,6 +218,7 @@ static void ctx_free(gs_ctx *ctx) {
   }
   free(ctx->done_plans);
   free(ctx->fusion_buf);
+  gs__cache_clear(ctx);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
   pthread_cond_destroy(&ctx->exec_cv);

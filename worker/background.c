@@ -68,8 +68,34 @@ static void fail_job(gs_ctx *ctx, gs_status status, const char *msg) {
   ctx->backend->v->abort(ctx->backend);
 }
 
+static void cache_drop(gs_ctx *ctx, gs__wcache *c) {
+  HASH_DELETE(hh_name, ctx->cache_by_name, c);
+  HASH_DELETE(hh_id, ctx->cache_by_id, c);
+  free(c);
+}
+
+/* Remembers that req is cached under id (replacing what the name had). */
+static void cache_put(gs_ctx *ctx, uint32_t id, const gs__tensor_request *req) {
+  gs__wcache *c = NULL;
+  HASH_FIND(hh_name, ctx->cache_by_name, req->name, strlen(req->name), c);
+  if (c) cache_drop(ctx, c);
+  HASH_FIND(hh_id, ctx->cache_by_id, &id, sizeof id, c);
+  if (c) cache_drop(ctx, c);
+  if (!(c = calloc(1, sizeof *c))) return; /* only a cache hit is lost */
+  c->id = id;
+  c->req = *req;
+  HASH_ADD(hh_name, ctx->cache_by_name, req.name, strlen(c->req.name), c);
+  HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
+}
+
+void gs__cache_clear(gs_ctx *ctx) {
+  gs__wcache *c, *tmp;
+  HASH_ITER(hh_id, ctx->cache_by_id, c, tmp) cache_drop(ctx, c);
+}
+
 /* Queues a plan for the exec thread; marks the ops it names as planned so
- * waits on them no longer count as blocked. */
+ * waits on them no longer count as blocked, and learns the cache ids the
+ * coordinator assigned or withdrew. */
 static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   plan_node *n = calloc(1, sizeof *n);
   if (!n) {
@@ -78,12 +104,20 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   }
   n->plan = *plan;
   memset(plan, 0, sizeof *plan);
+  for (size_t i = 0; i < n->plan.nevicted; i++) {
+    gs__wcache *c = NULL;
+    HASH_FIND(hh_id, ctx->cache_by_id, &n->plan.evicted[i], sizeof(uint32_t), c);
+    if (c) cache_drop(ctx, c);
+  }
   pthread_mutex_lock(&ctx->mu);
   for (size_t i = 0; i < n->plan.nresponses; i++)
     for (size_t k = 0; k < n->plan.responses[i].ntensors; k++) {
+      const gs__plan_tensor *t = &n->plan.responses[i].tensors[k];
       struct gs_handle *h = NULL;
-      HASH_FIND_STR(ctx->inflight, n->plan.responses[i].tensors[k].name, h);
-      if (h) h->planned = 1;
+      HASH_FIND_STR(ctx->inflight, t->name, h);
+      if (!h) continue;
+      h->planned = 1;
+      if (t->cache_id) cache_put(ctx, t->cache_id, &h->req);
     }
   if (ctx->plans_tail) ctx->plans_tail->next = n;
   else ctx->plans_head = n;
@@ -170,15 +204,28 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
   ctx->sub_head = ctx->sub_tail = NULL;
   size_t n = 0;
   for (struct gs_handle *h = list; h; h = h->next_submit) n++;
-  if (n && !(m.requests = malloc(n * sizeof *m.requests))) n = 0;
-  for (struct gs_handle *h = list; h && m.requests; h = h->next_submit)
+  if (n) {
+    m.requests = malloc(n * sizeof *m.requests);
+    m.cached = malloc(n * sizeof *m.cached);
+  }
+  for (struct gs_handle *h = list; h && m.requests && m.cached; h = h->next_submit) {
+    /* A request the coordinator has cached travels as its id. */
+    gs__wcache *c = NULL;
+    HASH_FIND(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name), c);
+    if (c && gs__tensor_request_equal(&c->req, &h->req)) {
+      m.cached[m.ncached++] = c->id;
+      continue;
+    }
+    if (c) cache_drop(ctx, c);
     m.requests[m.nrequests++] = h->req;
+  }
+  ctx->stats.cache_hits += m.ncached;
   m.done_plans = ctx->done_plans;
   m.ndone = ctx->ndone;
   ctx->done_plans = NULL;
   ctx->ndone = ctx->done_cap = 0;
   pthread_mutex_unlock(&ctx->mu);
-  if (list && !m.requests) {
+  if (list && (!m.requests || !m.cached)) {
     snprintf(err, errlen, "out of memory batching requests");
     free(m.done_plans);
     return GS__ERR_NO_MEMORY;
@@ -191,12 +238,12 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
     snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
   }
   int rc = GS__OK;
-  if (m.nrequests || m.ndone || m.heartbeat || m.has_leave || m.blocked_update) {
+  if (m.nrequests || m.ncached || m.ndone || m.heartbeat || m.has_leave || m.blocked_update) {
     size_t bytes = 0;
     rc = gs__client_session_send(ctx->client, &m, &bytes, err, errlen);
     ctx->last_send_ms = now;
     pthread_mutex_lock(&ctx->mu);
-    ctx->stats.requests_sent += m.nrequests;
+    ctx->stats.requests_sent += m.nrequests + m.ncached;
     ctx->stats.bytes_to_coordinator += bytes;
     ctx->stats.messages_to_coordinator++;
     pthread_mutex_unlock(&ctx->mu);

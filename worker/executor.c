@@ -115,6 +115,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     rc = rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
     goto out_free;
   }
+  add_stats(ctx, n); /* before the completions, so a waiter sees them counted */
   for (size_t i = 0; i < n; i++) {
     if (packed) {
       size_t bytes = hs[i]->count * esize;
@@ -123,7 +124,6 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     }
     gs__handle_complete(ctx, hs[i], GS_OK, NULL);
   }
-  add_stats(ctx, n);
 out_free:
   free(hs);
   free(offs);
@@ -190,8 +190,8 @@ static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   h->result_bytes = (size_t)total;
   h->rank_dims = dims;
   h->nrank_dims = (size_t)ctx->size;
-  gs__handle_complete(ctx, h, GS_OK, NULL);
   add_stats(ctx, 1);
+  gs__handle_complete(ctx, h, GS_OK, NULL);
   return GS__OK;
 }
 
@@ -202,8 +202,8 @@ static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   rc = ctx->backend->v->broadcast(ctx->backend, h->recv, h->count * gs__dtype_size(r->dtype),
                                   r->root_rank, err, errlen);
   if (rc) return data_plane_error(ctx, h->req.name, rc, err, errlen);
-  gs__handle_complete(ctx, h, GS_OK, NULL);
   add_stats(ctx, 1);
+  gs__handle_complete(ctx, h, GS_OK, NULL);
   return GS__OK;
 }
 

@@ -52,6 +52,13 @@ typedef struct plan_node {
   struct plan_node *next;
 } plan_node;
 
+/* The worker's copy of the coordinator's response cache (comm thread). */
+typedef struct gs__wcache {
+  uint32_t id;
+  gs__tensor_request req;
+  UT_hash_handle hh_name, hh_id;
+} gs__wcache;
+
 /* An application thread inside gs_wait / gs_wait_any (under mu). */
 typedef struct gs__waiter {
   struct gs_handle *const *hs;
@@ -89,6 +96,7 @@ struct gs_ctx {
   gs__client *client;
   uint64_t last_send_ms;
   uint64_t blocked_sig; /* the blocked-on set last reported */
+  gs__wcache *cache_by_name, *cache_by_id;
   /* exec thread (executor.c): the backend */
   pthread_t exec_thread;
   int exec_started;
@@ -106,6 +114,8 @@ void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, con
 /* Completes every op in flight and every later submission with status and
  * msg (the first call wins); takes ctx->mu. */
 void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);
+/* Frees the worker's response-cache copy (comm thread, or after it ended). */
+void gs__cache_clear(gs_ctx *ctx);
 /* Releases one reference of h. */
 void gs__handle_unref(struct gs_handle *h);
 

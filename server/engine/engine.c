@@ -46,6 +46,17 @@ typedef struct entry {
   int queued;     /* ready, waiting in e->ready for emission */
 } entry;
 
+/* Response cache: a request negotiated once gets an id that ranks send
+ * instead of the request. Live items are in both hashes and the LRU list;
+ * evicted or invalidated ones stay a while as tombstones (by id only) so an
+ * id a rank sent before it heard of the eviction still resolves. */
+typedef struct cache_item {
+  uint32_t id;
+  gs__tensor_request req;
+  UT_hash_handle hh_name, hh_id;
+  struct cache_item *prev, *next; /* LRU (live) or FIFO (tombstones) */
+} cache_item;
+
 struct gs__engine {
   gs__engine_config cfg;
   int32_t world;       /* 0 until known */
@@ -68,6 +79,14 @@ struct gs__engine {
   uint64_t next_stall_check_ms;
   uint64_t stall_reports, deadlocks;
   char *last_stall, *last_deadlock;
+  /* response cache */
+  cache_item *cache_by_name, *cache_by_id, *tomb_by_id;
+  cache_item *lru_head, *lru_tail, *tomb_head, *tomb_tail;
+  size_t ncache, ntomb;
+  uint32_t next_cache_id;
+  uint32_t *evicted; /* ids to announce in the next plan */
+  size_t nevicted, evicted_cap;
+  uint64_t cache_hits, full_requests;
 };
 
 /* ---- outbox --------------------------------------------------------------- */
@@ -166,6 +185,7 @@ int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
   e->cfg = *cfg;
   e->next_plan_seq = 1;
   e->left_rank = -1;
+  e->next_cache_id = 1;
   if (cfg->world_size > 0 && set_world(e, cfg->world_size) != GS__OK) {
     free(e);
     return GS__ERR_NO_MEMORY;
@@ -194,6 +214,17 @@ void gs__engine_destroy(gs__engine *e) {
   free(e->ranks);
   free(e->last_stall);
   free(e->last_deadlock);
+  cache_item *ci, *ctmp;
+  HASH_ITER(hh_id, e->cache_by_id, ci, ctmp) {
+    HASH_DELETE(hh_id, e->cache_by_id, ci);
+    free(ci);
+  }
+  HASH_ITER(hh_id, e->tomb_by_id, ci, ctmp) {
+    HASH_DELETE(hh_id, e->tomb_by_id, ci);
+    free(ci);
+  }
+  HASH_CLEAR(hh_name, e->cache_by_name);
+  free(e->evicted);
   free(e);
 }
 
@@ -472,6 +503,95 @@ static int mark_ready(gs__engine *e, entry *en) {
   return GS__OK;
 }
 
+/* ---- the response cache ------------------------------------------------------ */
+
+static void lru_unlink(cache_item **head, cache_item **tail, cache_item *c) {
+  if (c->prev) c->prev->next = c->next;
+  else *head = c->next;
+  if (c->next) c->next->prev = c->prev;
+  else *tail = c->prev;
+  c->prev = c->next = NULL;
+}
+
+static void lru_push_front(cache_item **head, cache_item **tail, cache_item *c) {
+  c->prev = NULL;
+  c->next = *head;
+  if (*head) (*head)->prev = c;
+  *head = c;
+  if (!*tail) *tail = c;
+}
+
+/* Moves a live item to the tombstones and announces its id as gone. */
+static void cache_retire(gs__engine *e, cache_item *c) {
+  HASH_DELETE(hh_name, e->cache_by_name, c);
+  HASH_DELETE(hh_id, e->cache_by_id, c);
+  lru_unlink(&e->lru_head, &e->lru_tail, c);
+  e->ncache--;
+  if (e->nevicted == e->evicted_cap) {
+    size_t cap = e->evicted_cap ? e->evicted_cap * 2 : 16;
+    uint32_t *ev = realloc(e->evicted, cap * sizeof *ev);
+    if (ev) {
+      e->evicted = ev;
+      e->evicted_cap = cap;
+    }
+  }
+  if (e->nevicted < e->evicted_cap) e->evicted[e->nevicted++] = c->id;
+  HASH_ADD(hh_id, e->tomb_by_id, id, sizeof c->id, c);
+  lru_push_front(&e->tomb_head, &e->tomb_tail, c);
+  size_t keep = e->cfg.job.cache_capacity > 4096 ? e->cfg.job.cache_capacity : 4096;
+  if (++e->ntomb > keep) {
+    cache_item *old = e->tomb_tail;
+    lru_unlink(&e->tomb_head, &e->tomb_tail, old);
+    HASH_DELETE(hh_id, e->tomb_by_id, old);
+    free(old);
+    e->ntomb--;
+  }
+}
+
+static int cacheable(const gs__tensor_request *r) {
+  /* allgather and alltoall first dimensions vary by rank and step */
+  return r->op == GS__OP_ALLREDUCE || r->op == GS__OP_BROADCAST || r->op == GS__OP_REDUCESCATTER;
+}
+
+/* The cache id for a request just negotiated (0 when not cached). */
+static uint32_t cache_assign(gs__engine *e, const gs__tensor_request *r) {
+  if (!e->cfg.job.cache_capacity || !cacheable(r)) return 0;
+  cache_item *c = NULL;
+  HASH_FIND(hh_name, e->cache_by_name, r->name, strlen(r->name), c);
+  if (c && gs__tensor_request_equal(&c->req, r)) {
+    lru_unlink(&e->lru_head, &e->lru_tail, c);
+    lru_push_front(&e->lru_head, &e->lru_tail, c);
+    return c->id;
+  }
+  if (c) cache_retire(e, c);
+  if (e->ncache >= e->cfg.job.cache_capacity) cache_retire(e, e->lru_tail);
+  c = calloc(1, sizeof *c);
+  if (!c) return 0;
+  c->id = e->next_cache_id++;
+  if (!e->next_cache_id) e->next_cache_id = 1; /* 0 means "none" */
+  c->req = *r;
+  HASH_ADD(hh_name, e->cache_by_name, req.name, strlen(c->req.name), c);
+  HASH_ADD(hh_id, e->cache_by_id, id, sizeof c->id, c);
+  lru_push_front(&e->lru_head, &e->lru_tail, c);
+  e->ncache++;
+  return c->id;
+}
+
+/* A full request for a cached name with other parameters makes the cached
+ * entry stale. */
+static void cache_check_full(gs__engine *e, const gs__tensor_request *r) {
+  cache_item *c = NULL;
+  HASH_FIND(hh_name, e->cache_by_name, r->name, strlen(r->name), c);
+  if (c && !gs__tensor_request_equal(&c->req, r)) cache_retire(e, c);
+}
+
+static const gs__tensor_request *cache_lookup(const gs__engine *e, uint32_t id) {
+  cache_item *c = NULL;
+  HASH_FIND(hh_id, e->cache_by_id, &id, sizeof id, c);
+  if (!c) HASH_FIND(hh_id, e->tomb_by_id, &id, sizeof id, c);
+  return c ? &c->req : NULL;
+}
+
 static void add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r, uint64_t now_ms,
                         gs__outbox *box) {
   char err[GS__MAX_TEXT];
@@ -659,6 +779,21 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
       if (skipped > threshold) break;
     }
   }
+  for (size_t i = 0; i < o->msg.plan.nresponses; i++) {
+    gs__response *rp = &resps[i];
+    if (rp->kind != GS__RESP_COLLECTIVE) continue;
+    for (size_t k = 0; k < rp->ntensors; k++) {
+      entry *en = NULL;
+      HASH_FIND_STR(e->table, rp->tensors[k].name, en);
+      if (en) rp->tensors[k].cache_id = cache_assign(e, &en->variants[0]);
+    }
+  }
+  if (e->nevicted) {
+    o->msg.plan.evicted = e->evicted;
+    o->msg.plan.nevicted = e->nevicted;
+    e->evicted = NULL;
+    e->nevicted = e->evicted_cap = 0;
+  }
   for (size_t i = 0; i < e->nready; i++) {
     HASH_DEL(e->table, e->ready[i]);
     entry_free(e->ready[i]);
@@ -726,7 +861,27 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
     e->last_activity_ms = now_ms;
     e->deadlock_reported = 0;
   }
-  for (size_t i = 0; i < msg->nrequests; i++) add_request(e, rank, &msg->requests[i], now_ms, box);
+  if (msg->ncached) {
+    e->last_activity_ms = now_ms;
+    e->deadlock_reported = 0;
+  }
+  for (size_t i = 0; i < msg->nrequests; i++) {
+    cache_check_full(e, &msg->requests[i]);
+    add_request(e, rank, &msg->requests[i], now_ms, box);
+  }
+  e->full_requests += msg->nrequests;
+  for (size_t i = 0; i < msg->ncached; i++) {
+    const gs__tensor_request *r = cache_lookup(e, msg->cached[i]);
+    if (!r) {
+      out_log(box, GS__LOG_ERROR,
+              "rank %d sent cache id %u, which this coordinator never assigned or forgot; its op "
+              "cannot be matched (a gradsync bug: report it with this log)",
+              rank, msg->cached[i]);
+      continue;
+    }
+    e->cache_hits++;
+    add_request(e, rank, r, now_ms, box);
+  }
   for (size_t i = 0; i < msg->ndone; i++)
     if (msg->done_plans[i] > s->last_done_seq) s->last_done_seq = msg->done_plans[i];
   maybe_emit(e, box, 0);
@@ -1023,4 +1178,7 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->pending_tensors = HASH_COUNT(e->table);
   out->stall_reports = e->stall_reports;
   out->deadlocks = e->deadlocks;
+  out->cache_hits = e->cache_hits;
+  out->full_requests = e->full_requests;
+  out->cache_entries = e->ncache;
 }

@@ -103,6 +103,9 @@ typedef struct gs__engine_stats {
   uint64_t tensors_planned;
   size_t pending_tensors;
   uint64_t stall_reports, deadlocks;
+  uint64_t cache_hits;    /* requests received as cache ids */
+  uint64_t full_requests; /* requests received in full */
+  size_t cache_entries;
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
 

@@ -206,7 +206,8 @@ typedef struct gs_stats {
   uint64_t collectives;          /* collectives run on the data plane */
   uint64_t tensors;              /* tensors completed by those collectives */
   uint64_t fused_collectives;    /* collectives that carried more than one tensor */
-  uint64_t requests_sent;        /* tensor requests sent to the coordinator */
+  uint64_t requests_sent;        /* tensor requests sent to the coordinator (full or cached) */
+  uint64_t cache_hits;           /* of those, sent as a response-cache id */
   uint64_t bytes_to_coordinator; /* encoded bytes of every message sent to it */
   uint64_t messages_to_coordinator;
 } gs_stats;
