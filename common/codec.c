@@ -188,6 +188,8 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
       reqs[i].postscale = r->postscale;
       reqs[i].root_rank = r->root_rank;
       reqs[i].device = (Gradsync__V1__DeviceKind)r->device;
+      reqs[i].group_id = r->group_id;
+      reqs[i].group_size = r->group_size;
       reqp[i] = &reqs[i];
     }
     pb.n_requests = m->nrequests;
@@ -240,6 +242,11 @@ static int decode_request(const Gradsync__V1__TensorRequest *pb, gs__tensor_requ
   r->prescale = pb->prescale;
   r->postscale = pb->postscale;
   r->root_rank = pb->root_rank;
+  r->group_id = pb->group_id;
+  r->group_size = pb->group_size;
+  if (r->group_size > 1u << 20)
+    return fail(err, errlen, "tensor '%s': group size %u exceeds the limit of %u", r->name,
+                r->group_size, 1u << 20);
   return copy_shape(r->shape, &r->ndim, pb->shape, pb->n_shape, r->name, err, errlen);
 }
 

@@ -54,6 +54,8 @@ typedef struct gs__tensor_request {
   double prescale, postscale; /* 1.0 = none */
   int32_t root_rank;
   gs__device device;
+  uint64_t group_id;   /* 0 = not grouped */
+  uint32_t group_size;
 } gs__tensor_request;
 
 /* Rank -> coordinator on the Session stream. */

@@ -362,23 +362,29 @@ int gs_local_size(const gs_ctx *ctx) {
 
 /* ---- submission ------------------------------------------------------------ */
 
-static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
+/* Hands n ops to the background thread atomically: all are queued, or none
+ * (a failed job, shutdown, or a name already in flight). */
+static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   pthread_mutex_lock(&ctx->mu);
   gs_status st = GS_OK;
-  struct gs_handle *dup = NULL;
   if (ctx->fatal) {
     st = set_error(ctx->fatal, "%s", ctx->fatal_msg);
   } else if (ctx->stop) {
-    st = set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", h->req.name);
-  } else {
-    HASH_FIND_STR(ctx->inflight, h->req.name, dup);
+    st = set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", hs[0]->req.name);
+  }
+  for (size_t i = 0; i < n && !st; i++) {
+    struct gs_handle *dup = NULL;
+    HASH_FIND_STR(ctx->inflight, hs[i]->req.name, dup);
+    for (size_t k = 0; k < i && !dup; k++)
+      if (!strcmp(hs[k]->req.name, hs[i]->req.name)) dup = hs[k];
     if (dup)
       st = set_error(GS_ERR_DUPLICATE_NAME,
                      "tensor '%s': rank %d already has an op of this name in flight; wait for it "
                      "to complete (gs_wait) before submitting the name again, or use another name",
-                     h->req.name, ctx->rank);
+                     hs[i]->req.name, ctx->rank);
   }
-  if (st == GS_OK) {
+  for (size_t i = 0; i < n && !st; i++) {
+    struct gs_handle *h = hs[i];
     HASH_ADD_STR(ctx->inflight, req.name, h);
     if (ctx->sub_tail) ctx->sub_tail->next_submit = h;
     else ctx->sub_head = h;
@@ -386,6 +392,10 @@ static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
   }
   pthread_mutex_unlock(&ctx->mu);
   return st;
+}
+
+static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
+  return submit_many(ctx, &h, 1);
 }
 
 /* Checks what every op shares and builds its handle (not yet submitted). */
@@ -444,10 +454,10 @@ static gs_status submit_op(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
   return GS_OK;
 }
 
-gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
-                             size_t count, gs_dtype dtype, gs_reduce_op op,
-                             const gs_allreduce_opts *opts, gs_handle **out) {
-  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
+/* Checks an allreduce's arguments and builds its handle (not submitted). */
+static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                                size_t count, gs_dtype dtype, gs_reduce_op op,
+                                const gs_allreduce_opts *opts, struct gs_handle **out) {
   *out = NULL;
   if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
     return set_error(GS_ERR_INVALID_ARG,
@@ -488,7 +498,55 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
   }
   h->send = send;
   h->recv = recv;
+  *out = h;
+  return GS_OK;
+}
+
+gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                             size_t count, gs_dtype dtype, gs_reduce_op op,
+                             const gs_allreduce_opts *opts, gs_handle **out) {
+  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
+  *out = NULL;
+  struct gs_handle *h;
+  gs_status st = make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h);
+  if (st) return st;
   return submit_op(ctx, h, out);
+}
+
+gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
+                                     const void *const *sends, void *const *recvs,
+                                     const size_t *counts, gs_dtype dtype, gs_reduce_op op,
+                                     const gs_allreduce_opts *opts, gs_handle **handles) {
+  if (!ctx || !handles || (n && (!names || !sends || !recvs || !counts)))
+    return set_error(GS_ERR_INVALID_ARG, "gs_grouped_allreduce_async: NULL argument");
+  if (n == 0) return GS_OK;
+  if (n > (1u << 20))
+    return set_error(GS_ERR_INVALID_ARG,
+                     "gs_grouped_allreduce_async: %zu tensors exceed the limit of %u per group", n,
+                     1u << 20);
+  gs_allreduce_opts o = opts ? *opts : (gs_allreduce_opts){0};
+  o.shape = NULL; /* a group call has no per-tensor shapes */
+  o.ndim = 0;
+  struct gs_handle **hs = calloc(n, sizeof *hs);
+  if (!hs) return set_error(GS_ERR_NO_MEMORY, "gs_grouped_allreduce_async: out of memory");
+  uint64_t gid = atomic_fetch_add(&ctx->group_seq, 1) + 1;
+  gs_status st = GS_OK;
+  for (size_t i = 0; i < n && !st; i++) {
+    st = make_allreduce(ctx, names[i], sends[i], recvs[i], counts[i], dtype, op, &o, &hs[i]);
+    if (!st) {
+      hs[i]->req.group_id = gid;
+      hs[i]->req.group_size = (uint32_t)n;
+    }
+  }
+  /* All or none: a group that misses a member could never complete. */
+  if (!st) st = submit_many(ctx, hs, n);
+  if (st) {
+    for (size_t i = 0; i < n; i++) free(hs[i]);
+  } else {
+    for (size_t i = 0; i < n; i++) handles[i] = hs[i];
+  }
+  free(hs);
+  return st;
 }
 
 gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send,
@@ -545,6 +603,29 @@ gs_status gs_barrier(gs_ctx *ctx) {
   gs_handle *hh;
   if ((st = submit_op(ctx, h, &hh))) return st;
   st = gs_wait(hh, -1);
+  gs_handle_free(hh);
+  return st;
+}
+
+gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
+  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_join: ctx is NULL");
+  struct gs_handle *h;
+  gs_status st = new_op(ctx, "gs.join", GS__OP_JOIN, GS_UINT8, NULL, 0, &h);
+  if (st) return st;
+  /* From now on the exec thread fills in zeros for tensors this rank does
+   * not submit; the join's completion ends that. */
+  pthread_mutex_lock(&ctx->mu);
+  ctx->joined = 1;
+  pthread_mutex_unlock(&ctx->mu);
+  gs_handle *hh;
+  if ((st = submit_op(ctx, h, &hh))) {
+    pthread_mutex_lock(&ctx->mu);
+    ctx->joined = 0;
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+  }
+  st = gs_wait(hh, -1);
+  if (!st && last_joined_rank) *last_joined_rank = hh->join_last;
   gs_handle_free(hh);
   return st;
 }

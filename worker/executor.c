@@ -65,10 +65,18 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     rc = GS__ERR_NO_MEMORY;
     goto out_free;
   }
+  int missing = 0;
   for (size_t i = 0; i < n; i++) {
     hs[i] = find_op(ctx, r->tensors[i].name);
     if (hs[i]) continue;
     if (job_failed(ctx)) goto out_free; /* its op was failed with the job */
+    pthread_mutex_lock(&ctx->mu);
+    int joined = ctx->joined;
+    pthread_mutex_unlock(&ctx->mu);
+    if (joined) { /* gs_join: this rank adds zeros to the others' tensors */
+      missing++;
+      continue;
+    }
     snprintf(err, errlen,
              "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync bug; "
              "please report it with the coordinator's log)",
@@ -78,12 +86,25 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   }
   void *buf;
   size_t count;
+  /* The layout must follow from the plan alone: every rank reduces the
+   * same number of elements, whichever tensors it holds. */
   int packed = n > 1 || r->prescale != 1.0 || r->postscale != 1.0;
-  if (!packed) {
+  if (!packed && hs[0]) {
     struct gs_handle *h = hs[0];
     if (h->send != h->recv && h->count) memcpy(h->recv, h->send, h->count * esize);
     buf = h->recv;
     count = h->count;
+  } else if (!packed) { /* joined: zeros in place of the tensor */
+    uint64_t bytes = gs__tensor_bytes(r->dtype, r->tensors[0].shape, r->tensors[0].ndim);
+    uint8_t *fb = fusion_buffer(ctx, bytes ? bytes : 1);
+    if (!fb) {
+      snprintf(err, errlen, "out of memory for %llu bytes of zeros", (unsigned long long)bytes);
+      rc = GS__ERR_NO_MEMORY;
+      goto out_free;
+    }
+    memset(fb, 0, bytes);
+    buf = fb;
+    count = bytes / esize;
   } else {
     uint64_t total = gs__fusion_offsets(r, offs);
     uint8_t *fb = fusion_buffer(ctx, total);
@@ -95,10 +116,15 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     }
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
-      size_t bytes = hs[i]->count * esize;
+      const gs__plan_tensor *t = &r->tensors[i];
+      size_t bytes = (size_t)gs__tensor_bytes(r->dtype, t->shape, t->ndim);
       memset(fb + at, 0, offs[i] - at); /* alignment padding */
-      if (bytes) memcpy(fb + offs[i], hs[i]->send, bytes);
-      gs__scale(fb + offs[i], hs[i]->count, r->dtype, r->prescale);
+      if (!hs[i]) {
+        memset(fb + offs[i], 0, bytes);
+      } else if (bytes) {
+        memcpy(fb + offs[i], hs[i]->send, bytes);
+        gs__scale(fb + offs[i], hs[i]->count, r->dtype, r->prescale);
+      }
       at = offs[i] + bytes;
     }
     memset(fb + at, 0, total - at);
@@ -115,8 +141,9 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     rc = rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
     goto out_free;
   }
-  add_stats(ctx, n); /* before the completions, so a waiter sees them counted */
+  add_stats(ctx, n - (size_t)missing); /* before the completions, so waiters see them */
   for (size_t i = 0; i < n; i++) {
+    if (!hs[i]) continue;
     if (packed) {
       size_t bytes = hs[i]->count * esize;
       if (bytes) memcpy(hs[i]->recv, (uint8_t *)buf + offs[i], bytes);
@@ -213,6 +240,19 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t 
   case GS__OP_ALLREDUCE: return run_allreduce(ctx, r, err, errlen);
   case GS__OP_ALLGATHER: return run_allgather(ctx, r, err, errlen);
   case GS__OP_BROADCAST: return run_broadcast(ctx, r, err, errlen);
+  case GS__OP_JOIN: {
+    /* Every rank has joined: the join round is over. */
+    struct gs_handle *h;
+    int rc = lone_op(ctx, r, &h, err, errlen);
+    pthread_mutex_lock(&ctx->mu);
+    ctx->joined = 0;
+    pthread_mutex_unlock(&ctx->mu);
+    if (!rc && h) {
+      h->join_last = r->root_rank;
+      gs__handle_complete(ctx, h, GS_OK, NULL);
+    }
+    return rc;
+  }
   case GS__OP_BARRIER: {
     /* The plan itself is the barrier: every rank has arrived. */
     struct gs_handle *h;

@@ -42,6 +42,7 @@ struct gs_handle {
   size_t result_bytes;
   int64_t *rank_dims;
   size_t nrank_dims;
+  int join_last; /* join: the rank that joined last (valid once done) */
   struct gs_handle *next_submit; /* submission queue (under mu) */
   int planned;                   /* a plan names it (under mu) */
   UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
@@ -89,6 +90,8 @@ struct gs_ctx {
   size_t ndone, done_cap;
   gs_stats stats;       /* under mu */
   atomic_ulong barrier_seq; /* names the n-th barrier */
+  atomic_ulong group_seq;   /* numbers grouped ops */
+  int joined;               /* in gs_join: contribute zeros (under mu) */
 
   /* comm thread (background.c): the session */
   pthread_t thread;

@@ -26,6 +26,7 @@ typedef struct rank_slot {
   int32_t pid;
   uint64_t joined_ms, last_msg_ms;
   uint64_t last_done_seq; /* highest plan it reported executed */
+  int joined;             /* called gs_join: counts as ready for everything */
   size_t nblocked; /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
 } rank_slot;
@@ -44,7 +45,16 @@ typedef struct entry {
   uint64_t order; /* arrival order, for stable reports */
   uint64_t bytes; /* of the first request */
   int queued;     /* ready, waiting in e->ready for emission */
+  int in_group;   /* complete, waiting for the rest of its group */
 } entry;
+
+/* The members of a group that are complete so far. */
+typedef struct group {
+  uint64_t id;
+  uint32_t size, n;
+  entry **members;
+  UT_hash_handle hh;
+} group;
 
 /* Response cache: a request negotiated once gets an id that ranks send
  * instead of the request. Live items are in both hashes and the LRU list;
@@ -65,6 +75,8 @@ struct gs__engine {
   int world_ready;
   int aborted;
   int32_t left_rank;   /* a rank that left the job (-1: none) */
+  int32_t njoined, last_joined;
+  group *groups;
   entry *table;        /* uthash by name */
   uint64_t next_order;
   uint64_t next_plan_seq;
@@ -185,6 +197,7 @@ int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
   e->cfg = *cfg;
   e->next_plan_seq = 1;
   e->left_rank = -1;
+  e->last_joined = -1;
   e->next_cache_id = 1;
   if (cfg->world_size > 0 && set_world(e, cfg->world_size) != GS__OK) {
     free(e);
@@ -210,6 +223,12 @@ void gs__engine_destroy(gs__engine *e) {
     entry_free(en);
   }
   free(e->ready);
+  group *g, *gtmp;
+  HASH_ITER(hh, e->groups, g, gtmp) {
+    HASH_DEL(e->groups, g);
+    free(g->members);
+    free(g);
+  }
   for (int32_t r = 0; r < e->world; r++) free(e->ranks[r].blocked);
   free(e->ranks);
   free(e->last_stall);
@@ -353,11 +372,11 @@ int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__ou
 
 /* What two requests must agree on, in the order mismatches are reported. */
 typedef enum { ATTR_OP, ATTR_DTYPE, ATTR_SHAPE, ATTR_REDUCE, ATTR_PRESCALE, ATTR_POSTSCALE,
-               ATTR_ROOT, ATTR_DEVICE, ATTR_COUNT } attr;
+               ATTR_ROOT, ATTR_DEVICE, ATTR_GROUP, ATTR_COUNT } attr;
 
 static const char *const k_attr_names[ATTR_COUNT] = {
     "operations", "data types", "shapes", "reduce ops", "prescale factors", "postscale factors",
-    "broadcast roots", "devices"};
+    "broadcast roots", "devices", "groups"};
 
 /* Shapes agree fully for allreduce/broadcast/reducescatter; for allgather
  * and alltoall only the rank and every dimension after the first. */
@@ -380,6 +399,7 @@ static int attr_equal(attr at, const gs__tensor_request *a, const gs__tensor_req
   case ATTR_POSTSCALE: return a->postscale == b->postscale;
   case ATTR_ROOT: return a->op != GS__OP_BROADCAST || a->root_rank == b->root_rank;
   case ATTR_DEVICE: return a->device == b->device;
+  case ATTR_GROUP: return a->group_id == b->group_id && a->group_size == b->group_size;
   default: return 1;
   }
 }
@@ -409,6 +429,13 @@ static void attr_format(attr at, const gs__tensor_request *r, char *buf, size_t 
   case ATTR_POSTSCALE: snprintf(buf, cap, "%g", r->postscale); break;
   case ATTR_ROOT: snprintf(buf, cap, "root %d", r->root_rank); break;
   case ATTR_DEVICE: snprintf(buf, cap, "%s", gs__device_name(r->device)); break;
+  case ATTR_GROUP:
+    if (r->group_size > 1)
+      snprintf(buf, cap, "group %llu of %u tensors", (unsigned long long)r->group_id,
+               r->group_size);
+    else
+      snprintf(buf, cap, "no group");
+    break;
   default: buf[0] = 0;
   }
 }
@@ -501,6 +528,59 @@ static int mark_ready(gs__engine *e, entry *en) {
   en->queued = 1;
   e->ready_bytes += en->bytes;
   return GS__OK;
+}
+
+/* An entry has every request it will get: every rank submitted it, or the
+ * ranks that did not have joined (gs_join: they contribute zeros). */
+static int entry_complete(const gs__engine *e, const entry *en) {
+  if (en->count == e->world) return 1;
+  if (!e->njoined || en->queued || en->in_group) return 0;
+  for (int32_t r = 0; r < e->world; r++)
+    if (en->variant_of[r] < 0 && !e->ranks[r].joined) return 0;
+  return 1;
+}
+
+static void group_release(gs__engine *e, group *g) {
+  for (uint32_t i = 0; i < g->n; i++) {
+    g->members[i]->in_group = 0;
+    mark_ready(e, g->members[i]);
+  }
+  HASH_DEL(e->groups, g);
+  free(g->members);
+  free(g);
+}
+
+/* A complete entry goes to the ready queue, unless it belongs to a group
+ * whose other members are not complete yet: a group is emitted whole. A
+ * completed join ends the join round. */
+static void on_complete(gs__engine *e, entry *en) {
+  if (en->queued || en->in_group) return;
+  const gs__tensor_request *r = &en->variants[0];
+  if (r->op == GS__OP_JOIN && en->count == e->world) {
+    for (int32_t q = 0; q < e->world; q++) e->ranks[q].joined = 0;
+    e->njoined = 0;
+  }
+  if (r->group_size <= 1 || en->nvariants > 1) {
+    mark_ready(e, en);
+    return;
+  }
+  group *g = NULL;
+  HASH_FIND(hh, e->groups, &r->group_id, sizeof r->group_id, g);
+  if (!g) {
+    g = calloc(1, sizeof *g);
+    if (g) g->members = calloc(r->group_size, sizeof *g->members);
+    if (!g || !g->members) {
+      free(g);
+      mark_ready(e, en); /* out of memory: emit it alone rather than lose it */
+      return;
+    }
+    g->id = r->group_id;
+    g->size = r->group_size;
+    HASH_ADD(hh, e->groups, id, sizeof g->id, g);
+  }
+  en->in_group = 1;
+  if (g->n < g->size) g->members[g->n++] = en;
+  if (g->n == g->size) group_release(e, g);
 }
 
 /* ---- the response cache ------------------------------------------------------ */
@@ -645,7 +725,17 @@ static void add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r
   en->variant_of[rank] = v;
   en->first_dims[rank] = r->ndim > 0 ? r->shape[0] : 0;
   en->count++;
-  if (en->count == e->world || (e->left_rank >= 0 && en->count == 1)) mark_ready(e, en);
+  if (r->op == GS__OP_JOIN && !e->ranks[rank].joined) {
+    e->ranks[rank].joined = 1;
+    e->njoined++;
+    e->last_joined = rank;
+    /* Entries waiting only for joined ranks are complete now. */
+    entry *c, *tmp;
+    HASH_ITER(hh, e->table, c, tmp) {
+      if (c != en && entry_complete(e, c)) on_complete(e, c);
+    }
+  }
+  if (entry_complete(e, en) || (e->left_rank >= 0 && en->count == 1)) on_complete(e, en);
 }
 
 /* Once a rank has left, no entry can ever become complete: every pending
@@ -680,11 +770,27 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
   memcpy(t->name, en->name, sizeof t->name);
   t->ndim = r->ndim;
   memcpy(t->shape, r->shape, sizeof t->shape);
-  if (en->count < e->world) {
+  if (en->count < e->world && e->left_rank >= 0) {
     resp->kind = GS__RESP_ERROR;
     resp->error_status = GS__ERR_SHUTDOWN;
     resp->error_message = left_message(e, en);
     return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
+  }
+  if (en->count < e->world && r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BARRIER &&
+      en->nvariants == 1) {
+    /* Only allreduce can do without the joined ranks (they add zeros). */
+    resp->kind = GS__RESP_ERROR;
+    resp->error_status = GS__ERR_INVALID_ARG;
+    resp->error_message = malloc(GS__MAX_TEXT);
+    if (!resp->error_message) return GS__ERR_NO_MEMORY;
+    int32_t j = 0;
+    while (j < e->world && en->variant_of[j] >= 0) j++;
+    snprintf(resp->error_message, GS__MAX_TEXT,
+             "tensor '%s': %s while rank %d (%s:%d) has joined (gs_join, out of data): only "
+             "allreduce can run with joined ranks; stop submitting %ss before any rank joins",
+             en->name, gs__op_type_name(r->op), j, rank_host(e, j), e->ranks[j].pid,
+             gs__op_type_name(r->op));
+    return GS__OK;
   }
   if (en->nvariants > 1) {
     resp->kind = GS__RESP_ERROR;
@@ -693,6 +799,7 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
     return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
   }
   resp->kind = GS__RESP_COLLECTIVE;
+  if (r->op == GS__OP_JOIN) resp->root_rank = e->last_joined; /* the last rank to join */
   if (r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) {
     t->rank_dims = malloc((size_t)e->world * sizeof *t->rank_dims);
     if (!t->rank_dims) return GS__ERR_NO_MEMORY;
@@ -703,7 +810,8 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
 }
 
 static int entry_is_error(const gs__engine *e, const entry *en) {
-  return en->count < e->world || en->nvariants > 1;
+  return (en->count < e->world && e->left_rank >= 0) || en->nvariants > 1 ||
+         (en->count < e->world && en->variants[0].op != GS__OP_ALLREDUCE);
 }
 
 /* Whether c may join a fused response that starts with first. */

@@ -136,6 +136,25 @@ GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *s
                                     size_t count, gs_dtype dtype, gs_reduce_op op,
                                     const gs_allreduce_opts *opts, gs_handle **out);
 
+/* Starts n allreduces as one group: the coordinator negotiates them
+ * together and emits them in one plan (and fuses them when compatible), so
+ * either none or all of them are in flight on the data plane. Arrays hold
+ * one entry per tensor; every rank must group the same names in the same
+ * order of calls. handles receives n new handles (all or none). */
+GS_API gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
+                                            const void *const *sends, void *const *recvs,
+                                            const size_t *counts, gs_dtype dtype,
+                                            gs_reduce_op op, const gs_allreduce_opts *opts,
+                                            gs_handle **handles);
+
+/* For uneven data: this rank has run out of data. Blocks until every rank
+ * has joined; meanwhile this rank takes part in the other ranks' allreduces
+ * with zeros (averages still divide by the full size, as in Horovod).
+ * Allgather and broadcast while a rank has joined fail with
+ * GS_ERR_INVALID_ARG. *last_joined_rank (may be NULL) receives the rank
+ * that joined last. */
+GS_API gs_status gs_join(gs_ctx *ctx, int *last_joined_rank);
+
 /* Starts an allgather: every rank contributes a tensor of shape
  * [d_r, rest...] (the first dimension d_r may differ per rank, and may be
  * 0; ndim >= 1 and rest must agree) and receives the concatenation along
