@@ -6,6 +6,7 @@
  * Pure; any thread. */
 #include "codec.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,6 +153,7 @@ int gs__decode_join_response(const uint8_t *buf, size_t len, gs__join_response *
     m->config.rank_timeout_ms = pb->config->rank_timeout_ms;
   }
   gradsync__v1__join_response__free_unpacked(pb, NULL);
+  if (rc) memset(m, 0, sizeof *m);
   return rc;
 }
 
@@ -239,8 +241,12 @@ static int decode_request(const Gradsync__V1__TensorRequest *pb, gs__tensor_requ
   r->dtype = (gs__dtype)pb->dtype;
   r->reduce_op = (gs__reduce_op)pb->reduce_op;
   r->device = (gs__device)pb->device;
-  r->prescale = pb->prescale;
-  r->postscale = pb->postscale;
+  /* 0 on the wire (the proto3 default) means "no scaling". */
+  r->prescale = pb->prescale != 0.0 ? pb->prescale : 1.0;
+  r->postscale = pb->postscale != 0.0 ? pb->postscale : 1.0;
+  if (!isfinite(r->prescale) || !isfinite(r->postscale))
+    return fail(err, errlen, "tensor '%s': prescale %g / postscale %g must be finite numbers",
+                r->name, r->prescale, r->postscale);
   r->root_rank = pb->root_rank;
   r->group_id = pb->group_id;
   r->group_size = pb->group_size;
@@ -250,8 +256,7 @@ static int decode_request(const Gradsync__V1__TensorRequest *pb, gs__tensor_requ
   return copy_shape(r->shape, &r->ndim, pb->shape, pb->n_shape, r->name, err, errlen);
 }
 
-int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *err,
-                        size_t errlen) {
+int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__RankMessage *pb = gradsync__v1__rank_message__unpack(NULL, len, buf);
   if (!pb) return fail(err, errlen, "malformed RankMessage (%zu bytes)", len);
@@ -307,7 +312,8 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
   }
   if (!rc && pb->leave) {
     m->has_leave = 1;
-    snprintf(m->leave_reason, sizeof m->leave_reason, "%s", pb->leave->reason ? pb->leave->reason : "");
+    snprintf(m->leave_reason, sizeof m->leave_reason, "%s",
+             pb->leave->reason ? pb->leave->reason : "");
   }
 out_free_pb:
   gradsync__v1__rank_message__free_unpacked(pb, NULL);
@@ -510,8 +516,7 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
   return GS__OK;
 }
 
-int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *err,
-                        size_t errlen) {
+int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__PlanMessage *pb = gradsync__v1__plan_message__unpack(NULL, len, buf);
   if (!pb) return fail(err, errlen, "malformed PlanMessage (%zu bytes)", len);

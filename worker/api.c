@@ -3,6 +3,7 @@
  * hands ops to the background thread through ctx->mu's submission queue
  * (see worker.h for who owns what). */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,16 +166,15 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
                                  last.missing_ranks[i]);
       used = 0;
       for (size_t i = 0; i < last.nranks && used < sizeof joined - 64; i++)
-        used += (size_t)snprintf(joined + used, sizeof joined - used, "%s%d (%s:%d)",
-                                 i ? ", " : "", last.ranks[i].rank, last.ranks[i].host,
-                                 last.ranks[i].pid);
+        used += (size_t)snprintf(joined + used, sizeof joined - used, "%s%d (%s:%d)", i ? ", " : "",
+                                 last.ranks[i].rank, last.ranks[i].host, last.ranks[i].pid);
       st = set_error(GS_ERR_JOIN_TIMEOUT,
                      "gs_init (rank %d): timed out after %d ms waiting for ranks [%s] to join the "
                      "job at coordinator %s (present: %s). Check that those ranks were started "
                      "with GRADSYNC_SIZE=%d and can reach the coordinator; raise "
                      "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
-                     ctx->rank, timeout_ms, missing, ctx->coordinator,
-                     joined[0] ? joined : "none", ctx->size);
+                     ctx->rank, timeout_ms, missing, ctx->coordinator, joined[0] ? joined : "none",
+                     ctx->size);
       break;
     }
     if (!got) continue;
@@ -299,20 +299,20 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   ro.kv.get = kv_get;
   rc = gs__tcp_ring_create(&ro, &ctx->backend, err, sizeof err);
   if (rc) {
-    st = set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s",
-                   r.rank, err);
+    st = set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s", r.rank,
+                   err);
     goto out_free_ctx;
   }
   ctx->last_send_ms = gs__now_ms();
   if (pthread_create(&ctx->exec_thread, NULL, gs__executor_main, ctx) != 0) {
-    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the exec thread: %s",
-                   r.rank, strerror(errno));
+    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the exec thread: %s", r.rank,
+                   strerror(errno));
     goto out_free_ctx;
   }
   ctx->exec_started = 1;
   if (pthread_create(&ctx->thread, NULL, gs__background_main, ctx) != 0) {
-    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the comm thread: %s",
-                   r.rank, strerror(errno));
+    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the comm thread: %s", r.rank,
+                   strerror(errno));
     goto out_stop_exec;
   }
   ctx->thread_started = 1;
@@ -386,8 +386,10 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
     HASH_ADD_STR(ctx->inflight, req.name, h);
-    if (ctx->sub_tail) ctx->sub_tail->next_submit = h;
-    else ctx->sub_head = h;
+    if (ctx->sub_tail)
+      ctx->sub_tail->next_submit = h;
+    else
+      ctx->sub_head = h;
     ctx->sub_tail = h;
   }
   pthread_mutex_unlock(&ctx->mu);
@@ -404,7 +406,8 @@ static gs_status new_op(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype 
   const char *what = gs__op_type_name(op);
   *out = NULL;
   if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", what);
-  if (!name || !*name) return set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty", what);
+  if (!name || !*name)
+    return set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty", what);
   size_t nlen = strlen(name);
   if (nlen > GS__MAX_NAME)
     return set_error(GS_ERR_INVALID_ARG,
@@ -420,8 +423,8 @@ static gs_status new_op(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype 
                      ndim > 0 && !shape ? " but shape is NULL" : "", GS__MAX_DIMS);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 0)
-      return set_error(GS_ERR_INVALID_ARG, "tensor '%s': dimension %d is negative (%lld)", name,
-                       i, (long long)shape[i]);
+      return set_error(GS_ERR_INVALID_ARG, "tensor '%s': dimension %d is negative (%lld)", name, i,
+                       (long long)shape[i]);
   struct gs_handle *h = calloc(1, sizeof *h);
   if (!h) return set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
   gs__tensor_request_init(&h->req);
@@ -495,6 +498,13 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
   if (opts) {
     h->req.prescale = opts->prescale != 0.0 ? opts->prescale : 1.0;
     h->req.postscale = opts->postscale != 0.0 ? opts->postscale : 1.0;
+    if (!isfinite(h->req.prescale) || !isfinite(h->req.postscale)) {
+      double pre = h->req.prescale, post = h->req.postscale;
+      free(h);
+      return set_error(GS_ERR_INVALID_ARG,
+                       "tensor '%s': prescale %g and postscale %g must be finite numbers", name,
+                       pre, post);
+    }
   }
   h->send = send;
   h->recv = recv;
@@ -549,8 +559,8 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
   return st;
 }
 
-gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send,
-                             const int64_t *shape, int ndim, gs_dtype dtype, gs_handle **out) {
+gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send, const int64_t *shape,
+                             int ndim, gs_dtype dtype, gs_handle **out) {
   if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allgather_async: out is NULL");
   *out = NULL;
   if (ndim < 1)
@@ -564,15 +574,15 @@ gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send,
   if (h->count > 0 && !send) {
     size_t n = h->count;
     free(h);
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL for %zu elements",
-                     name, n);
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL for %zu elements", name,
+                     n);
   }
   h->send = send;
   return submit_op(ctx, h, out);
 }
 
-gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count,
-                             gs_dtype dtype, int root, gs_handle **out) {
+gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count, gs_dtype dtype,
+                             int root, gs_handle **out) {
   if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_broadcast_async: out is NULL");
   *out = NULL;
   if (ctx && (root < 0 || root >= ctx->size))
@@ -596,7 +606,8 @@ gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t co
 gs_status gs_barrier(gs_ctx *ctx) {
   if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_barrier: ctx is NULL");
   char name[64];
-  snprintf(name, sizeof name, "gs.barrier.%lu", (unsigned long)atomic_fetch_add(&ctx->barrier_seq, 1));
+  snprintf(name, sizeof name, "gs.barrier.%lu",
+           (unsigned long)atomic_fetch_add(&ctx->barrier_seq, 1));
   struct gs_handle *h;
   gs_status st = new_op(ctx, name, GS__OP_BARRIER, GS_UINT8, NULL, 0, &h);
   if (st) return st;
@@ -631,11 +642,11 @@ gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
 }
 
 gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes) {
-  if (!h || !data || !bytes) return set_error(GS_ERR_INVALID_ARG, "gs_handle_result: NULL argument");
+  if (!h || !data || !bytes)
+    return set_error(GS_ERR_INVALID_ARG, "gs_handle_result: NULL argument");
   if (!atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire) || h->status != GS_OK)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': the op has no result (it is %s)", h->req.name,
-                     h->done ? "failed" : "still pending");
+    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': the op has no result (it is %s)",
+                     h->req.name, h->done ? "failed" : "still pending");
   if (h->req.op != GS__OP_ALLGATHER)
     return set_error(GS_ERR_INVALID_ARG,
                      "tensor '%s': only allgather results live in the handle; a %s writes into "

@@ -6,6 +6,7 @@
  * completion-queue thread. No I/O, no clock: time arrives as now_ms. */
 #include "engine.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@ typedef struct rank_slot {
   uint64_t joined_ms, last_msg_ms;
   uint64_t last_done_seq; /* highest plan it reported executed */
   int joined;             /* called gs_join: counts as ready for everything */
-  size_t nblocked; /* names its application threads are blocked on */
+  size_t nblocked;        /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
 } rank_slot;
 
@@ -69,22 +70,22 @@ typedef struct cache_item {
 
 struct gs__engine {
   gs__engine_config cfg;
-  int32_t world;       /* 0 until known */
-  rank_slot *ranks;    /* world entries once known */
+  int32_t world;    /* 0 until known */
+  rank_slot *ranks; /* world entries once known */
   int32_t nconnected;
   int world_ready;
   int aborted;
-  int32_t left_rank;   /* a rank that left the job (-1: none) */
+  int32_t left_rank; /* a rank that left the job (-1: none) */
   int32_t njoined, last_joined;
   group *groups;
-  entry *table;        /* uthash by name */
+  entry *table; /* uthash by name */
   uint64_t next_order;
   uint64_t next_plan_seq;
   uint64_t tensors_planned;
-  entry **ready;       /* ready entries not yet emitted, in readiness order */
+  entry **ready; /* ready entries not yet emitted, in readiness order */
   size_t nready, ready_cap;
   uint64_t ready_bytes;
-  uint64_t next_window_ms; /* window policy: next emission */
+  uint64_t next_window_ms;   /* window policy: next emission */
   uint64_t ready_ms;         /* when the world became ready */
   uint64_t last_activity_ms; /* last new request or change of a blocked set */
   int deadlock_reported;     /* this quiet episode was already reported */
@@ -148,7 +149,8 @@ void gs__outbox_free(gs__outbox *box) {
 /* ---- small text helpers ------------------------------------------------------ */
 
 /* Appends to buf (bounded, always NUL-terminated). */
-static void append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void append(char *buf, size_t cap, const char *fmt, ...) {
   size_t used = strlen(buf);
   if (used + 1 >= cap) return;
@@ -234,6 +236,7 @@ void gs__engine_destroy(gs__engine *e) {
   free(e->last_stall);
   free(e->last_deadlock);
   cache_item *ci, *ctmp;
+  HASH_CLEAR(hh_name, e->cache_by_name); /* the items are freed through the id table */
   HASH_ITER(hh_id, e->cache_by_id, ci, ctmp) {
     HASH_DELETE(hh_id, e->cache_by_id, ci);
     free(ci);
@@ -242,7 +245,6 @@ void gs__engine_destroy(gs__engine *e) {
     HASH_DELETE(hh_id, e->tomb_by_id, ci);
     free(ci);
   }
-  HASH_CLEAR(hh_name, e->cache_by_name);
   free(e->evicted);
   free(e);
 }
@@ -253,9 +255,8 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
                     gs__join_response *resp, char *err, size_t errlen) {
   const char *host = req->host[0] ? req->host : "?";
   if (e->aborted) {
-    snprintf(err, errlen,
-             "rank %d (%s:%d) cannot join: the job was aborted; restart the whole job", req->rank,
-             host, req->pid);
+    snprintf(err, errlen, "rank %d (%s:%d) cannot join: the job was aborted; restart the whole job",
+             req->rank, host, req->pid);
     return GS__ERR_ABORTED;
   }
   if (e->cfg.job_id[0] && strcmp(e->cfg.job_id, req->job_id) != 0) {
@@ -273,11 +274,12 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
     return GS__ERR_INVALID_ARG;
   }
   if (e->world && req->size != e->world) {
-    snprintf(err, errlen,
-             "rank %d (%s:%d) says the job has %d ranks, but the job has %d ranks (%s); start every "
-             "rank with the same GRADSYNC_SIZE",
-             req->rank, host, req->pid, req->size, e->world,
-             e->cfg.world_size ? "set by gradsyncd --world-size" : "set by the first rank to join");
+    snprintf(
+        err, errlen,
+        "rank %d (%s:%d) says the job has %d ranks, but the job has %d ranks (%s); start every "
+        "rank with the same GRADSYNC_SIZE",
+        req->rank, host, req->pid, req->size, e->world,
+        e->cfg.world_size ? "set by gradsyncd --world-size" : "set by the first rank to join");
     return GS__ERR_INVALID_ARG;
   }
   if (req->rank < 0 || req->rank >= req->size) {
@@ -371,12 +373,22 @@ int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__ou
 /* ---- the tensor table ---------------------------------------------------------- */
 
 /* What two requests must agree on, in the order mismatches are reported. */
-typedef enum { ATTR_OP, ATTR_DTYPE, ATTR_SHAPE, ATTR_REDUCE, ATTR_PRESCALE, ATTR_POSTSCALE,
-               ATTR_ROOT, ATTR_DEVICE, ATTR_GROUP, ATTR_COUNT } attr;
+typedef enum {
+  ATTR_OP,
+  ATTR_DTYPE,
+  ATTR_SHAPE,
+  ATTR_REDUCE,
+  ATTR_PRESCALE,
+  ATTR_POSTSCALE,
+  ATTR_ROOT,
+  ATTR_DEVICE,
+  ATTR_GROUP,
+  ATTR_COUNT
+} attr;
 
 static const char *const k_attr_names[ATTR_COUNT] = {
-    "operations", "data types", "shapes", "reduce ops", "prescale factors", "postscale factors",
-    "broadcast roots", "devices", "groups"};
+    "operations",        "data types",      "shapes",  "reduce ops", "prescale factors",
+    "postscale factors", "broadcast roots", "devices", "groups"};
 
 /* Shapes agree fully for allreduce/broadcast/reducescatter; for allgather
  * and alltoall only the rank and every dimension after the first. */
@@ -390,17 +402,27 @@ static int shape_equal(const gs__tensor_request *a, const gs__tensor_request *b)
 
 static int attr_equal(attr at, const gs__tensor_request *a, const gs__tensor_request *b) {
   switch (at) {
-  case ATTR_OP: return a->op == b->op;
-  case ATTR_DTYPE: return a->dtype == b->dtype;
-  case ATTR_SHAPE: return a->op != b->op || shape_equal(a, b);
+  case ATTR_OP:
+    return a->op == b->op;
+  case ATTR_DTYPE:
+    return a->dtype == b->dtype;
+  case ATTR_SHAPE:
+    return a->op != b->op || shape_equal(a, b);
   case ATTR_REDUCE:
-    return (a->op != GS__OP_ALLREDUCE && a->op != GS__OP_REDUCESCATTER) || a->reduce_op == b->reduce_op;
-  case ATTR_PRESCALE: return a->prescale == b->prescale;
-  case ATTR_POSTSCALE: return a->postscale == b->postscale;
-  case ATTR_ROOT: return a->op != GS__OP_BROADCAST || a->root_rank == b->root_rank;
-  case ATTR_DEVICE: return a->device == b->device;
-  case ATTR_GROUP: return a->group_id == b->group_id && a->group_size == b->group_size;
-  default: return 1;
+    return (a->op != GS__OP_ALLREDUCE && a->op != GS__OP_REDUCESCATTER) ||
+           a->reduce_op == b->reduce_op;
+  case ATTR_PRESCALE:
+    return a->prescale == b->prescale;
+  case ATTR_POSTSCALE:
+    return a->postscale == b->postscale;
+  case ATTR_ROOT:
+    return a->op != GS__OP_BROADCAST || a->root_rank == b->root_rank;
+  case ATTR_DEVICE:
+    return a->device == b->device;
+  case ATTR_GROUP:
+    return a->group_id == b->group_id && a->group_size == b->group_size;
+  default:
+    return 1;
   }
 }
 
@@ -412,8 +434,12 @@ static int request_equal(const gs__tensor_request *a, const gs__tensor_request *
 
 static void attr_format(attr at, const gs__tensor_request *r, char *buf, size_t cap) {
   switch (at) {
-  case ATTR_OP: snprintf(buf, cap, "%s", gs__op_type_name(r->op)); break;
-  case ATTR_DTYPE: snprintf(buf, cap, "%s", gs__dtype_name(r->dtype)); break;
+  case ATTR_OP:
+    snprintf(buf, cap, "%s", gs__op_type_name(r->op));
+    break;
+  case ATTR_DTYPE:
+    snprintf(buf, cap, "%s", gs__dtype_name(r->dtype));
+    break;
   case ATTR_SHAPE:
     if (r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) {
       char s[256];
@@ -424,11 +450,21 @@ static void attr_format(attr at, const gs__tensor_request *r, char *buf, size_t 
       gs__shape_format(r->shape, r->ndim, buf, cap);
     }
     break;
-  case ATTR_REDUCE: snprintf(buf, cap, "%s", gs__reduce_op_name(r->reduce_op)); break;
-  case ATTR_PRESCALE: snprintf(buf, cap, "%g", r->prescale); break;
-  case ATTR_POSTSCALE: snprintf(buf, cap, "%g", r->postscale); break;
-  case ATTR_ROOT: snprintf(buf, cap, "root %d", r->root_rank); break;
-  case ATTR_DEVICE: snprintf(buf, cap, "%s", gs__device_name(r->device)); break;
+  case ATTR_REDUCE:
+    snprintf(buf, cap, "%s", gs__reduce_op_name(r->reduce_op));
+    break;
+  case ATTR_PRESCALE:
+    snprintf(buf, cap, "%g", r->prescale);
+    break;
+  case ATTR_POSTSCALE:
+    snprintf(buf, cap, "%g", r->postscale);
+    break;
+  case ATTR_ROOT:
+    snprintf(buf, cap, "root %d", r->root_rank);
+    break;
+  case ATTR_DEVICE:
+    snprintf(buf, cap, "%s", gs__device_name(r->device));
+    break;
   case ATTR_GROUP:
     if (r->group_size > 1)
       snprintf(buf, cap, "group %llu of %u tensors", (unsigned long long)r->group_id,
@@ -436,7 +472,8 @@ static void attr_format(attr at, const gs__tensor_request *r, char *buf, size_t 
     else
       snprintf(buf, cap, "no group");
     break;
-  default: buf[0] = 0;
+  default:
+    buf[0] = 0;
   }
 }
 
@@ -485,8 +522,14 @@ static char *mismatch_message(const gs__engine *e, const entry *en) {
 }
 
 /* Rank-local checks of one request; on failure a message for that rank. */
-static int check_request(const gs__engine *e, int32_t rank, const gs__tensor_request *r,
-                         char *err, size_t errlen) {
+static int check_request(const gs__engine *e, int32_t rank, const gs__tensor_request *r, char *err,
+                         size_t errlen) {
+  if (!isfinite(r->prescale) || !isfinite(r->postscale)) {
+    snprintf(err, errlen,
+             "tensor '%s': rank %d sent prescale %g and postscale %g; both must be finite numbers",
+             r->name, rank, r->prescale, r->postscale);
+    return GS__ERR_INVALID_ARG;
+  }
   if (r->op == GS__OP_BROADCAST && (r->root_rank < 0 || r->root_rank >= e->world)) {
     snprintf(err, errlen,
              "tensor '%s': rank %d asked to broadcast from root rank %d, but the job has ranks "
@@ -586,10 +629,14 @@ static void on_complete(gs__engine *e, entry *en) {
 /* ---- the response cache ------------------------------------------------------ */
 
 static void lru_unlink(cache_item **head, cache_item **tail, cache_item *c) {
-  if (c->prev) c->prev->next = c->next;
-  else *head = c->next;
-  if (c->next) c->next->prev = c->prev;
-  else *tail = c->prev;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    *head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  else
+    *tail = c->prev;
   c->prev = c->next = NULL;
 }
 
@@ -770,7 +817,9 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
   memcpy(t->name, en->name, sizeof t->name);
   t->ndim = r->ndim;
   memcpy(t->shape, r->shape, sizeof t->shape);
-  if (en->count < e->world && e->left_rank >= 0) {
+  if (e->left_rank >= 0) {
+    /* The rank that left runs no more plans: nothing emitted from now on
+     * can complete. */
     resp->kind = GS__RESP_ERROR;
     resp->error_status = GS__ERR_SHUTDOWN;
     resp->error_message = left_message(e, en);
@@ -810,7 +859,7 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
 }
 
 static int entry_is_error(const gs__engine *e, const entry *en) {
-  return (en->count < e->world && e->left_rank >= 0) || en->nvariants > 1 ||
+  return e->left_rank >= 0 || en->nvariants > 1 ||
          (en->count < e->world && en->variants[0].op != GS__OP_ALLREDUCE);
 }
 
@@ -930,9 +979,8 @@ static void maybe_emit(gs__engine *e, gs__outbox *box, int force) {
   if (!force) {
     if (e->cfg.policy == GS__POLICY_WINDOW) return;
     uint64_t threshold = e->cfg.job.fusion_threshold_bytes;
-    int room = plans_unfinished(e) < (uint64_t)(e->cfg.max_plans_in_flight > 0
-                                                     ? e->cfg.max_plans_in_flight
-                                                     : 1);
+    int room = plans_unfinished(e) <
+               (uint64_t)(e->cfg.max_plans_in_flight > 0 ? e->cfg.max_plans_in_flight : 1);
     if (!room && threshold && e->ready_bytes < threshold) return;
   }
   emit_ready(e, box);
@@ -953,8 +1001,8 @@ static void set_blocked(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, ui
   e->deadlock_reported = 0;
 }
 
-void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg,
-                             uint64_t now_ms, gs__outbox *box) {
+void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg, uint64_t now_ms,
+                             gs__outbox *box) {
   if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
   rank_slot *s = &e->ranks[rank];
   s->last_msg_ms = now_ms;
@@ -972,6 +1020,18 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   if (msg->ncached) {
     e->last_activity_ms = now_ms;
     e->deadlock_reported = 0;
+  }
+  /* A leave goes first: whatever arrives with it can no longer complete. */
+  if (msg->has_leave) {
+    s->state = RANK_LEFT;
+    e->nconnected--;
+    if (e->left_rank < 0) e->left_rank = rank;
+    out_log(box, GS__LOG_INFO, "rank %d (%s:%d) left the job%s%s", rank, rank_host(e, rank), s->pid,
+            msg->leave_reason[0] ? ": " : "", msg->leave_reason);
+  }
+  if (e->left_rank >= 0) {
+    entry *en, *tmp;
+    HASH_ITER(hh, e->table, en, tmp) mark_ready(e, en);
   }
   for (size_t i = 0; i < msg->nrequests; i++) {
     cache_check_full(e, &msg->requests[i]);
@@ -992,18 +1052,8 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   }
   for (size_t i = 0; i < msg->ndone; i++)
     if (msg->done_plans[i] > s->last_done_seq) s->last_done_seq = msg->done_plans[i];
-  maybe_emit(e, box, 0);
+  maybe_emit(e, box, e->left_rank >= 0); /* after a departure, errors go out at once */
   if (msg->blocked_update) set_blocked(e, s, msg, now_ms);
-  if (msg->has_leave) {
-    s->state = RANK_LEFT;
-    e->nconnected--;
-    if (e->left_rank < 0) e->left_rank = rank;
-    out_log(box, GS__LOG_INFO, "rank %d (%s:%d) left the job%s%s", rank, rank_host(e, rank),
-            s->pid, msg->leave_reason[0] ? ": " : "", msg->leave_reason);
-    entry *en, *tmp;
-    HASH_ITER(hh, e->table, en, tmp) mark_ready(e, en);
-    maybe_emit(e, box, 1);
-  }
 }
 
 /* "[a, b, c]" of the names pending (at most 20), oldest first. */
@@ -1035,19 +1085,15 @@ static void lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outbo
   e->nconnected--;
   if (e->aborted) return;
   if (!e->world_ready) {
-    /* Still gathering: while some ranks never connected, the others keep
-     * waiting and will name those in their join timeout; a rank that gave
-     * up is not the one to blame. */
-    int32_t never = 0;
-    for (int32_t r = 0; r < e->world; r++)
-      if (e->ranks[r].state == RANK_NONE || e->ranks[r].state == RANK_JOINED) never++;
-    if (never > 0) {
-      out_log(box, GS__LOG_WARN, "rank %d (%s:%d) disconnected before the job started: %s", rank,
-              rank_host(e, rank), s->pid, detail && *detail ? detail : "session ended");
-      gs__out *o = out_push(box, GS__OUT_TO_ALL);
-      if (o && world_status(e, &o->msg) != GS__OK) box->n--;
-      return;
-    }
+    /* Still gathering: the slot is free again (a restarted process may take
+     * it) and the rank is listed as missing, so the others' join timeout
+     * names it if it never comes back. */
+    out_log(box, GS__LOG_WARN, "rank %d (%s:%d) disconnected before the job started: %s", rank,
+            rank_host(e, rank), s->pid, detail && *detail ? detail : "session ended");
+    memset(s, 0, sizeof *s);
+    gs__out *o = out_push(box, GS__OUT_TO_ALL);
+    if (o && world_status(e, &o->msg) != GS__OK) box->n--;
+    return;
   }
   char names[2048], text[GS__MAX_TEXT];
   pending_names(e, names, sizeof names);
@@ -1223,8 +1269,7 @@ static void check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
       append(text, cap, "; ... (%d more ranks)", live - shown);
       break;
     }
-    append(text, cap, "%srank %d (%s:%d) waits on ", shown ? "; " : "", r, rank_host(e, r),
-           s->pid);
+    append(text, cap, "%srank %d (%s:%d) waits on ", shown ? "; " : "", r, rank_host(e, r), s->pid);
     for (size_t i = 0; i < s->nblocked && i < 6; i++) {
       entry *en = NULL;
       char why[1100];
@@ -1243,8 +1288,10 @@ static void check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   e->deadlocks++;
   free(e->last_deadlock);
   e->last_deadlock = strdup(text);
-  if (e->cfg.deadlock_warn_only) out_log(box, GS__LOG_WARN, "%s", text);
-  else abort_job(e, GS__ERR_DEADLOCK, text, box);
+  if (e->cfg.deadlock_warn_only)
+    out_log(box, GS__LOG_WARN, "%s", text);
+  else
+    abort_job(e, GS__ERR_DEADLOCK, text, box);
   free(text);
 }
 
@@ -1272,11 +1319,23 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->world_size = e->world;
   for (int32_t r = 0; r < e->world; r++) {
     switch (e->ranks[r].state) {
-    case RANK_JOINED: out->joined++; break;
-    case RANK_CONNECTED: out->joined++; out->connected++; break;
-    case RANK_LEFT: out->joined++; out->left++; break;
-    case RANK_LOST: out->joined++; out->lost++; break;
-    default: break;
+    case RANK_JOINED:
+      out->joined++;
+      break;
+    case RANK_CONNECTED:
+      out->joined++;
+      out->connected++;
+      break;
+    case RANK_LEFT:
+      out->joined++;
+      out->left++;
+      break;
+    case RANK_LOST:
+      out->joined++;
+      out->lost++;
+      break;
+    default:
+      break;
     }
   }
   out->world_ready = e->world_ready;

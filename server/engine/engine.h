@@ -67,7 +67,8 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
                     gs__join_response *resp, char *err, size_t errlen);
 
 /* The Session stream of a joined rank said hello. GS__ERR_INVALID_ARG when
- * the rank did not join or already has a session (message in err). Emits the
+ * the rank did not join, GS__ERR_ALREADY_JOINED when it already has a
+ * session (message in err). Emits the
  * world status (to all, ready once every rank is connected). */
 int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box,
                             char *err, size_t errlen);
