@@ -31,9 +31,7 @@ _Static_assert((int)GS_PRODUCT == (int)GS__PRODUCT, "reduce op numbering");
 static __thread char tl_error[4096];
 
 /* Records msg as the calling thread's last error and returns status. */
-static gs_status set_error(gs_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static gs_status set_error(gs_status status, const char *fmt, ...) {
+gs_status gs__set_error(gs_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(tl_error, sizeof tl_error, fmt, ap);
@@ -100,7 +98,7 @@ static gs_status env_or(int given, const char *var, int def, int min, int max, i
   int64_t v;
   char err[512];
   if (gs__env_int(names, def, min, max, &v, err, sizeof err) != GS__OK)
-    return set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
   *out = (int)v;
   return GS_OK;
 }
@@ -112,22 +110,23 @@ static gs_status resolve(const gs_options *o, resolved *r) {
   gs_status st;
   r->coordinator = o->coordinator ? o->coordinator : getenv("GRADSYNC_COORDINATOR");
   if (!r->coordinator || !*r->coordinator)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "gs_init: no coordinator address: set GRADSYNC_COORDINATOR=host:port (or "
-                     "start the job with gradsync-run, which sets it)");
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: no coordinator address: set GRADSYNC_COORDINATOR=host:port (or "
+                         "start the job with gradsync-run, which sets it)");
   if ((st = env_or(o->size, "GRADSYNC_SIZE", -1, 1, 65536, &r->size))) return st;
   if (r->size < 1)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "gs_init: the job size is unknown: set GRADSYNC_SIZE (or gs_options.size)");
+    return gs__set_error(
+        GS_ERR_INVALID_ARG,
+        "gs_init: the job size is unknown: set GRADSYNC_SIZE (or gs_options.size)");
   if ((st = env_or(o->rank, "GRADSYNC_RANK", -1, 0, 65535, &r->rank))) return st;
   if (r->rank < 0)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "gs_init: this process's rank is unknown: set GRADSYNC_RANK (or "
-                     "gs_options.rank)");
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: this process's rank is unknown: set GRADSYNC_RANK (or "
+                         "gs_options.rank)");
   if (r->rank >= r->size)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "gs_init: rank %d is out of range for a job of %d ranks (valid: 0..%d)",
-                     r->rank, r->size, r->size - 1);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: rank %d is out of range for a job of %d ranks (valid: 0..%d)",
+                         r->rank, r->size, r->size - 1);
   if ((st = env_or(o->local_rank, "GRADSYNC_LOCAL_RANK", 0, 0, 65535, &r->local_rank))) return st;
   if ((st = env_or(o->local_size, "GRADSYNC_LOCAL_SIZE", 1, 1, 65536, &r->local_size))) return st;
   if ((st = env_or(o->join_timeout_ms, "GRADSYNC_JOIN_TIMEOUT_MS", 60000, 1, 86400000,
@@ -155,7 +154,7 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
     int rc = gs__client_session_poll(ctx->client, now < deadline_ms ? (int)(deadline_ms - now) : 0,
                                      &m, &got, err, sizeof err);
     if (rc) {
-      st = set_error((gs_status)rc, "gs_init (rank %d): %s", ctx->rank, err);
+      st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", ctx->rank, err);
       break;
     }
     if (!got && gs__now_ms() >= deadline_ms) {
@@ -168,13 +167,13 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
       for (size_t i = 0; i < last.nranks && used < sizeof joined - 64; i++)
         used += (size_t)snprintf(joined + used, sizeof joined - used, "%s%d (%s:%d)", i ? ", " : "",
                                  last.ranks[i].rank, last.ranks[i].host, last.ranks[i].pid);
-      st = set_error(GS_ERR_JOIN_TIMEOUT,
-                     "gs_init (rank %d): timed out after %d ms waiting for ranks [%s] to join the "
-                     "job at coordinator %s (present: %s). Check that those ranks were started "
-                     "with GRADSYNC_SIZE=%d and can reach the coordinator; raise "
-                     "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
-                     ctx->rank, timeout_ms, missing, ctx->coordinator, joined[0] ? joined : "none",
-                     ctx->size);
+      st = gs__set_error(
+          GS_ERR_JOIN_TIMEOUT,
+          "gs_init (rank %d): timed out after %d ms waiting for ranks [%s] to join the "
+          "job at coordinator %s (present: %s). Check that those ranks were started "
+          "with GRADSYNC_SIZE=%d and can reach the coordinator; raise "
+          "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
+          ctx->rank, timeout_ms, missing, ctx->coordinator, joined[0] ? joined : "none", ctx->size);
       break;
     }
     if (!got) continue;
@@ -186,8 +185,8 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
       gs__plan_msg_free(&m);
       if (ready) break;
     } else if (m.kind == GS__MSG_ABORT) {
-      st = set_error((gs_status)m.status, "gs_init (rank %d): the job was aborted: %s", ctx->rank,
-                     m.text ? m.text : "");
+      st = gs__set_error((gs_status)m.status, "gs_init (rank %d): the job was aborted: %s",
+                         ctx->rank, m.text ? m.text : "");
       gs__plan_msg_free(&m);
       break;
     } else {
@@ -226,13 +225,13 @@ static void ctx_free(gs_ctx *ctx) {
 }
 
 gs_status gs_init(const gs_options *opts, gs_ctx **out) {
-  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_init: out is NULL");
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: out is NULL");
   *out = NULL;
   resolved r;
   gs_status st = resolve(opts, &r);
   if (st) return st;
   gs_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return set_error(GS_ERR_NO_MEMORY, "gs_init: out of memory");
+  if (!ctx) return gs__set_error(GS_ERR_NO_MEMORY, "gs_init: out of memory");
   ctx->rank = r.rank;
   ctx->size = r.size;
   ctx->local_rank = r.local_rank;
@@ -254,7 +253,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   char err[4096];
   int rc = gs__client_create(r.coordinator, r.token, &ctx->client, err, sizeof err);
   if (rc) {
-    st = set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
+    st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
     goto out_free_ctx;
   }
   gs__join_request jr;
@@ -270,12 +269,12 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   snprintf(jr.job_id, sizeof jr.job_id, "%s", job ? job : "");
   rc = gs__client_join(ctx->client, &jr, r.join_timeout_ms, &ctx->join, err, sizeof err);
   if (rc) {
-    st = set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
+    st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
     goto out_free_ctx;
   }
   rc = gs__client_session_open(ctx->client, r.rank, ctx->join.epoch, err, sizeof err);
   if (rc) {
-    st = set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
+    st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
     goto out_free_ctx;
   }
   st = wait_world(ctx, deadline, r.join_timeout_ms);
@@ -299,20 +298,20 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   ro.kv.get = kv_get;
   rc = gs__tcp_ring_create(&ro, &ctx->backend, err, sizeof err);
   if (rc) {
-    st = set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s", r.rank,
-                   err);
+    st = gs__set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s",
+                       r.rank, err);
     goto out_free_ctx;
   }
   ctx->last_send_ms = gs__now_ms();
   if (pthread_create(&ctx->exec_thread, NULL, gs__executor_main, ctx) != 0) {
-    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the exec thread: %s", r.rank,
-                   strerror(errno));
+    st = gs__set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the exec thread: %s",
+                       r.rank, strerror(errno));
     goto out_free_ctx;
   }
   ctx->exec_started = 1;
   if (pthread_create(&ctx->thread, NULL, gs__background_main, ctx) != 0) {
-    st = set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the comm thread: %s", r.rank,
-                   strerror(errno));
+    st = gs__set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the comm thread: %s",
+                       r.rank, strerror(errno));
     goto out_stop_exec;
   }
   ctx->thread_started = 1;
@@ -368,9 +367,10 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   pthread_mutex_lock(&ctx->mu);
   gs_status st = GS_OK;
   if (ctx->fatal) {
-    st = set_error(ctx->fatal, "%s", ctx->fatal_msg);
+    st = gs__set_error(ctx->fatal, "%s", ctx->fatal_msg);
   } else if (ctx->stop) {
-    st = set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", hs[0]->req.name);
+    st =
+        gs__set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", hs[0]->req.name);
   }
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *dup = NULL;
@@ -378,10 +378,11 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
     for (size_t k = 0; k < i && !dup; k++)
       if (!strcmp(hs[k]->req.name, hs[i]->req.name)) dup = hs[k];
     if (dup)
-      st = set_error(GS_ERR_DUPLICATE_NAME,
-                     "tensor '%s': rank %d already has an op of this name in flight; wait for it "
-                     "to complete (gs_wait) before submitting the name again, or use another name",
-                     hs[i]->req.name, ctx->rank);
+      st = gs__set_error(
+          GS_ERR_DUPLICATE_NAME,
+          "tensor '%s': rank %d already has an op of this name in flight; wait for it "
+          "to complete (gs_wait) before submitting the name again, or use another name",
+          hs[i]->req.name, ctx->rank);
   }
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
@@ -400,33 +401,32 @@ static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
   return submit_many(ctx, &h, 1);
 }
 
-/* Checks what every op shares and builds its handle (not yet submitted). */
-static gs_status new_op(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
-                        const int64_t *shape, int ndim, struct gs_handle **out) {
+gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                     const int64_t *shape, int ndim, struct gs_handle **out) {
   const char *what = gs__op_type_name(op);
   *out = NULL;
-  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", what);
+  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", what);
   if (!name || !*name)
-    return set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty", what);
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty", what);
   size_t nlen = strlen(name);
   if (nlen > GS__MAX_NAME)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "gs_%s: tensor name '%.40s...' is %zu bytes; the limit is %d", what, name,
-                     nlen, GS__MAX_NAME);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_%s: tensor name '%.40s...' is %zu bytes; the limit is %d", what, name,
+                         nlen, GS__MAX_NAME);
   if ((int)dtype < 0 || (int)dtype >= GS__DTYPE_COUNT)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_UINT8)", name,
-                     (int)dtype);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_UINT8)", name,
+                         (int)dtype);
   if (ndim < 0 || ndim > GS__MAX_DIMS || (ndim > 0 && !shape))
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': shape has %d dimensions%s; from 0 to %d are allowed", name, ndim,
-                     ndim > 0 && !shape ? " but shape is NULL" : "", GS__MAX_DIMS);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': shape has %d dimensions%s; from 0 to %d are allowed", name,
+                         ndim, ndim > 0 && !shape ? " but shape is NULL" : "", GS__MAX_DIMS);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 0)
-      return set_error(GS_ERR_INVALID_ARG, "tensor '%s': dimension %d is negative (%lld)", name, i,
-                       (long long)shape[i]);
+      return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': dimension %d is negative (%lld)", name,
+                           i, (long long)shape[i]);
   struct gs_handle *h = calloc(1, sizeof *h);
-  if (!h) return set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
+  if (!h) return gs__set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
   gs__tensor_request_init(&h->req);
   memcpy(h->req.name, name, nlen + 1);
   h->req.op = op;
@@ -436,7 +436,7 @@ static gs_status new_op(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype 
   int64_t n = gs__shape_elements(h->req.shape, ndim);
   if (n < 0 || (uint64_t)n > SIZE_MAX / 16) {
     free(h);
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': the element count overflows", name);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the element count overflows", name);
   }
   h->count = (size_t)n;
   h->ctx = ctx;
@@ -446,8 +446,7 @@ static gs_status new_op(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype 
   return GS_OK;
 }
 
-/* Hands h to the background thread; frees it on failure. */
-static gs_status submit_op(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
+gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
   gs_status st = submit(ctx, h);
   if (st) {
     free(h);
@@ -463,36 +462,37 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
                                 const gs_allreduce_opts *opts, struct gs_handle **out) {
   *out = NULL;
   if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)",
-                     name ? name : "?", (int)op);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)",
+                         name ? name : "?", (int)op);
   if (op == GS_ADASUM)
-    return set_error(GS_ERR_UNSUPPORTED,
-                     "tensor '%s': the adasum reduce op is not supported yet; use GS_AVERAGE or "
-                     "GS_SUM",
-                     name ? name : "?");
+    return gs__set_error(
+        GS_ERR_UNSUPPORTED,
+        "tensor '%s': the adasum reduce op is not supported yet; use GS_AVERAGE or "
+        "GS_SUM",
+        name ? name : "?");
   if (count > (size_t)INT64_MAX / 16)
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': count %zu is too large", name ? name : "?",
-                     count);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': count %zu is too large",
+                         name ? name : "?", count);
   int64_t flat = (int64_t)count;
   const int64_t *shape = opts && opts->ndim > 0 ? opts->shape : &flat;
   int ndim = opts && opts->ndim > 0 ? opts->ndim : 1;
   struct gs_handle *h;
-  gs_status st = new_op(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, &h);
+  gs_status st = gs__op_new(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, &h);
   if (st) return st;
   if (h->count != count) {
     char s[256];
     gs__shape_format(h->req.shape, h->req.ndim, s, sizeof s);
     size_t holds = h->count;
     free(h);
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)", name,
-                     s, count, holds);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)",
+                         name, s, count, holds);
   }
   if (count > 0 && (!send || !recv)) {
     free(h);
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': %s buffer is NULL for %zu elements", name,
-                     !send ? "send" : "recv", count);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': %s buffer is NULL for %zu elements",
+                         name, !send ? "send" : "recv", count);
   }
   h->req.reduce_op = (gs__reduce_op)op;
   if (opts) {
@@ -501,9 +501,9 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
     if (!isfinite(h->req.prescale) || !isfinite(h->req.postscale)) {
       double pre = h->req.prescale, post = h->req.postscale;
       free(h);
-      return set_error(GS_ERR_INVALID_ARG,
-                       "tensor '%s': prescale %g and postscale %g must be finite numbers", name,
-                       pre, post);
+      return gs__set_error(GS_ERR_INVALID_ARG,
+                           "tensor '%s': prescale %g and postscale %g must be finite numbers", name,
+                           pre, post);
     }
   }
   h->send = send;
@@ -515,12 +515,12 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
 gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
                              size_t count, gs_dtype dtype, gs_reduce_op op,
                              const gs_allreduce_opts *opts, gs_handle **out) {
-  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
   *out = NULL;
   struct gs_handle *h;
   gs_status st = make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h);
   if (st) return st;
-  return submit_op(ctx, h, out);
+  return gs__op_submit(ctx, h, out);
 }
 
 gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
@@ -528,17 +528,17 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
                                      const size_t *counts, gs_dtype dtype, gs_reduce_op op,
                                      const gs_allreduce_opts *opts, gs_handle **handles) {
   if (!ctx || !handles || (n && (!names || !sends || !recvs || !counts)))
-    return set_error(GS_ERR_INVALID_ARG, "gs_grouped_allreduce_async: NULL argument");
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_grouped_allreduce_async: NULL argument");
   if (n == 0) return GS_OK;
   if (n > (1u << 20))
-    return set_error(GS_ERR_INVALID_ARG,
-                     "gs_grouped_allreduce_async: %zu tensors exceed the limit of %u per group", n,
-                     1u << 20);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_grouped_allreduce_async: %zu tensors exceed the limit of %u per group",
+                         n, 1u << 20);
   gs_allreduce_opts o = opts ? *opts : (gs_allreduce_opts){0};
   o.shape = NULL; /* a group call has no per-tensor shapes */
   o.ndim = 0;
   struct gs_handle **hs = calloc(n, sizeof *hs);
-  if (!hs) return set_error(GS_ERR_NO_MEMORY, "gs_grouped_allreduce_async: out of memory");
+  if (!hs) return gs__set_error(GS_ERR_NO_MEMORY, "gs_grouped_allreduce_async: out of memory");
   uint64_t gid = atomic_fetch_add(&ctx->group_seq, 1) + 1;
   gs_status st = GS_OK;
   for (size_t i = 0; i < n && !st; i++) {
@@ -561,67 +561,68 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
 
 gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send, const int64_t *shape,
                              int ndim, gs_dtype dtype, gs_handle **out) {
-  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_allgather_async: out is NULL");
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_allgather_async: out is NULL");
   *out = NULL;
   if (ndim < 1)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': allgather needs at least one dimension (got ndim=%d); reshape "
-                     "a scalar to [1]",
-                     name ? name : "?", ndim);
+    return gs__set_error(
+        GS_ERR_INVALID_ARG,
+        "tensor '%s': allgather needs at least one dimension (got ndim=%d); reshape "
+        "a scalar to [1]",
+        name ? name : "?", ndim);
   struct gs_handle *h;
-  gs_status st = new_op(ctx, name, GS__OP_ALLGATHER, dtype, shape, ndim, &h);
+  gs_status st = gs__op_new(ctx, name, GS__OP_ALLGATHER, dtype, shape, ndim, &h);
   if (st) return st;
   if (h->count > 0 && !send) {
     size_t n = h->count;
     free(h);
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL for %zu elements", name,
-                     n);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL for %zu elements",
+                         name, n);
   }
   h->send = send;
-  return submit_op(ctx, h, out);
+  return gs__op_submit(ctx, h, out);
 }
 
 gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count, gs_dtype dtype,
                              int root, gs_handle **out) {
-  if (!out) return set_error(GS_ERR_INVALID_ARG, "gs_broadcast_async: out is NULL");
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_broadcast_async: out is NULL");
   *out = NULL;
   if (ctx && (root < 0 || root >= ctx->size))
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': broadcast root %d is not a rank of this job (0..%d)",
-                     name ? name : "?", root, ctx->size - 1);
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': broadcast root %d is not a rank of this job (0..%d)",
+                         name ? name : "?", root, ctx->size - 1);
   int64_t flat = (int64_t)count;
   struct gs_handle *h;
-  gs_status st = new_op(ctx, name, GS__OP_BROADCAST, dtype, &flat, 1, &h);
+  gs_status st = gs__op_new(ctx, name, GS__OP_BROADCAST, dtype, &flat, 1, &h);
   if (st) return st;
   if (count > 0 && !buf) {
     free(h);
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': buffer is NULL for %zu elements", name,
-                     count);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': buffer is NULL for %zu elements", name,
+                         count);
   }
   h->req.root_rank = root;
   h->send = h->recv = buf;
-  return submit_op(ctx, h, out);
+  return gs__op_submit(ctx, h, out);
 }
 
 gs_status gs_barrier(gs_ctx *ctx) {
-  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_barrier: ctx is NULL");
+  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_barrier: ctx is NULL");
   char name[64];
   snprintf(name, sizeof name, "gs.barrier.%lu",
            (unsigned long)atomic_fetch_add(&ctx->barrier_seq, 1));
   struct gs_handle *h;
-  gs_status st = new_op(ctx, name, GS__OP_BARRIER, GS_UINT8, NULL, 0, &h);
+  gs_status st = gs__op_new(ctx, name, GS__OP_BARRIER, GS_UINT8, NULL, 0, &h);
   if (st) return st;
   gs_handle *hh;
-  if ((st = submit_op(ctx, h, &hh))) return st;
+  if ((st = gs__op_submit(ctx, h, &hh))) return st;
   st = gs_wait(hh, -1);
   gs_handle_free(hh);
   return st;
 }
 
 gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
-  if (!ctx) return set_error(GS_ERR_INVALID_ARG, "gs_join: ctx is NULL");
+  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_join: ctx is NULL");
   struct gs_handle *h;
-  gs_status st = new_op(ctx, "gs.join", GS__OP_JOIN, GS_UINT8, NULL, 0, &h);
+  gs_status st = gs__op_new(ctx, "gs.join", GS__OP_JOIN, GS_UINT8, NULL, 0, &h);
   if (st) return st;
   /* From now on the exec thread fills in zeros for tensors this rank does
    * not submit; the join's completion ends that. */
@@ -629,7 +630,7 @@ gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
   ctx->joined = 1;
   pthread_mutex_unlock(&ctx->mu);
   gs_handle *hh;
-  if ((st = submit_op(ctx, h, &hh))) {
+  if ((st = gs__op_submit(ctx, h, &hh))) {
     pthread_mutex_lock(&ctx->mu);
     ctx->joined = 0;
     pthread_mutex_unlock(&ctx->mu);
@@ -643,15 +644,15 @@ gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
 
 gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes) {
   if (!h || !data || !bytes)
-    return set_error(GS_ERR_INVALID_ARG, "gs_handle_result: NULL argument");
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_handle_result: NULL argument");
   if (!atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire) || h->status != GS_OK)
-    return set_error(GS_ERR_INVALID_ARG, "tensor '%s': the op has no result (it is %s)",
-                     h->req.name, h->done ? "failed" : "still pending");
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the op has no result (it is %s)",
+                         h->req.name, h->done ? "failed" : "still pending");
   if (h->req.op != GS__OP_ALLGATHER)
-    return set_error(GS_ERR_INVALID_ARG,
-                     "tensor '%s': only allgather results live in the handle; a %s writes into "
-                     "your buffer",
-                     h->req.name, gs__op_type_name(h->req.op));
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': only allgather results live in the handle; a %s writes into "
+                         "your buffer",
+                         h->req.name, gs__op_type_name(h->req.op));
   *data = h->result;
   *bytes = h->result_bytes;
   return GS_OK;
@@ -684,24 +685,24 @@ static void abs_deadline(struct timespec *ts, int timeout_ms) {
 }
 
 static gs_status finished(gs_handle *h) {
-  if (h->status != GS_OK) set_error(h->status, "%s", h->error ? h->error : "");
+  if (h->status != GS_OK) gs__set_error(h->status, "%s", h->error ? h->error : "");
   return h->status;
 }
 
 gs_status gs_wait(gs_handle *h, int timeout_ms) {
   size_t idx;
-  if (!h) return set_error(GS_ERR_INVALID_ARG, "gs_wait: handle is NULL");
+  if (!h) return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait: handle is NULL");
   return gs_wait_any(&h, 1, timeout_ms, &idx);
 }
 
 gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index) {
   if (!hs || n == 0 || !index)
-    return set_error(GS_ERR_INVALID_ARG, "gs_wait_any: no handles given (hs=%p, n=%zu)",
-                     (const void *)hs, n);
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait_any: no handles given (hs=%p, n=%zu)",
+                         (const void *)hs, n);
   for (size_t i = 0; i < n; i++) {
-    if (!hs[i]) return set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handle %zu is NULL", i);
+    if (!hs[i]) return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handle %zu is NULL", i);
     if (hs[i]->ctx != hs[0]->ctx)
-      return set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handles belong to different contexts");
+      return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handles belong to different contexts");
   }
   /* Completed handles are readable without the context (it may be gone). */
   for (size_t i = 0; i < n; i++)
@@ -709,7 +710,7 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
       *index = i;
       return finished(hs[i]);
     }
-  if (timeout_ms == 0) return set_error(GS_ERR_TIMEOUT, "gs_wait: the op is still pending");
+  if (timeout_ms == 0) return gs__set_error(GS_ERR_TIMEOUT, "gs_wait: the op is still pending");
   gs_ctx *ctx = hs[0]->ctx;
   struct timespec ts;
   if (timeout_ms > 0) abs_deadline(&ts, timeout_ms);
@@ -739,12 +740,12 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
     }
   pthread_mutex_unlock(&ctx->mu);
   if (st == GS_OK) return finished(hs[*index]);
-  return set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
-                   timeout_ms);
+  return gs__set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
+                       timeout_ms);
 }
 
 gs_status gs_test(gs_handle *h, int *done) {
-  if (!h || !done) return set_error(GS_ERR_INVALID_ARG, "gs_test: NULL argument");
+  if (!h || !done) return gs__set_error(GS_ERR_INVALID_ARG, "gs_test: NULL argument");
   *done = atomic_load_explicit(&h->done, memory_order_acquire);
   return GS_OK;
 }
@@ -759,7 +760,7 @@ void gs_handle_free(gs_handle *h) {
 }
 
 gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out) {
-  if (!ctx || !out) return set_error(GS_ERR_INVALID_ARG, "gs_get_stats: NULL argument");
+  if (!ctx || !out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_get_stats: NULL argument");
   pthread_mutex_lock((pthread_mutex_t *)&ctx->mu);
   *out = ctx->stats;
   pthread_mutex_unlock((pthread_mutex_t *)&ctx->mu);

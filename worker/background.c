@@ -26,6 +26,7 @@ void gs__handle_unref(struct gs_handle *h) {
     free(h->error);
     free(h->result);
     free(h->rank_dims);
+    if (h->free_data) h->free_data(h->data);
     free(h);
   }
 }
@@ -119,8 +120,10 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
       h->planned = 1;
       if (t->cache_id) cache_put(ctx, t->cache_id, &h->req);
     }
-  if (ctx->plans_tail) ctx->plans_tail->next = n;
-  else ctx->plans_head = n;
+  if (ctx->plans_tail)
+    ctx->plans_tail->next = n;
+  else
+    ctx->plans_head = n;
   ctx->plans_tail = n;
   pthread_cond_signal(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
@@ -130,7 +133,9 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
  * is over for this rank. */
 static int on_message(gs_ctx *ctx, gs__plan_msg *m) {
   switch (m->kind) {
-  case GS__MSG_PLAN: queue_plan(ctx, &m->plan); return 0;
+  case GS__MSG_PLAN:
+    queue_plan(ctx, &m->plan);
+    return 0;
   case GS__MSG_RANK_ERROR: {
     pthread_mutex_lock(&ctx->mu);
     struct gs_handle *h = NULL;
@@ -145,7 +150,8 @@ static int on_message(gs_ctx *ctx, gs__plan_msg *m) {
     fail_job(ctx, (gs_status)m->status, msg);
     return 1;
   }
-  default: return 0;
+  default:
+    return 0;
   }
 }
 

@@ -106,28 +106,47 @@ int gs__client_create(const char *target, const char *token, gs__client **out, c
 }
 
 static const char *grpc_code_name(grpc_status_code code) {
-  static const char *const names[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS", "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",    "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char *const names[] = {"OK",
+                                      "CANCELLED",
+                                      "UNKNOWN",
+                                      "INVALID_ARGUMENT",
+                                      "DEADLINE_EXCEEDED",
+                                      "NOT_FOUND",
+                                      "ALREADY_EXISTS",
+                                      "PERMISSION_DENIED",
+                                      "RESOURCE_EXHAUSTED",
+                                      "FAILED_PRECONDITION",
+                                      "ABORTED",
+                                      "OUT_OF_RANGE",
+                                      "UNIMPLEMENTED",
+                                      "INTERNAL",
+                                      "UNAVAILABLE",
+                                      "DATA_LOSS",
+                                      "UNAUTHENTICATED"};
   return (int)code >= 0 && (int)code <= 16 ? names[code] : "UNKNOWN";
 }
 
 /* The one place gRPC status codes become gradsync statuses. */
 static int status_of(grpc_status_code code) {
   switch (code) {
-  case GRPC_STATUS_OK: return GS__OK;
+  case GRPC_STATUS_OK:
+    return GS__OK;
   case GRPC_STATUS_INVALID_ARGUMENT:
-  case GRPC_STATUS_FAILED_PRECONDITION: return GS__ERR_JOIN_REFUSED;
-  case GRPC_STATUS_ALREADY_EXISTS: return GS__ERR_ALREADY_JOINED;
+  case GRPC_STATUS_FAILED_PRECONDITION:
+    return GS__ERR_JOIN_REFUSED;
+  case GRPC_STATUS_ALREADY_EXISTS:
+    return GS__ERR_ALREADY_JOINED;
   case GRPC_STATUS_UNAUTHENTICATED:
-  case GRPC_STATUS_PERMISSION_DENIED: return GS__ERR_UNAUTHENTICATED;
-  case GRPC_STATUS_ABORTED: return GS__ERR_ABORTED;
-  case GRPC_STATUS_RESOURCE_EXHAUSTED: return GS__ERR_NO_MEMORY;
-  case GRPC_STATUS_UNIMPLEMENTED: return GS__ERR_UNSUPPORTED;
-  default: return GS__ERR_COORDINATOR_LOST;
+  case GRPC_STATUS_PERMISSION_DENIED:
+    return GS__ERR_UNAUTHENTICATED;
+  case GRPC_STATUS_ABORTED:
+    return GS__ERR_ABORTED;
+  case GRPC_STATUS_RESOURCE_EXHAUSTED:
+    return GS__ERR_NO_MEMORY;
+  case GRPC_STATUS_UNIMPLEMENTED:
+    return GS__ERR_UNSUPPORTED;
+  default:
+    return GS__ERR_COORDINATOR_LOST;
   }
 }
 
@@ -206,8 +225,8 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
   for (;;) {
     uint64_t now = gs__now_ms();
     int left = now < end ? (int)(end - now) : 0;
-    code = unary(c, c->h_join, buf, len, left > 0 ? left : 1, &rbuf, &rlen, details,
-                 sizeof details);
+    code =
+        unary(c, c->h_join, buf, len, left > 0 ? left : 1, &rbuf, &rlen, details, sizeof details);
     /* The coordinator may still be starting: retry while time is left. */
     if (code != GRPC_STATUS_UNAVAILABLE || gs__now_ms() + 200 >= end) break;
     gs__sleep_ms(200);
@@ -243,15 +262,15 @@ int gs__client_kv_set(gs__client *c, const char *key, const void *val, size_t le
     return GS__ERR_NO_MEMORY;
   }
   char details[GS__MAX_TEXT];
-  grpc_status_code code = unary(c, c->h_kv_set, buf, blen, 10000, &rbuf, &rlen, details,
-                                sizeof details);
+  grpc_status_code code =
+      unary(c, c->h_kv_set, buf, blen, 10000, &rbuf, &rlen, details, sizeof details);
   free(buf);
   free(rbuf);
   if (code != GRPC_STATUS_OK) {
     snprintf(err, errlen, "storing rendezvous key '%s' at the coordinator %s failed (%s: %s)", key,
              c->target, grpc_code_name(code), details);
     return status_of(code) == GS__ERR_UNAUTHENTICATED ? GS__ERR_UNAUTHENTICATED
-                                                        : GS__ERR_COORDINATOR_LOST;
+                                                      : GS__ERR_COORDINATOR_LOST;
   }
   return GS__OK;
 }
@@ -278,7 +297,7 @@ int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, s
     snprintf(err, errlen, "reading rendezvous key '%s' from the coordinator %s failed (%s: %s)",
              key, c->target, grpc_code_name(code), details);
     return status_of(code) == GS__ERR_UNAUTHENTICATED ? GS__ERR_UNAUTHENTICATED
-                                                        : GS__ERR_COORDINATOR_LOST;
+                                                      : GS__ERR_COORDINATOR_LOST;
   }
   gs__kv_msg r;
   int rc = gs__decode_kv(GS__KV_GET_RESP, rbuf, rlen, &r, err, errlen);
@@ -299,8 +318,10 @@ int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, s
 /* ---- session -------------------------------------------------------------- */
 
 static void start(gs__client *c, const grpc_op *ops, size_t n, ctag *t) {
-  if (grpc_call_start_batch(c->call, ops, n, t, NULL) == GRPC_CALL_OK) c->pending++;
-  else c->ended = 1; /* only our own misuse gets here; treat as an ended stream */
+  if (grpc_call_start_batch(c->call, ops, n, t, NULL) == GRPC_CALL_OK)
+    c->pending++;
+  else
+    c->ended = 1; /* only our own misuse gets here; treat as an ended stream */
 }
 
 static void send_now(gs__client *c, grpc_byte_buffer *bb) {
@@ -330,8 +351,10 @@ static void enqueue(gs__client *c, grpc_byte_buffer *bb) {
   }
   n->bb = bb;
   n->next = NULL;
-  if (c->q_tail) c->q_tail->next = n;
-  else c->q_head = n;
+  if (c->q_tail)
+    c->q_tail->next = n;
+  else
+    c->q_head = n;
   c->q_tail = n;
 }
 
@@ -346,9 +369,9 @@ static void arm_recv(gs__client *c) {
 
 int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen) {
   c->cq = grpc_completion_queue_create_for_next(NULL);
-  c->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq,
-                                                c->h_session, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                NULL);
+  c->call =
+      grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, c->h_session,
+                                          gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
   if (!c->call) {
     snprintf(err, errlen, "could not create the session call to %s", c->target);
     return GS__ERR_INTERNAL;
@@ -419,7 +442,8 @@ int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, in
     ctag *t = ev.tag;
     c->pending--;
     switch (t->kind) {
-    case C_START: break;
+    case C_START:
+      break;
     case C_SEND:
       if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
       c->send_bb = NULL;
@@ -464,7 +488,8 @@ int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, in
     case C_STATUS:
       c->ended = 1;
       return lost(c, err, errlen);
-    case C_CLOSE: break;
+    case C_CLOSE:
+      break;
     }
   }
 }
@@ -480,7 +505,8 @@ void gs__client_session_close(gs__client *c, int timeout_ms) {
       grpc_call_cancel(c->call, NULL);
       cancelled = 1;
     }
-    grpc_event ev = grpc_completion_queue_next(c->cq, gs__deadline_ms(cancelled ? 1000 : (int64_t)(end > now ? end - now : 0)), NULL);
+    grpc_event ev = grpc_completion_queue_next(
+        c->cq, gs__deadline_ms(cancelled ? 1000 : (int64_t)(end > now ? end - now : 0)), NULL);
     if (ev.type != GRPC_OP_COMPLETE) {
       if (cancelled) break; /* should not happen: a cancelled call completes its batches */
       continue;
@@ -497,8 +523,10 @@ void gs__client_session_close(gs__client *c, int timeout_ms) {
         if (!c->q_head) c->q_tail = NULL;
         grpc_byte_buffer *bb = n->bb;
         free(n);
-        if (ev.success) send_now(c, bb);
-        else if (bb) grpc_byte_buffer_destroy(bb);
+        if (ev.success)
+          send_now(c, bb);
+        else if (bb)
+          grpc_byte_buffer_destroy(bb);
       }
     } else if (t->kind == C_RECV) {
       c->recv_armed = 0;

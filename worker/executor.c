@@ -42,6 +42,13 @@ static uint8_t *fusion_buffer(gs_ctx *ctx, size_t bytes) {
   return ctx->fusion_buf;
 }
 
+/* Completes a successful op, running its finish step first. */
+static void succeed(gs_ctx *ctx, struct gs_handle *h) {
+  char err[1024];
+  int rc = h->finish ? h->finish(h, err, sizeof err) : GS__OK;
+  gs__handle_complete(ctx, h, (gs_status)rc, rc ? err : NULL);
+}
+
 static void add_stats(gs_ctx *ctx, size_t ntensors) {
   pthread_mutex_lock(&ctx->mu);
   ctx->stats.collectives++;
@@ -149,7 +156,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
       if (bytes) memcpy(hs[i]->recv, (uint8_t *)buf + offs[i], bytes);
       gs__scale(hs[i]->recv, hs[i]->count, r->dtype, r->postscale);
     }
-    gs__handle_complete(ctx, hs[i], GS_OK, NULL);
+    succeed(ctx, hs[i]);
   }
 out_free:
   free(hs);
@@ -218,7 +225,7 @@ static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   h->rank_dims = dims;
   h->nrank_dims = (size_t)ctx->size;
   add_stats(ctx, 1);
-  gs__handle_complete(ctx, h, GS_OK, NULL);
+  succeed(ctx, h);
   return GS__OK;
 }
 
@@ -230,16 +237,19 @@ static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t e
                                   r->root_rank, err, errlen);
   if (rc) return data_plane_error(ctx, h->req.name, rc, err, errlen);
   add_stats(ctx, 1);
-  gs__handle_complete(ctx, h, GS_OK, NULL);
+  succeed(ctx, h);
   return GS__OK;
 }
 
 /* Runs one collective response. */
 static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
   switch (r->op) {
-  case GS__OP_ALLREDUCE: return run_allreduce(ctx, r, err, errlen);
-  case GS__OP_ALLGATHER: return run_allgather(ctx, r, err, errlen);
-  case GS__OP_BROADCAST: return run_broadcast(ctx, r, err, errlen);
+  case GS__OP_ALLREDUCE:
+    return run_allreduce(ctx, r, err, errlen);
+  case GS__OP_ALLGATHER:
+    return run_allgather(ctx, r, err, errlen);
+  case GS__OP_BROADCAST:
+    return run_broadcast(ctx, r, err, errlen);
   case GS__OP_JOIN: {
     /* Every rank has joined: the join round is over. */
     struct gs_handle *h;
@@ -260,7 +270,8 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t 
     if (!rc && h) gs__handle_complete(ctx, h, GS_OK, NULL);
     return rc;
   }
-  default: break;
+  default:
+    break;
   }
   for (size_t i = 0; i < r->ntensors; i++) {
     struct gs_handle *h = find_op(ctx, r->tensors[i].name);

@@ -43,6 +43,12 @@ struct gs_handle {
   int64_t *rank_dims;
   size_t nrank_dims;
   int join_last; /* join: the rank that joined last (valid once done) */
+  /* Optional step run by the exec thread when the collective succeeded,
+   * before the handle completes (e.g. unpacking a sparse result); a
+   * non-zero return fails the op with that status and err. */
+  int (*finish)(struct gs_handle *h, char *err, size_t errlen);
+  void *data; /* owned by the handle; freed with free_data */
+  void (*free_data)(void *data);
   struct gs_handle *next_submit; /* submission queue (under mu) */
   int planned;                   /* a plan names it (under mu) */
   UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
@@ -81,14 +87,14 @@ struct gs_ctx {
   int stop;                              /* gs_shutdown asked the loop to end */
   gs_status fatal;                       /* set once: every op fails with it */
   char fatal_msg[4096];
-  gs__waiter *waiters;                   /* threads blocked in a wait */
+  gs__waiter *waiters; /* threads blocked in a wait */
   /* plans handed from the comm thread to the exec thread */
   pthread_cond_t exec_cv;
   plan_node *plans_head, *plans_tail;
   int exec_stop;
   uint64_t *done_plans; /* executed, not yet reported */
   size_t ndone, done_cap;
-  gs_stats stats;       /* under mu */
+  gs_stats stats;           /* under mu */
   atomic_ulong barrier_seq; /* names the n-th barrier */
   atomic_ulong group_seq;   /* numbers grouped ops */
   int joined;               /* in gs_join: contribute zeros (under mu) */
@@ -117,6 +123,16 @@ void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, con
 /* Completes every op in flight and every later submission with status and
  * msg (the first call wins); takes ctx->mu. */
 void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);
+/* Records a failed call's message for gs_last_error; returns status. */
+gs_status gs__set_error(gs_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Checks what every op shares (ctx, name, dtype, shape) and builds its
+ * handle, not yet submitted (free it with free() if you do not submit). */
+gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                     const int64_t *shape, int ndim, struct gs_handle **out);
+/* Hands h to the background thread; on failure frees h. */
+gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out);
+
 /* Frees the worker's response-cache copy (comm thread, or after it ended). */
 void gs__cache_clear(gs_ctx *ctx);
 /* Releases one reference of h. */
