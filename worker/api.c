@@ -80,6 +80,7 @@ void gs_options_init(gs_options *o) {
   memset(o, 0, sizeof *o);
   o->rank = o->size = o->local_rank = o->local_size = -1;
   o->join_timeout_ms = o->data_timeout_ms = -1;
+  o->scale_local = -1;
 }
 
 /* ---- gs_init -------------------------------------------------------------- */

@@ -94,6 +94,9 @@ typedef struct gs_options {
   int data_timeout_ms;        /* -1 = GRADSYNC_DATA_TIMEOUT_MS or 60000:
                                  longest wait for a peer inside one step
                                  of a collective */
+  int scale_local;            /* -1 = GRADSYNC_SCALE_LOCAL or 1: an average
+                                 on a local tensor returns input / size
+                                 (as Horovod's scale_local_gradients) */
 } gs_options;
 
 /* Sets every field to its "unset" value. */
@@ -119,6 +122,14 @@ GS_API int gs_size(const gs_ctx *ctx);
 GS_API int gs_local_rank(const gs_ctx *ctx);
 GS_API int gs_local_size(const gs_ctx *ctx);
 
+/* Compression of float32 tensors on the wire: cast before the collective,
+ * back after. */
+typedef enum gs_compression {
+  GS_COMPRESS_NONE = 0,
+  GS_COMPRESS_FP16 = 1,
+  GS_COMPRESS_BF16 = 2,
+} gs_compression;
+
 /* Optional settings of one allreduce; NULL = defaults. */
 typedef struct gs_allreduce_opts {
   const int64_t *shape; /* optional logical shape (product must equal count);
@@ -126,7 +137,93 @@ typedef struct gs_allreduce_opts {
   int ndim;             /* entries of shape; 0 = the 1-D shape [count] */
   double prescale;      /* multiply the input by this before reducing (0 = 1) */
   double postscale;     /* multiply the result by this (0 = 1) */
+  gs_compression compression; /* float32 only */
+  double gradient_predivide_factor; /* f: prescale 1/f, postscale f (0 = off);
+                                       combines with prescale/postscale */
 } gs_allreduce_opts;
+
+/* "sum", "average", "min", "max", "product", "adasum" -> *out.
+ * GS_ERR_INVALID_ARG for anything else, listing the valid names. */
+GS_API gs_status gs_reduce_op_from_string(const char *name, gs_reduce_op *out);
+
+/* ---- model-parallel (local) tensors ----
+ * A tensor registered local on this rank never reaches the coordinator or
+ * the data plane: an allreduce on it completes at once, with input / size
+ * for GS_AVERAGE when scale_local is on (the default) and the input
+ * unchanged otherwise. The registration is told to the coordinator, which
+ * fails at once (naming both rank sets) any rank that submits for a
+ * collective a name another rank registered local. */
+GS_API gs_status gs_register_local(gs_ctx *ctx, const char *name);
+GS_API gs_status gs_unregister_local(gs_ctx *ctx, const char *name);
+/* 1 if name is registered local on this rank. */
+GS_API int gs_is_local(gs_ctx *ctx, const char *name);
+
+/* Broadcasts n named buffers from root (as at the start of training),
+ * skipping the names registered local on this rank; blocks until done. */
+GS_API gs_status gs_broadcast_parameters(gs_ctx *ctx, size_t n, const char *const *names,
+                                         void *const *bufs, const size_t *counts,
+                                         const gs_dtype *dtypes, int root);
+
+/* ---- sparse gradients (IndexedSlices) ---- */
+typedef struct gs_sparse_opts {
+  int sparse_as_dense; /* scatter-add into a zeroed dense buffer and allreduce it */
+  int64_t dense_rows;  /* rows of the dense tensor (needed for sparse_as_dense) */
+  void *dense_out;     /* sparse_as_dense: receives dense_rows x row_len values */
+} gs_sparse_opts;
+
+/* Reduces a sparse gradient given as nnz rows (indices[i], values row i of
+ * row_len elements; any rank may have nnz = 0; indices may repeat) by
+ * gathering every rank's rows: the result is the concatenation in rank
+ * order, read with gs_sparse_result. op is GS_SUM or GS_AVERAGE (values /
+ * size). With sparse_as_dense the rows are scatter-added into a dense
+ * buffer that is allreduced into opts->dense_out instead. indices and
+ * values must stay valid until the op completes. */
+GS_API gs_status gs_sparse_allreduce_async(gs_ctx *ctx, const char *name, const int64_t *indices,
+                                           const void *values, size_t nnz, size_t row_len,
+                                           gs_dtype dtype, gs_reduce_op op,
+                                           const gs_sparse_opts *opts, gs_handle **out);
+/* The gathered rows of a completed sparse op, borrowed from the handle. */
+GS_API gs_status gs_sparse_result(const gs_handle *h, const int64_t **indices,
+                                  const void **values, size_t *nnz);
+
+/* ---- gradient aggregation (backward_passes_per_step) ---- */
+typedef struct gs_aggregator gs_aggregator;
+/* Accumulates each named gradient locally over passes and communicates
+ * every passes-th call for that name (optionally averaging over passes). */
+GS_API gs_status gs_aggregator_create(gs_ctx *ctx, int passes, int average_aggregated,
+                                      gs_aggregator **out);
+GS_API void gs_aggregator_destroy(gs_aggregator *agg);
+/* In place on grad. On a communication pass *out is the allreduce's handle
+ * and grad receives the reduced sum of the accumulated passes (divided by
+ * passes when average_aggregated); on other passes *out is an already
+ * completed handle and grad is left as given. Local names are accumulated
+ * and scaled on the communication pass too. */
+GS_API gs_status gs_aggregator_allreduce_async(gs_aggregator *agg, const char *name, void *grad,
+                                               size_t count, gs_dtype dtype, gs_reduce_op op,
+                                               const gs_allreduce_opts *opts, gs_handle **out);
+/* Sparse gradients in an aggregator need opts->sparse_as_dense. */
+GS_API gs_status gs_aggregator_sparse_allreduce_async(gs_aggregator *agg, const char *name,
+                                                      const int64_t *indices, const void *values,
+                                                      size_t nnz, size_t row_len, gs_dtype dtype,
+                                                      gs_reduce_op op, const gs_sparse_opts *opts,
+                                                      gs_handle **out);
+
+/* ---- alltoall and reducescatter ---- */
+/* Rank r sends splits[q] rows (first dimension) of send to rank q, in
+ * order, and receives the rows every rank sent it, concatenated in rank
+ * order, in a buffer owned by the handle (gs_handle_result). splits NULL =
+ * equal parts (the first dimension must divide by size). */
+GS_API gs_status gs_alltoall_async(gs_ctx *ctx, const char *name, const void *send,
+                                   const int64_t *shape, int ndim, gs_dtype dtype,
+                                   const int64_t *splits, gs_handle **out);
+/* The rows received from each rank by a completed alltoall. */
+GS_API gs_status gs_alltoall_recv_splits(const gs_handle *h, int64_t *splits, size_t n);
+/* Reduces send (same shape on every rank) over ranks and leaves rank r its
+ * share of the first dimension (as even as possible, lower ranks get the
+ * extra rows) in a buffer owned by the handle. op: GS_SUM or GS_AVERAGE. */
+GS_API gs_status gs_reducescatter_async(gs_ctx *ctx, const char *name, const void *send,
+                                        const int64_t *shape, int ndim, gs_dtype dtype,
+                                        gs_reduce_op op, gs_handle **out);
 
 /* Starts an allreduce of count elements named name (unique among this
  * rank's ops in flight; every rank must submit the same name). send may equal
