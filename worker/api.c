@@ -228,7 +228,7 @@ static void ctx_free(gs_ctx *ctx) {
 gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: out is NULL");
   *out = NULL;
-  resolved r;
+  resolved r = {0};
   gs_status st = resolve(opts, &r);
   if (st) return st;
   gs_ctx *ctx = calloc(1, sizeof *ctx);
