@@ -159,6 +159,30 @@ int gs__decode_join_response(const uint8_t *buf, size_t len, gs__join_response *
 
 /* ---- rank message ---------------------------------------------------------- */
 
+/* Pointers to n fixed-size names, for a repeated string field (NULL when
+ * n is 0 or memory ran out). */
+static char **name_ptrs(char (*names)[GS__MAX_NAME + 1], size_t n) {
+  if (!n) return NULL;
+  char **p = malloc(n * sizeof *p);
+  for (size_t i = 0; p && i < n; i++) p[i] = names[i];
+  return p;
+}
+
+/* Copies a repeated string field into fixed-size names (at most max). */
+static int copy_names(char (**out)[GS__MAX_NAME + 1], size_t *nout, char **in, size_t n, size_t max,
+                      const char *field, char *err, size_t errlen) {
+  if (!n) return GS__OK;
+  if (n > max) return fail(err, errlen, "%zu %s exceed the limit of %zu", n, field, max);
+  *out = calloc(n, sizeof **out);
+  if (!*out) return GS__ERR_NO_MEMORY;
+  *nout = n;
+  for (size_t i = 0; i < n; i++) {
+    int rc = copy_str((*out)[i], sizeof(*out)[i], in[i], field, err, errlen);
+    if (rc) return rc;
+  }
+  return GS__OK;
+}
+
 int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   Gradsync__V1__RankMessage pb = GRADSYNC__V1__RANK_MESSAGE__INIT;
   Gradsync__V1__SessionHello hello = GRADSYNC__V1__SESSION_HELLO__INIT;
@@ -219,7 +243,22 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   pb.blocked_update = m->blocked_update ? 1 : 0;
   pb.n_cached = m->ncached;
   pb.cached = m->cached;
+  char **reg = name_ptrs(m->reg, m->nreg), **unreg = name_ptrs(m->unreg, m->nunreg);
+  if ((m->nreg && !reg) || (m->nunreg && !unreg)) {
+    free(reg);
+    free(unreg);
+    free(blocked);
+    free(reqs);
+    free(reqp);
+    return GS__ERR_NO_MEMORY;
+  }
+  pb.n_register_local = m->nreg;
+  pb.register_local = reg;
+  pb.n_unregister_local = m->nunreg;
+  pb.unregister_local = unreg;
   int rc = pack(&pb.base, out, len);
+  free(reg);
+  free(unreg);
   free(blocked);
   free(reqs);
   free(reqp);
@@ -310,6 +349,12 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
     memcpy(m->cached, pb->cached, pb->n_cached * sizeof *m->cached);
     m->ncached = pb->n_cached;
   }
+  if (!rc)
+    rc = copy_names(&m->reg, &m->nreg, pb->register_local, pb->n_register_local, 65536,
+                    "local registrations", err, errlen);
+  if (!rc)
+    rc = copy_names(&m->unreg, &m->nunreg, pb->unregister_local, pb->n_unregister_local, 65536,
+                    "local unregistrations", err, errlen);
   if (!rc && pb->leave) {
     m->has_leave = 1;
     snprintf(m->leave_reason, sizeof m->leave_reason, "%s",

@@ -12,6 +12,8 @@ void gs__rank_msg_free(gs__rank_msg *m) {
   free(m->done_plans);
   free(m->blocked_on);
   free(m->cached);
+  free(m->reg);
+  free(m->unreg);
   memset(m, 0, sizeof *m);
 }
 

@@ -75,6 +75,9 @@ typedef struct gs__rank_msg {
   char (*blocked_on)[GS__MAX_NAME + 1]; /* nblocked names */
   size_t ncached;
   uint32_t *cached; /* cache ids standing for requests */
+  size_t nreg, nunreg; /* local registrations */
+  char (*reg)[GS__MAX_NAME + 1];
+  char (*unreg)[GS__MAX_NAME + 1];
 } gs__rank_msg;
 
 #define GS__MAX_BLOCKED 64 /* blocked-on names reported per rank */

@@ -87,7 +87,7 @@ void gs_options_init(gs_options *o) {
 
 typedef struct resolved {
   const char *coordinator, *token, *advertise;
-  int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms;
+  int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local;
 } resolved;
 
 static gs_status env_or(int given, const char *var, int def, int min, int max, int *out) {
@@ -136,6 +136,7 @@ static gs_status resolve(const gs_options *o, resolved *r) {
   if ((st = env_or(o->data_timeout_ms, "GRADSYNC_DATA_TIMEOUT_MS", 60000, 1, 86400000,
                    &r->data_timeout_ms)))
     return st;
+  if ((st = env_or(o->scale_local, "GRADSYNC_SCALE_LOCAL", 1, 0, 1, &r->scale_local))) return st;
   r->token = o->job_token ? o->job_token : getenv("GRADSYNC_JOB_TOKEN");
   r->advertise = o->advertise_addr ? o->advertise_addr : getenv("GRADSYNC_ADVERTISE_ADDR");
   return GS_OK;
@@ -219,6 +220,13 @@ static void ctx_free(gs_ctx *ctx) {
   free(ctx->done_plans);
   free(ctx->fusion_buf);
   gs__cache_clear(ctx);
+  gs__local *l, *ltmp;
+  HASH_ITER(hh, ctx->locals, l, ltmp) {
+    HASH_DEL(ctx->locals, l);
+    free(l);
+  }
+  free(ctx->reg);
+  free(ctx->unreg);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
   pthread_cond_destroy(&ctx->exec_cv);
@@ -237,6 +245,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   ctx->size = r.size;
   ctx->local_rank = r.local_rank;
   ctx->local_size = r.local_size;
+  ctx->scale_local = r.scale_local;
   snprintf(ctx->coordinator, sizeof ctx->coordinator, "%s", r.coordinator);
   if (gethostname(ctx->host, sizeof ctx->host) != 0) snprintf(ctx->host, sizeof ctx->host, "?");
   pthread_mutex_init(&ctx->mu, NULL);
@@ -499,6 +508,24 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
   if (opts) {
     h->req.prescale = opts->prescale != 0.0 ? opts->prescale : 1.0;
     h->req.postscale = opts->postscale != 0.0 ? opts->postscale : 1.0;
+    double f = opts->gradient_predivide_factor;
+    if (f != 0.0 && f != 1.0) {
+      h->req.prescale /= f;
+      h->req.postscale *= f;
+    }
+    if (opts->compression != GS_COMPRESS_NONE) {
+      if ((opts->compression != GS_COMPRESS_FP16 && opts->compression != GS_COMPRESS_BF16) ||
+          dtype != GS_FLOAT32) {
+        int c = (int)opts->compression;
+        free(h);
+        return gs__set_error(GS_ERR_INVALID_ARG,
+                             "tensor '%s': compression %d needs a float32 tensor and one of "
+                             "GS_COMPRESS_NONE, GS_COMPRESS_FP16, GS_COMPRESS_BF16 (dtype is %s)",
+                             name, c, gs__dtype_name((gs__dtype)dtype));
+      }
+      h->req.dtype = opts->compression == GS_COMPRESS_FP16 ? GS__FLOAT16 : GS__BFLOAT16;
+      h->compress = 1;
+    }
     if (!isfinite(h->req.prescale) || !isfinite(h->req.postscale)) {
       double pre = h->req.prescale, post = h->req.postscale;
       free(h);
@@ -521,7 +548,110 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
   struct gs_handle *h;
   gs_status st = make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h);
   if (st) return st;
+  if (gs_is_local(ctx, name)) {
+    /* Model-parallel: never leaves this rank. */
+    size_t bytes = count * gs__dtype_size((gs__dtype)dtype);
+    if (send != recv && bytes) memcpy(recv, send, bytes);
+    if (op == GS_AVERAGE && ctx->scale_local) gs__divide(recv, count, (gs__dtype)dtype, ctx->size);
+    atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's only */
+    h->status = GS_OK;
+    atomic_store_explicit(&h->done, 1, memory_order_release);
+    pthread_mutex_lock(&ctx->mu);
+    ctx->stats.local_ops++;
+    pthread_mutex_unlock(&ctx->mu);
+    *out = h;
+    return GS_OK;
+  }
   return gs__op_submit(ctx, h, out);
+}
+
+gs_status gs_reduce_op_from_string(const char *name, gs_reduce_op *out) {
+  static const char *const names[] = {"sum", "average", "min", "max", "product", "adasum"};
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_reduce_op_from_string: out is NULL");
+  for (int i = 0; name && i < 6; i++)
+    if (!strcmp(name, names[i])) {
+      *out = (gs_reduce_op)i;
+      return GS_OK;
+    }
+  return gs__set_error(GS_ERR_INVALID_ARG,
+                       "unknown reduce op '%s': valid names are sum, average, min, max, product, "
+                       "adasum",
+                       name ? name : "(null)");
+}
+
+int gs_is_local(gs_ctx *ctx, const char *name) {
+  if (!ctx || !name) return 0;
+  gs__local *l = NULL;
+  pthread_mutex_lock(&ctx->mu);
+  HASH_FIND_STR(ctx->locals, name, l);
+  pthread_mutex_unlock(&ctx->mu);
+  return l != NULL;
+}
+
+/* Appends name to a pending registration list (caller holds mu). */
+static int push_name(char (**list)[GS__MAX_NAME + 1], size_t *n, size_t *cap, const char *name) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 8;
+    char(*l)[GS__MAX_NAME + 1] = realloc(*list, c * sizeof *l);
+    if (!l) return -1;
+    *list = l;
+    *cap = c;
+  }
+  snprintf((*list)[(*n)++], GS__MAX_NAME + 1, "%s", name);
+  return 0;
+}
+
+static gs_status check_local_name(gs_ctx *ctx, const char *name, const char *what) {
+  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "%s: ctx is NULL", what);
+  if (!name || !*name || strlen(name) > GS__MAX_NAME)
+    return gs__set_error(GS_ERR_INVALID_ARG, "%s: the tensor name is empty or over %d bytes", what,
+                         GS__MAX_NAME);
+  return GS_OK;
+}
+
+gs_status gs_register_local(gs_ctx *ctx, const char *name) {
+  gs_status st = check_local_name(ctx, name, "gs_register_local");
+  if (st) return st;
+  pthread_mutex_lock(&ctx->mu);
+  gs__local *l = NULL;
+  struct gs_handle *busy = NULL;
+  HASH_FIND_STR(ctx->locals, name, l);
+  HASH_FIND_STR(ctx->inflight, name, busy);
+  if (busy) {
+    st = gs__set_error(GS_ERR_INVALID_ARG,
+                       "gs_register_local: tensor '%s' has an op in flight on rank %d; register "
+                       "it before submitting it",
+                       name, ctx->rank);
+  } else if (!l) {
+    l = calloc(1, sizeof *l);
+    if (!l || push_name(&ctx->reg, &ctx->nreg, &ctx->reg_cap, name)) {
+      free(l);
+      st = gs__set_error(GS_ERR_NO_MEMORY, "gs_register_local: out of memory");
+    } else {
+      snprintf(l->name, sizeof l->name, "%s", name);
+      HASH_ADD_STR(ctx->locals, name, l);
+    }
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  return st;
+}
+
+gs_status gs_unregister_local(gs_ctx *ctx, const char *name) {
+  gs_status st = check_local_name(ctx, name, "gs_unregister_local");
+  if (st) return st;
+  pthread_mutex_lock(&ctx->mu);
+  gs__local *l = NULL;
+  HASH_FIND_STR(ctx->locals, name, l);
+  if (l) {
+    if (push_name(&ctx->unreg, &ctx->nunreg, &ctx->unreg_cap, name)) {
+      st = gs__set_error(GS_ERR_NO_MEMORY, "gs_unregister_local: out of memory");
+    } else {
+      HASH_DEL(ctx->locals, l);
+      free(l);
+    }
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  return st;
 }
 
 gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,

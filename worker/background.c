@@ -230,6 +230,12 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
   m.ndone = ctx->ndone;
   ctx->done_plans = NULL;
   ctx->ndone = ctx->done_cap = 0;
+  m.reg = ctx->reg;
+  m.nreg = ctx->nreg;
+  m.unreg = ctx->unreg;
+  m.nunreg = ctx->nunreg;
+  ctx->reg = ctx->unreg = NULL;
+  ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
   pthread_mutex_unlock(&ctx->mu);
   if (list && (!m.requests || !m.cached)) {
     snprintf(err, errlen, "out of memory batching requests");
@@ -244,7 +250,8 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
     snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
   }
   int rc = GS__OK;
-  if (m.nrequests || m.ncached || m.ndone || m.heartbeat || m.has_leave || m.blocked_update) {
+  if (m.nrequests || m.ncached || m.ndone || m.heartbeat || m.has_leave || m.blocked_update ||
+      m.nreg || m.nunreg) {
     size_t bytes = 0;
     rc = gs__client_session_send(ctx->client, &m, &bytes, err, errlen);
     ctx->last_send_ms = now;

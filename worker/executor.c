@@ -57,6 +57,35 @@ static void add_stats(gs_ctx *ctx, size_t ntensors) {
   pthread_mutex_unlock(&ctx->mu);
 }
 
+/* Copies h's input into the wire buffer at dst: converted to the wire
+ * dtype when compressed, then prescaled. */
+static void pack(uint8_t *dst, const struct gs_handle *h, const gs__response *r) {
+  if (!h->count) return;
+  if (h->compress) {
+    const float *src = h->send;
+    uint16_t *d = (uint16_t *)dst;
+    for (size_t k = 0; k < h->count; k++)
+      d[k] = r->dtype == GS__FLOAT16 ? gs__float_to_half(src[k]) : gs__float_to_bf16(src[k]);
+  } else {
+    memcpy(dst, h->send, h->count * gs__dtype_size(r->dtype));
+  }
+  gs__scale(dst, h->count, r->dtype, r->prescale);
+}
+
+/* The reverse of pack: postscale, then back to h's recv (and dtype). */
+static void unpack(struct gs_handle *h, uint8_t *src, const gs__response *r) {
+  if (!h->count) return;
+  gs__scale(src, h->count, r->dtype, r->postscale);
+  if (h->compress) {
+    const uint16_t *s = (const uint16_t *)src;
+    float *d = h->recv;
+    for (size_t k = 0; k < h->count; k++)
+      d[k] = r->dtype == GS__FLOAT16 ? gs__half_to_float(s[k]) : gs__bf16_to_float(s[k]);
+  } else {
+    memcpy(h->recv, src, h->count * gs__dtype_size(r->dtype));
+  }
+}
+
 /* Runs one allreduce response: a lone unscaled tensor in place in its recv
  * buffer; otherwise packed (with prescale) into the fusion buffer at the
  * offsets of the shared layout, reduced once, and unpacked (with
@@ -91,30 +120,22 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     rc = GS__ERR_INTERNAL;
     goto out_free;
   }
-  void *buf;
-  size_t count;
-  /* The layout must follow from the plan alone: every rank reduces the
-   * same number of elements, whichever tensors it holds. */
+  /* The layout follows from the plan alone: every rank reduces the same
+   * number of elements, whichever tensors it holds. A lone unscaled tensor
+   * is reduced in place in its recv buffer (or in the fusion buffer when it
+   * is compressed or this rank has joined); anything else is packed at the
+   * offsets of the shared layout. */
   int packed = n > 1 || r->prescale != 1.0 || r->postscale != 1.0;
-  if (!packed && hs[0]) {
+  uint64_t total = packed ? gs__fusion_offsets(r, offs)
+                          : gs__tensor_bytes(r->dtype, r->tensors[0].shape, r->tensors[0].ndim);
+  size_t count = (size_t)(total / esize);
+  void *buf;
+  if (!packed && hs[0] && !hs[0]->compress) {
     struct gs_handle *h = hs[0];
     if (h->send != h->recv && h->count) memcpy(h->recv, h->send, h->count * esize);
     buf = h->recv;
-    count = h->count;
-  } else if (!packed) { /* joined: zeros in place of the tensor */
-    uint64_t bytes = gs__tensor_bytes(r->dtype, r->tensors[0].shape, r->tensors[0].ndim);
-    uint8_t *fb = fusion_buffer(ctx, bytes ? bytes : 1);
-    if (!fb) {
-      snprintf(err, errlen, "out of memory for %llu bytes of zeros", (unsigned long long)bytes);
-      rc = GS__ERR_NO_MEMORY;
-      goto out_free;
-    }
-    memset(fb, 0, bytes);
-    buf = fb;
-    count = bytes / esize;
   } else {
-    uint64_t total = gs__fusion_offsets(r, offs);
-    uint8_t *fb = fusion_buffer(ctx, total);
+    uint8_t *fb = fusion_buffer(ctx, total ? total : 1);
     if (!fb) {
       snprintf(err, errlen, "out of memory for a fusion buffer of %llu bytes",
                (unsigned long long)total);
@@ -126,17 +147,14 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
       const gs__plan_tensor *t = &r->tensors[i];
       size_t bytes = (size_t)gs__tensor_bytes(r->dtype, t->shape, t->ndim);
       memset(fb + at, 0, offs[i] - at); /* alignment padding */
-      if (!hs[i]) {
-        memset(fb + offs[i], 0, bytes);
-      } else if (bytes) {
-        memcpy(fb + offs[i], hs[i]->send, bytes);
-        gs__scale(fb + offs[i], hs[i]->count, r->dtype, r->prescale);
-      }
+      if (!hs[i])
+        memset(fb + offs[i], 0, bytes); /* joined: zeros */
+      else
+        pack(fb + offs[i], hs[i], r);
       at = offs[i] + bytes;
     }
     memset(fb + at, 0, total - at);
     buf = fb;
-    count = total / esize;
   }
   rc = ctx->backend->v->allreduce(ctx->backend, buf, count, r->dtype, r->reduce_op, err, errlen);
   if (rc) {
@@ -151,11 +169,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   add_stats(ctx, n - (size_t)missing); /* before the completions, so waiters see them */
   for (size_t i = 0; i < n; i++) {
     if (!hs[i]) continue;
-    if (packed) {
-      size_t bytes = hs[i]->count * esize;
-      if (bytes) memcpy(hs[i]->recv, (uint8_t *)buf + offs[i], bytes);
-      gs__scale(hs[i]->recv, hs[i]->count, r->dtype, r->postscale);
-    }
+    if (buf != hs[i]->recv) unpack(hs[i], (uint8_t *)buf + offs[i], r);
     succeed(ctx, hs[i]);
   }
 out_free:

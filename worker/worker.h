@@ -51,6 +51,7 @@ struct gs_handle {
   void (*free_data)(void *data);
   struct gs_handle *next_submit; /* submission queue (under mu) */
   int planned;                   /* a plan names it (under mu) */
+  int compress;                  /* float32 buffers, req.dtype on the wire */
   UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
 };
 
@@ -65,6 +66,12 @@ typedef struct gs__wcache {
   gs__tensor_request req;
   UT_hash_handle hh_name, hh_id;
 } gs__wcache;
+
+/* A name registered local on this rank (under mu). */
+typedef struct gs__local {
+  char name[GS__MAX_NAME + 1];
+  UT_hash_handle hh;
+} gs__local;
 
 /* An application thread inside gs_wait / gs_wait_any (under mu). */
 typedef struct gs__waiter {
@@ -98,6 +105,11 @@ struct gs_ctx {
   atomic_ulong barrier_seq; /* names the n-th barrier */
   atomic_ulong group_seq;   /* numbers grouped ops */
   int joined;               /* in gs_join: contribute zeros (under mu) */
+  int scale_local;
+  gs__local *locals; /* under mu */
+  /* registrations not yet told to the coordinator (under mu) */
+  char (*reg)[GS__MAX_NAME + 1], (*unreg)[GS__MAX_NAME + 1];
+  size_t nreg, nunreg, reg_cap, unreg_cap;
 
   /* comm thread (background.c): the session */
   pthread_t thread;

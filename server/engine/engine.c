@@ -49,6 +49,15 @@ typedef struct entry {
   int in_group;   /* complete, waiting for the rest of its group */
 } entry;
 
+/* A name some ranks registered as local (model-parallel). */
+typedef struct local_name {
+  char name[GS__MAX_NAME + 1];
+  char *ranks; /* world flags: registered it local */
+  char *subs;  /* world flags: submitted it for a collective anyway */
+  int32_t n;
+  UT_hash_handle hh;
+} local_name;
+
 /* The members of a group that are complete so far. */
 typedef struct group {
   uint64_t id;
@@ -78,6 +87,7 @@ struct gs__engine {
   int32_t left_rank; /* a rank that left the job (-1: none) */
   int32_t njoined, last_joined;
   group *groups;
+  local_name *locals;
   entry *table; /* uthash by name */
   uint64_t next_order;
   uint64_t next_plan_seq;
@@ -225,6 +235,13 @@ void gs__engine_destroy(gs__engine *e) {
     entry_free(en);
   }
   free(e->ready);
+  local_name *ln, *lntmp;
+  HASH_ITER(hh, e->locals, ln, lntmp) {
+    HASH_DEL(e->locals, ln);
+    free(ln->ranks);
+    free(ln->subs);
+    free(ln);
+  }
   group *g, *gtmp;
   HASH_ITER(hh, e->groups, g, gtmp) {
     HASH_DEL(e->groups, g);
@@ -719,12 +736,109 @@ static const gs__tensor_request *cache_lookup(const gs__engine *e, uint32_t id) 
   return c ? &c->req : NULL;
 }
 
+/* ---- local (model-parallel) names ------------------------------------------- */
+
+/* "tensor 'w': registered local ... on ranks [..] but submitted ... by
+ * ranks [..]": the ranks that registered it and the submitters. */
+static void local_conflict_text(const gs__engine *e, const local_name *ln, const int32_t *subs,
+                                size_t nsubs, gs__op_type op, char *buf, size_t cap) {
+  int32_t *locs = malloc((size_t)e->world * sizeof *locs);
+  size_t nl = 0;
+  char ls[1024] = "[]", ss[1024];
+  if (locs) {
+    for (int32_t r = 0; r < e->world; r++)
+      if (ln->ranks[r]) locs[nl++] = r;
+    format_ranks(locs, nl, ls, sizeof ls);
+    free(locs);
+  }
+  format_ranks(subs, nsubs, ss, sizeof ss);
+  snprintf(buf, cap,
+           "tensor '%s': registered local (gs_register_local) on ranks %s but submitted for %s by "
+           "ranks %s; a model-parallel tensor must be registered local on every rank that holds "
+           "it and never submitted, or submitted by every rank",
+           ln->name, ls, gs__op_type_name(op), ss);
+}
+
+static local_name *find_local(const gs__engine *e, const char *name) {
+  local_name *ln = NULL;
+  HASH_FIND_STR(e->locals, name, ln);
+  return ln && ln->n > 0 ? ln : NULL;
+}
+
+/* A rank registered name local: ranks that already submitted it for a
+ * collective fail at once (it could never complete). */
+static void register_local(gs__engine *e, int32_t rank, const char *name, gs__outbox *box) {
+  local_name *ln = NULL;
+  HASH_FIND_STR(e->locals, name, ln);
+  if (!ln) {
+    ln = calloc(1, sizeof *ln);
+    if (ln) {
+      ln->ranks = calloc((size_t)e->world, 1);
+      ln->subs = calloc((size_t)e->world, 1);
+    }
+    if (!ln || !ln->ranks || !ln->subs) {
+      if (ln) {
+        free(ln->ranks);
+        free(ln->subs);
+      }
+      free(ln);
+      out_log(box, GS__LOG_ERROR, "out of memory registering local tensor '%s'", name);
+      return;
+    }
+    snprintf(ln->name, sizeof ln->name, "%s", name);
+    HASH_ADD_STR(e->locals, name, ln);
+  }
+  if (!ln->ranks[rank]) {
+    ln->ranks[rank] = 1;
+    ln->n++;
+  }
+  entry *en = NULL;
+  HASH_FIND_STR(e->table, name, en);
+  if (!en || en->queued || en->in_group) return;
+  int32_t *subs = calloc((size_t)e->world, sizeof *subs);
+  size_t n = 0;
+  for (int32_t q = 0; subs && q < e->world; q++)
+    if (en->variant_of[q] >= 0) {
+      ln->subs[q] = 1;
+      subs[n++] = q;
+    }
+  char text[GS__MAX_TEXT];
+  local_conflict_text(e, ln, subs, n, en->variants[0].op, text, sizeof text);
+  for (size_t i = 0; i < n; i++) rank_error(box, subs[i], name, GS__ERR_MISMATCH, text);
+  out_log(box, GS__LOG_WARN, "%s", text);
+  free(subs);
+  HASH_DEL(e->table, en);
+  entry_free(en);
+}
+
+static void unregister_local(gs__engine *e, int32_t rank, const char *name) {
+  local_name *ln = NULL;
+  HASH_FIND_STR(e->locals, name, ln);
+  if (ln && ln->ranks[rank]) {
+    ln->ranks[rank] = 0;
+    ln->n--;
+  }
+}
+
 static void add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r, uint64_t now_ms,
                         gs__outbox *box) {
   char err[GS__MAX_TEXT];
   int rc = check_request(e, rank, r, err, sizeof err);
   if (rc) {
     rank_error(box, rank, r->name, rc, err);
+    return;
+  }
+  local_name *ln = find_local(e, r->name);
+  if (ln) {
+    /* Every rank that submitted it so far is named. */
+    int32_t *subs = calloc((size_t)e->world, sizeof *subs);
+    size_t n = 0;
+    ln->subs[rank] = 1;
+    for (int32_t q = 0; subs && q < e->world; q++)
+      if (ln->subs[q]) subs[n++] = q;
+    local_conflict_text(e, ln, subs, n, r->op, err, sizeof err);
+    rank_error(box, rank, r->name, GS__ERR_MISMATCH, err);
+    free(subs);
     return;
   }
   entry *en = NULL;
@@ -1021,6 +1135,8 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
     e->last_activity_ms = now_ms;
     e->deadlock_reported = 0;
   }
+  for (size_t i = 0; i < msg->nreg; i++) register_local(e, rank, msg->reg[i], box);
+  for (size_t i = 0; i < msg->nunreg; i++) unregister_local(e, rank, msg->unreg[i]);
   /* A leave goes first: whatever arrives with it can no longer complete. */
   if (msg->has_leave) {
     s->state = RANK_LEFT;
@@ -1348,4 +1464,6 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->cache_hits = e->cache_hits;
   out->full_requests = e->full_requests;
   out->cache_entries = e->ncache;
+  for (const local_name *ln = e->locals; ln; ln = ln->hh.next)
+    if (ln->n > 0) out->local_names++;
 }

@@ -326,6 +326,7 @@ typedef struct gs_stats {
   uint64_t cache_hits;           /* of those, sent as a response-cache id */
   uint64_t bytes_to_coordinator; /* encoded bytes of every message sent to it */
   uint64_t messages_to_coordinator;
+  uint64_t local_ops;            /* ops on local tensors (never sent) */
 } gs_stats;
 
 /* Fills *out with ctx's counters. Any thread. */
