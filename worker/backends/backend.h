@@ -40,6 +40,18 @@ typedef struct gs__backend_vtbl {
                     char *err, size_t errlen);
   /* buf (len bytes) is copied from root to every rank. */
   int (*broadcast)(gs__backend *b, void *buf, size_t len, int root, char *err, size_t errlen);
+  /* buf holds the full tensor (sum of counts[] elements, the same on every
+   * rank); afterwards rank r's block (counts[r] elements starting at the
+   * sum of counts[0..r-1]) holds the reduction over ranks of that block.
+   * Other blocks are scratch. op and dtypes as for allreduce. */
+  int (*reducescatter)(gs__backend *b, void *buf, const size_t *counts, gs__dtype dt,
+                       gs__reduce_op op, char *err, size_t errlen);
+  /* Personalized exchange: send holds this rank's blocks for ranks 0..n-1
+   * in order, send_bytes[q] bytes for rank q; recv receives the blocks every
+   * rank sent this one, in rank order, recv_bytes[q] bytes from rank q
+   * (the caller learned those sizes beforehand). */
+  int (*alltoallv)(gs__backend *b, const void *send, const size_t *send_bytes, void *recv,
+                   const size_t *recv_bytes, char *err, size_t errlen);
   /* Makes the running and every later collective fail promptly with
    * GS__ERR_ABORTED. Any thread; idempotent. */
   void (*abort)(gs__backend *b);
