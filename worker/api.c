@@ -750,6 +750,102 @@ gs_status gs_barrier(gs_ctx *ctx) {
   return st;
 }
 
+gs_status gs_alltoall_async(gs_ctx *ctx, const char *name, const void *send, const int64_t *shape,
+                            int ndim, gs_dtype dtype, const int64_t *splits, gs_handle **out) {
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_alltoall_async: out is NULL");
+  *out = NULL;
+  if (ndim < 1 || !shape)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': alltoall needs at least one dimension (got ndim=%d)",
+                         name ? name : "?", ndim);
+  struct gs_handle *h;
+  gs_status st = gs__op_new(ctx, name, GS__OP_ALLTOALL, dtype, shape, ndim, &h);
+  if (st) return st;
+  int n = ctx->size;
+  h->splits = calloc((size_t)n, sizeof *h->splits);
+  if (!h->splits) {
+    free(h);
+    return gs__set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
+  }
+  if (!splits) {
+    /* Equal parts, as Horovod: the first dimension must divide evenly. */
+    if (shape[0] % n) {
+      free(h->splits);
+      free(h);
+      return gs__set_error(GS_ERR_INVALID_ARG,
+                           "tensor '%s': alltoall without splits needs a first dimension "
+                           "divisible by the %d ranks, but it is %lld; pass splits",
+                           name, n, (long long)shape[0]);
+    }
+    for (int q = 0; q < n; q++) h->splits[q] = shape[0] / n;
+  } else {
+    int64_t sum = 0;
+    for (int q = 0; q < n; q++) {
+      if (splits[q] < 0) {
+        int64_t bad = splits[q];
+        free(h->splits);
+        free(h);
+        return gs__set_error(GS_ERR_INVALID_ARG,
+                             "tensor '%s': alltoall split %d is negative (%lld)", name, q,
+                             (long long)bad);
+      }
+      h->splits[q] = splits[q];
+      sum += splits[q];
+    }
+    if (sum != shape[0]) {
+      free(h->splits);
+      free(h);
+      return gs__set_error(GS_ERR_INVALID_ARG,
+                           "tensor '%s': alltoall splits add up to %lld rows but the first "
+                           "dimension is %lld; the %d splits must sum to it",
+                           name, (long long)sum, (long long)shape[0], n);
+    }
+  }
+  if (h->count > 0 && !send) {
+    free(h->splits);
+    free(h);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL", name);
+  }
+  h->send = send;
+  return gs__op_submit(ctx, h, out);
+}
+
+gs_status gs_alltoall_recv_splits(const gs_handle *h, int64_t *splits, size_t n) {
+  const void *d;
+  size_t b;
+  gs_status st = gs_handle_result(h, &d, &b);
+  if (st) return st;
+  if (h->req.op != GS__OP_ALLTOALL)
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': not an alltoall", h->req.name);
+  for (size_t i = 0; i < h->nrank_dims && i < n; i++) splits[i] = h->rank_dims[i];
+  return GS_OK;
+}
+
+gs_status gs_reducescatter_async(gs_ctx *ctx, const char *name, const void *send,
+                                 const int64_t *shape, int ndim, gs_dtype dtype, gs_reduce_op op,
+                                 gs_handle **out) {
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_reducescatter_async: out is NULL");
+  *out = NULL;
+  if (op != GS_SUM && op != GS_AVERAGE)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': reducescatter supports only GS_SUM and GS_AVERAGE",
+                         name ? name : "?");
+  if (ndim < 1 || !shape)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': reducescatter needs at least one dimension (got ndim=%d)",
+                         name ? name : "?", ndim);
+  struct gs_handle *h;
+  gs_status st = gs__op_new(ctx, name, GS__OP_REDUCESCATTER, dtype, shape, ndim, &h);
+  if (st) return st;
+  if (h->count > 0 && !send) {
+    free(h);
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL", name);
+  }
+  h->req.reduce_op = (gs__reduce_op)op;
+  h->send = send;
+  return gs__op_submit(ctx, h, out);
+}
+
 gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_join: ctx is NULL");
   struct gs_handle *h;
@@ -779,10 +875,10 @@ gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes)
   if (!atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire) || h->status != GS_OK)
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the op has no result (it is %s)",
                          h->req.name, h->done ? "failed" : "still pending");
-  if (h->req.op != GS__OP_ALLGATHER)
+  if (!h->result && h->req.op != GS__OP_ALLGATHER)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "tensor '%s': only allgather results live in the handle; a %s writes into "
-                         "your buffer",
+                         "tensor '%s': only allgather, alltoall and reducescatter results live in "
+                         "the handle; a %s writes into your buffer",
                          h->req.name, gs__op_type_name(h->req.op));
   *data = h->result;
   *bytes = h->result_bytes;

@@ -26,6 +26,7 @@ void gs__handle_unref(struct gs_handle *h) {
     free(h->error);
     free(h->result);
     free(h->rank_dims);
+    free(h->splits);
     if (h->free_data) h->free_data(h->data);
     free(h);
   }

@@ -255,6 +255,132 @@ static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   return GS__OK;
 }
 
+static int no_backend_op(const char *name, const char *what, char *err, size_t errlen) {
+  snprintf(err, errlen, "tensor '%s': the data plane has no %s", name, what);
+  return GS__ERR_UNSUPPORTED;
+}
+
+/* Alltoall: the ranks first gather everyone's splits over the data plane
+ * (so the coordinator never carries the size x size matrix), then exchange
+ * the rows. The result and the rows received from each rank stay with the
+ * handle. */
+static int run_alltoall(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  struct gs_handle *h;
+  int rc = lone_op(ctx, r, &h, err, errlen);
+  if (rc || !h) return rc;
+  gs__backend *b = ctx->backend;
+  size_t n = (size_t)ctx->size;
+  if (!b->v->alltoallv) {
+    rc = no_backend_op(h->req.name, "alltoall", err, errlen);
+    gs__handle_complete(ctx, h, (gs_status)rc, err);
+    return GS__OK;
+  }
+  uint64_t row = gs__tensor_bytes(r->dtype, h->req.shape + 1, h->req.ndim - 1);
+  int64_t *matrix = malloc(n * n * sizeof *matrix);
+  size_t *bytes = malloc(n * sizeof *bytes), *send_bytes = malloc(n * sizeof *send_bytes),
+         *recv_bytes = malloc(n * sizeof *recv_bytes);
+  int64_t *recv_rows = malloc(n * sizeof *recv_rows);
+  void *out = NULL;
+  if (!matrix || !bytes || !send_bytes || !recv_bytes || !recv_rows) {
+    snprintf(err, errlen, "tensor '%s': out of memory for an alltoall", h->req.name);
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
+  }
+  for (size_t q = 0; q < n; q++) bytes[q] = n * sizeof *matrix;
+  rc = b->v->allgatherv(b, h->splits, matrix, bytes, err, errlen);
+  if (rc) {
+    rc = data_plane_error(ctx, h->req.name, rc, err, errlen);
+    goto out_free;
+  }
+  uint64_t total = 0;
+  for (size_t q = 0; q < n; q++) {
+    recv_rows[q] = matrix[q * n + (size_t)ctx->rank];
+    send_bytes[q] = (size_t)(row * (uint64_t)h->splits[q]);
+    recv_bytes[q] = (size_t)(row * (uint64_t)recv_rows[q]);
+    total += recv_bytes[q];
+  }
+  out = malloc(total ? total : 1);
+  if (!out) {
+    snprintf(err, errlen, "tensor '%s': out of memory for %llu bytes", h->req.name,
+             (unsigned long long)total);
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
+  }
+  rc = b->v->alltoallv(b, h->send, send_bytes, out, recv_bytes, err, errlen);
+  if (rc) {
+    rc = data_plane_error(ctx, h->req.name, rc, err, errlen);
+    goto out_free;
+  }
+  h->result = out;
+  h->result_bytes = (size_t)total;
+  h->rank_dims = recv_rows;
+  h->nrank_dims = n;
+  out = NULL;
+  recv_rows = NULL;
+  add_stats(ctx, 1);
+  succeed(ctx, h);
+out_free:
+  free(out);
+  free(matrix);
+  free(bytes);
+  free(send_bytes);
+  free(recv_bytes);
+  free(recv_rows);
+  return rc;
+}
+
+/* Reducescatter: rank r keeps rows [start_r, start_r + rows_r) of the
+ * reduced tensor, the rows split as evenly as possible with the extra rows
+ * on the lowest ranks (as Horovod). */
+static int run_reducescatter(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  struct gs_handle *h;
+  int rc = lone_op(ctx, r, &h, err, errlen);
+  if (rc || !h) return rc;
+  gs__backend *b = ctx->backend;
+  size_t n = (size_t)ctx->size, esize = gs__dtype_size(r->dtype);
+  if (!b->v->reducescatter) {
+    rc = no_backend_op(h->req.name, "reducescatter", err, errlen);
+    gs__handle_complete(ctx, h, (gs_status)rc, err);
+    return GS__OK;
+  }
+  int64_t rows = h->req.shape[0];
+  size_t row_elems = (size_t)gs__shape_elements(h->req.shape + 1, h->req.ndim - 1);
+  size_t *counts = malloc(n * sizeof *counts);
+  int64_t *dims = malloc(n * sizeof *dims);
+  void *work = malloc(h->count ? h->count * esize : 1);
+  if (!counts || !dims || !work) {
+    free(counts);
+    free(dims);
+    free(work);
+    snprintf(err, errlen, "tensor '%s': out of memory for a reducescatter", h->req.name);
+    return GS__ERR_NO_MEMORY;
+  }
+  size_t start = 0;
+  for (size_t q = 0; q < n; q++) {
+    dims[q] = rows / (int64_t)n + ((int64_t)q < rows % (int64_t)n ? 1 : 0);
+    counts[q] = (size_t)dims[q] * row_elems;
+    if ((int)q < ctx->rank) start += counts[q];
+  }
+  if (h->count) memcpy(work, h->send, h->count * esize);
+  rc = b->v->reducescatter(b, work, counts, r->dtype, r->reduce_op, err, errlen);
+  if (rc) {
+    free(counts);
+    free(dims);
+    free(work);
+    return data_plane_error(ctx, h->req.name, rc, err, errlen);
+  }
+  size_t mine = counts[ctx->rank] * esize;
+  if (start) memmove(work, (uint8_t *)work + start * esize, mine);
+  h->result = work;
+  h->result_bytes = mine;
+  h->rank_dims = dims;
+  h->nrank_dims = n;
+  free(counts);
+  add_stats(ctx, 1);
+  succeed(ctx, h);
+  return GS__OK;
+}
+
 /* Runs one collective response. */
 static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
   switch (r->op) {
@@ -264,6 +390,10 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t 
     return run_allgather(ctx, r, err, errlen);
   case GS__OP_BROADCAST:
     return run_broadcast(ctx, r, err, errlen);
+  case GS__OP_ALLTOALL:
+    return run_alltoall(ctx, r, err, errlen);
+  case GS__OP_REDUCESCATTER:
+    return run_reducescatter(ctx, r, err, errlen);
   case GS__OP_JOIN: {
     /* Every rank has joined: the join round is over. */
     struct gs_handle *h;

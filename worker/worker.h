@@ -43,6 +43,7 @@ struct gs_handle {
   int64_t *rank_dims;
   size_t nrank_dims;
   int join_last; /* join: the rank that joined last (valid once done) */
+  int64_t *splits; /* alltoall: rows this rank sends to each rank (size entries) */
   /* Optional step run by the exec thread when the collective succeeded,
    * before the handle completes (e.g. unpacking a sparse result); a
    * non-zero return fails the op with that status and err. */
