@@ -17,16 +17,25 @@
  *
  * Rank 0 logs the loss and accuracy averaged over all ranks (one more
  * allreduce per log line). Single-threaded; every gradsync error ends the
- * process with status 1 after gs_shutdown, with the library's message. */
+ * process with status 1 after gs_shutdown, with the library's message.
+ *
+ * Fault flags make one rank misbehave at a chosen step, so that every
+ * failure gradsync detects can be reproduced with this demo (see
+ * docs/troubleshooting.md): a crash (_exit in the middle of a step), a hang
+ * (an endless sleep before submitting), a desync (the step's gradients
+ * submitted under other names) and a straggler (a sleep before every
+ * backward pass). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gradsync.h"
 
@@ -40,13 +49,31 @@
 #define N_LAYERS 3
 #define WAIT_MS 120000 /* generous: a hang guard, not a performance bound */
 
+/* Fault injection: which rank misbehaves and when. Ranks and steps are -1
+ * when unset; steps count from 1, as in the log lines. */
+typedef struct faults {
+  int crash_rank, crash_step;   /* _exit(3) in the middle of that step */
+  int hang_rank, hang_step;     /* sleep forever before submitting */
+  int desync_rank, desync_step; /* submit under other names */
+  int slow_rank, slow_ms;       /* sleep before every backward pass */
+} faults;
+
 typedef struct options {
   int steps;
   uint64_t seed;
   int batch;
   float lr;
   int log_every; /* 0 = choose */
+  faults fault;
 } options;
+
+#define DESYNC_SUFFIX ".desync"
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
 
 /* ---- deterministic randomness (same stream on every rank) ----------------- */
 
@@ -311,25 +338,64 @@ static void allreduce_now(job *j, const char *name, void *buf, size_t count, gs_
   wait_and_free(j, h, name);
 }
 
-/* One training step on this rank's minibatch idx[0..n); the gradients are
- * averaged over all ranks, layer by layer as backward produces them. */
-static double train_step(job *j, mlp *m, const dataset *d, const int *idx, int n, int *correct,
-                         float lr) {
+/* --hang-rank: like a process stuck in I/O, in a driver or on a lock of its
+ * own, this one never comes back; gradsync-run (or the operator) has to
+ * kill it. */
+static void hang_forever(const job *j, int step) {
+  fprintf(stderr,
+          "rank %d: --hang-rank %d --hang-step %d: hanging forever before submitting the "
+          "gradients of step %d (simulated hang; kill this process to end it)\n",
+          j->rank, j->rank, step, step);
+  fflush(NULL);
+  for (;;) sleep(3600);
+}
+
+/* --crash-rank: called in the middle of a step, once fc3's gradients are
+ * reduced and fc2's submitted, so the job dies with collectives in flight. */
+static void crash_now(const job *j, int step, gs_handle *reduced) {
+  gs_wait(reduced, WAIT_MS); /* our fc3 request surely reached the coordinator */
+  fprintf(stderr,
+          "rank %d: --crash-rank %d --crash-step %d: exiting with status 3 in the middle of "
+          "step %d (fc3's gradients reduced, fc2's submitted, fc1's never will be)\n",
+          j->rank, j->rank, step, step);
+  fflush(NULL);
+  _exit(3);
+}
+
+/* One training step (step counts from 1) on this rank's minibatch
+ * idx[0..n); the gradients are averaged over all ranks, layer by layer as
+ * backward produces them. The fault flags act here. */
+static double train_step(job *j, const options *o, int step, mlp *m, const dataset *d,
+                         const int *idx, int n, int *correct) {
+  const faults *f = &o->fault;
   gs_handle *pending[2 * N_LAYERS];
-  const char *names[2 * N_LAYERS];
+  char names[2 * N_LAYERS][sizeof m->fc[0].wname + sizeof DESYNC_SUFFIX];
   int np = 0;
+  if (j->rank == f->hang_rank && step == f->hang_step) hang_forever(j, step);
+  int desync = j->rank == f->desync_rank && step == f->desync_step;
+  if (desync)
+    fprintf(stderr,
+            "rank %d: --desync-rank %d --desync-step %d: submitting the gradients of step %d "
+            "under other names (fc3/weight%s, ...), as if this rank ran another model\n",
+            j->rank, j->rank, step, step, DESYNC_SUFFIX);
   double loss = mlp_forward(m, d, idx, n, correct, 1);
+  if (j->rank == f->slow_rank) sleep_ms(f->slow_ms);
   for (int l = N_LAYERS - 1; l >= 0; l--) {
     layer *L = &m->fc[l];
     layer_backward(m, l, n);
     int64_t wshape[2] = {L->out, L->in}, bshape[1] = {L->out};
-    names[np] = L->wname;
-    pending[np++] = start_average(j, L->wname, L->gw, wshape, 2);
-    names[np] = L->bname;
-    pending[np++] = start_average(j, L->bname, L->gb, bshape, 1);
+    const char *sfx = desync ? DESYNC_SUFFIX : "";
+    snprintf(names[np], sizeof names[np], "%s%s", L->wname, sfx);
+    pending[np] = start_average(j, names[np], L->gw, wshape, 2);
+    np++;
+    snprintf(names[np], sizeof names[np], "%s%s", L->bname, sfx);
+    pending[np] = start_average(j, names[np], L->gb, bshape, 1);
+    np++;
+    if (l == N_LAYERS - 2 && j->rank == f->crash_rank && step == f->crash_step)
+      crash_now(j, step, pending[0]);
   }
   for (int i = 0; i < np; i++) wait_and_free(j, pending[i], names[i]);
-  sgd_update(m, lr);
+  sgd_update(m, o->lr);
   return loss;
 }
 
@@ -347,7 +413,18 @@ static void usage(FILE *f) {
         "  --batch B      minibatch per rank (default 32)\n"
         "  --lr X         SGD learning rate (default 0.1)\n"
         "  --log-every K  log every K steps (default: every epoch, at most 10 lines)\n"
-        "  -h, --help     show this help\n",
+        "  -h, --help     show this help\n"
+        "\n"
+        "Fault injection, to reproduce failures (see docs/troubleshooting.md); steps count\n"
+        "from 1, as in the log lines:\n"
+        "  --crash-rank R --crash-step S    rank R exits with status 3 in the middle of step\n"
+        "                                   S, after submitting some of its gradients\n"
+        "  --hang-rank R --hang-step S      rank R sleeps forever before submitting the\n"
+        "                                   gradients of step S (kill it to end it)\n"
+        "  --desync-rank R --desync-step S  rank R submits the gradients of step S under\n"
+        "                                   other names (fc3/weight.desync, ...)\n"
+        "  --slow-rank R --slow-ms M        rank R sleeps M ms before every backward pass\n"
+        "                                   (a straggler; the job still completes)\n",
         f);
 }
 
@@ -362,39 +439,89 @@ static int bad_usage(const char *fmt, ...) {
   return 2;
 }
 
+/* A flag with an integer value (counts, ranks, steps, milliseconds). */
+typedef struct int_flag {
+  const char *key;
+  size_t offset; /* of the int field in options */
+  long min, max;
+  const char *what; /* for the error message */
+} int_flag;
+
+static const int_flag int_flags[] = {
+    {"--steps", offsetof(options, steps), 1, 100000000, "a positive integer"},
+    {"--batch", offsetof(options, batch), 1, N_SAMPLES, "an integer from 1 to 4096"},
+    {"--log-every", offsetof(options, log_every), 1, 100000000, "a positive integer"},
+    {"--crash-rank", offsetof(options, fault.crash_rank), 0, 65535, "a rank (an integer from 0)"},
+    {"--crash-step", offsetof(options, fault.crash_step), 1, 100000000,
+     "a step number (an integer from 1)"},
+    {"--hang-rank", offsetof(options, fault.hang_rank), 0, 65535, "a rank (an integer from 0)"},
+    {"--hang-step", offsetof(options, fault.hang_step), 1, 100000000,
+     "a step number (an integer from 1)"},
+    {"--desync-rank", offsetof(options, fault.desync_rank), 0, 65535, "a rank (an integer from 0)"},
+    {"--desync-step", offsetof(options, fault.desync_step), 1, 100000000,
+     "a step number (an integer from 1)"},
+    {"--slow-rank", offsetof(options, fault.slow_rank), 0, 65535, "a rank (an integer from 0)"},
+    {"--slow-ms", offsetof(options, fault.slow_ms), 1, 3600000,
+     "milliseconds (an integer from 1 to 3600000)"},
+};
+
+/* Each fault needs both of its flags, and a step the run reaches. */
+static int check_faults(const options *o) {
+  const faults *f = &o->fault;
+  const struct {
+    const char *rflag, *vflag;
+    int rank, value, is_step;
+  } pairs[] = {
+      {"--crash-rank", "--crash-step", f->crash_rank, f->crash_step, 1},
+      {"--hang-rank", "--hang-step", f->hang_rank, f->hang_step, 1},
+      {"--desync-rank", "--desync-step", f->desync_rank, f->desync_step, 1},
+      {"--slow-rank", "--slow-ms", f->slow_rank, f->slow_ms, 0},
+  };
+  for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+    if ((pairs[k].rank < 0) != (pairs[k].value < 0))
+      return bad_usage("%s and %s go together; give both or neither", pairs[k].rflag,
+                       pairs[k].vflag);
+    if (pairs[k].is_step && pairs[k].value > o->steps)
+      return bad_usage("%s %d is past the last step (--steps %d): the fault would never happen",
+                       pairs[k].vflag, pairs[k].value, o->steps);
+  }
+  return -1;
+}
+
 /* Returns -1 when parsed, else the exit code (0 after --help, 2 on error). */
 static int parse_args(int argc, char **argv, options *o) {
-  *o = (options){.steps = 300, .seed = 1, .batch = 32, .lr = 0.1f, .log_every = 0};
+  *o = (options){.steps = 300,
+                 .seed = 1,
+                 .batch = 32,
+                 .lr = 0.1f,
+                 .log_every = 0,
+                 .fault = {-1, -1, -1, -1, -1, -1, -1, -1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
       return 0;
     }
-    static const char *const known[] = {"--steps", "--seed", "--batch", "--lr", "--log-every"};
     const char *eq = strchr(a, '=');
     size_t klen = eq ? (size_t)(eq - a) : strlen(a);
     const char *key = NULL;
-    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
-      if (strlen(known[k]) == klen && strncmp(a, known[k], klen) == 0) key = known[k];
+    const int_flag *iflag = NULL;
+    static const char *const other[] = {"--seed", "--lr"};
+    for (size_t k = 0; k < sizeof other / sizeof other[0]; k++)
+      if (strlen(other[k]) == klen && strncmp(a, other[k], klen) == 0) key = other[k];
+    for (size_t k = 0; k < sizeof int_flags / sizeof int_flags[0]; k++)
+      if (strlen(int_flags[k].key) == klen && strncmp(a, int_flags[k].key, klen) == 0)
+        iflag = &int_flags[k], key = iflag->key;
     if (!key) return bad_usage("unknown option '%s'", a);
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     if (!v) return bad_usage("%s needs a value", key);
     char *end;
     errno = 0;
-    if (strcmp(key, "--steps") == 0 || strcmp(key, "--batch") == 0 ||
-        strcmp(key, "--log-every") == 0) {
+    if (iflag) {
       long n = strtol(v, &end, 10);
-      if (*v == '\0' || *end != '\0' || errno || n < 1 || n > 100000000)
-        return bad_usage("%s needs a positive integer, got '%s'", key, v);
-      if (strcmp(key, "--batch") == 0 && n > N_SAMPLES)
-        return bad_usage("--batch must be at most %d, got '%s'", N_SAMPLES, v);
-      if (strcmp(key, "--steps") == 0)
-        o->steps = (int)n;
-      else if (strcmp(key, "--batch") == 0)
-        o->batch = (int)n;
-      else
-        o->log_every = (int)n;
+      if (*v == '\0' || *end != '\0' || errno || n < iflag->min || n > iflag->max)
+        return bad_usage("%s needs %s, got '%s'", key, iflag->what, v);
+      *(int *)((char *)o + iflag->offset) = (int)n;
     } else if (strcmp(key, "--seed") == 0) {
       unsigned long long s = strtoull(v, &end, 0);
       if (*v == '\0' || *v == '-' || *end != '\0' || errno)
@@ -407,7 +534,7 @@ static int parse_args(int argc, char **argv, options *o) {
       o->lr = (float)lr;
     }
   }
-  return -1;
+  return check_faults(o);
 }
 
 /* ---- the job ---------------------------------------------------------------- */
@@ -504,7 +631,7 @@ static void train(job *j, const options *o, mlp *m, dataset *d) {
     int epoch = step / steps_per_epoch, pos = (step % steps_per_epoch) * o->batch;
     if (pos == 0) shuffle(d->shard, d->shard_len, o->seed, j->rank, epoch);
     for (int b = 0; b < o->batch; b++) batch[b] = d->shard[(pos + b) % d->shard_len];
-    loss_sum += train_step(j, m, d, batch, o->batch, &correct, o->lr);
+    loss_sum += train_step(j, o, step + 1, m, d, batch, o->batch, &correct);
     seen += o->batch;
     if ((step + 1) % log_every == 0 || step + 1 == o->steps) {
       log_metrics(j, step + 1, o->steps, loss_sum, correct, seen);
@@ -517,6 +644,32 @@ static void train(job *j, const options *o, mlp *m, dataset *d) {
     printf("trained %d steps in %.2f s (%.0f steps/s)\n", o->steps, s, o->steps / s);
   }
   free(batch);
+}
+
+/* Every rank sees the same flags and size, so all of them agree here. */
+static int check_fault_ranks(const job *j, const options *o) {
+  const faults *f = &o->fault;
+  const struct {
+    const char *flag;
+    int rank;
+  } ranks[] = {{"--crash-rank", f->crash_rank},
+               {"--hang-rank", f->hang_rank},
+               {"--desync-rank", f->desync_rank},
+               {"--slow-rank", f->slow_rank}};
+  for (size_t k = 0; k < sizeof ranks / sizeof ranks[0]; k++)
+    if (ranks[k].rank >= j->size) {
+      fprintf(stderr,
+              "rank %d: %s %d is not a rank of this job of %d ranks (valid: 0..%d); the fault "
+              "would never happen\n",
+              j->rank, ranks[k].flag, ranks[k].rank, j->size, j->size - 1);
+      return -1;
+    }
+  if (j->rank == f->slow_rank)
+    fprintf(stderr,
+            "rank %d: --slow-rank %d --slow-ms %d: sleeping %d ms before every backward pass "
+            "(a straggler)\n",
+            j->rank, j->rank, f->slow_ms, f->slow_ms);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -533,6 +686,10 @@ int main(int argc, char **argv) {
   }
   j.rank = gs_rank(j.ctx);
   j.size = gs_size(j.ctx);
+  if (check_fault_ranks(&j, &o) != 0) {
+    gs_shutdown(j.ctx);
+    return 2;
+  }
 
   static dataset d;
   mlp m;

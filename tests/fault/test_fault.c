@@ -1,1 +1,488 @@
-/* placeholder: being written */
+/* Fault tests: the failures gradsync exists to report, reproduced with real
+ * processes on 127.0.0.1 (gradsyncd, the demo gradsync-train with its fault
+ * flags, gradsync-run, gs-test-worker) and checked from the user's side: the
+ * status every rank ends with, the error text, the rank, host, pid and
+ * tensors it names, and that nothing is left running.
+ *
+ * Scenarios (docs/troubleshooting.md shows each one's output): a desync that
+ * deadlocks, a rank that crashes or is SIGKILLed, a hung rank (stall warning
+ * and stall shutdown), a stopped rank (SIGSTOP), stragglers (no false
+ * deadlock), a SIGKILLed coordinator and a rank that never joins.
+ *
+ * Timeouts are made short with flags (--deadlock-time-ms, --stall-*-s,
+ * --rank-timeout-ms, GRADSYNC_JOIN_TIMEOUT_MS); no assertion depends on
+ * timing, every wait is bounded by a generous hang guard (GUARD_MS per
+ * test), and the teardown kills and reaps every process a test started,
+ * also when it failed. Single-threaded. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proc.h"
+
+#define GUARD_MS 60000 /* per test: catches hangs, never a timing check */
+#define MAX_RANKS 4
+
+static const char train_path[] = GS_BIN_DIR "/gradsync-train";
+static const char run_path[] = GS_BIN_DIR "/gradsync-run";
+static const char worker_path[] = GS_BIN_DIR "/gs-test-worker";
+
+/* What the ranks report as their host (gethostname, as the library does). */
+static char g_host[64];
+
+/* A job started by hand: one gradsyncd and the ranks of one program. */
+typedef struct job {
+  proc *coord;
+  char addr[128];
+  int size;
+  proc *ranks[MAX_RANKS];
+} job;
+
+static void fail_with_dump(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  proc_dump_all();
+  fail_msg("%s", msg);
+}
+
+static int setup(void **state) {
+  (void)state;
+  return proc_test_begin("fault", GUARD_MS);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  proc_test_end();
+  return 0;
+}
+
+/* ---- starting and checking processes ------------------------------------ */
+
+/* gradsyncd for a job of `size` ranks, with extra flags (NULL-terminated,
+ * may be NULL). */
+static void start_coordinator(job *j, int size, char *const coord_args[]) {
+  memset(j, 0, sizeof *j);
+  j->size = size;
+  j->coord = proc_start_gradsyncd(GS_BIN_DIR, size, coord_args, j->addr, sizeof j->addr);
+  if (j->coord == NULL) fail_with_dump("gradsyncd did not start (see its output above)");
+}
+
+/* Starts argv (argv[0] a path) as rank `rank` of j with the environment
+ * gradsync-run gives a rank, plus env_extra (may be NULL; later wins). */
+static proc *start_rank(job *j, int rank, char *const argv[], char *const env_extra[]) {
+  char coord[160], r[32], s[32], lr[40], ls[40];
+  snprintf(coord, sizeof coord, "GRADSYNC_COORDINATOR=%s", j->addr);
+  snprintf(r, sizeof r, "GRADSYNC_RANK=%d", rank);
+  snprintf(s, sizeof s, "GRADSYNC_SIZE=%d", j->size);
+  snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", rank);
+  snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", j->size);
+  /* A join that goes wrong fails well inside the hang guard. */
+  char *env[16] = {coord, r, s, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000"};
+  size_t n = 6;
+  for (size_t i = 0; env_extra && env_extra[i] && n < 15; i++) env[n++] = env_extra[i];
+  env[n] = NULL;
+  char label[32];
+  snprintf(label, sizeof label, "rank %d", rank);
+  proc *p = proc_spawn(label, argv, env);
+  if (p == NULL) fail_with_dump("could not start %s as rank %d", argv[0], rank);
+  return p;
+}
+
+/* gradsyncd [coord_args] and every rank of gradsync-train [train_args]. */
+static void start_train_job(job *j, int size, char *const coord_args[], char *const train_args[]) {
+  start_coordinator(j, size, coord_args);
+  char *argv[32] = {(char *)train_path};
+  size_t argc = 1;
+  for (size_t i = 0; train_args && train_args[i] && argc < 31; i++) argv[argc++] = train_args[i];
+  argv[argc] = NULL;
+  for (int r = 0; r < size; r++) j->ranks[r] = start_rank(j, r, argv, NULL);
+}
+
+static void expect_exit(proc *p, int code) {
+  if (proc_wait(p, GUARD_MS) != 0)
+    fail_with_dump("%s (pid %d) hung; killed by the hang guard", p->label, (int)p->pid);
+  if (proc_exit_code(p) != code)
+    fail_with_dump("%s exited with %d, expected %d", p->label, proc_exit_code(p), code);
+}
+
+static void expect_output(const proc *p, const char *needle) {
+  char *out = proc_output(p);
+  int found = out != NULL && strstr(out, needle) != NULL;
+  free(out);
+  if (!found) fail_with_dump("%s: output lacks \"%s\"", p->label, needle);
+}
+
+static void expect_no_output(const proc *p, const char *needle, int ignore_case) {
+  char *out = proc_output(p);
+  int found = out != NULL && (ignore_case ? strcasestr(out, needle) : strstr(out, needle)) != NULL;
+  free(out);
+  if (found) fail_with_dump("%s: output contains \"%s\"", p->label, needle);
+}
+
+/* Waits (bounded by the guard) until p printed needle. */
+static void wait_for_output(proc *p, const char *needle) {
+  if (proc_wait_for_output(p, needle, GUARD_MS) != 0)
+    fail_with_dump("%s never printed \"%s\"", p->label, needle);
+}
+
+/* The coordinator outlived the job's failure: SIGTERM makes it exit 0. */
+static void stop_coordinator(job *j) {
+  proc_signal(j->coord, SIGTERM);
+  expect_exit(j->coord, 0);
+}
+
+static void expect_no_strays(void) {
+  size_t left = proc_strays(5000);
+  if (left != 0) fail_with_dump("%zu process(es) left running", left);
+}
+
+/* Ranks of a long run are surely training once rank 0 logged step 20. */
+static char *const long_run[] = {"--steps", "1000000", "--log-every", "10", NULL};
+
+static void wait_training(job *j) {
+  wait_for_output(j->ranks[0], "step 20/1000000");
+}
+
+/* A surviving rank p failed because rank `lost` went away: the coordinator's
+ * abort names it with host and pid, or the ring noticed first and names it
+ * as the peer it lost. */
+static void expect_named_lost(const job *j, const proc *p, int lost) {
+  char by_coord[512], by_ring[64];
+  snprintf(by_coord, sizeof by_coord, "rank %d (%s, pid %d) was lost", lost, g_host,
+           (int)j->ranks[lost]->pid);
+  snprintf(by_ring, sizeof by_ring, "lost its connection to rank %d (", lost);
+  char *out = proc_output(p);
+  int coord = strstr(out, "GS_ERR_RANK_LOST") != NULL && strstr(out, by_coord) != NULL;
+  int ring = strstr(out, "GS_ERR_DATA_PLANE") != NULL && strstr(out, by_ring) != NULL;
+  free(out);
+  if (!coord && !ring)
+    fail_with_dump("%s: no GS_ERR_RANK_LOST naming \"%s\" nor GS_ERR_DATA_PLANE naming \"%s\"",
+                   p->label, by_coord, by_ring);
+}
+
+/* ---- desync: another tensor name on one rank -> deadlock report ---------- */
+
+/* Rank 1 submits step 3 as fc3/weight.desync, ...; ranks 0 and 2 as
+ * fc3/weight, ...: every rank blocks, the detector aborts the job with the
+ * wait-for picture, every rank fails with GS_ERR_DEADLOCK. */
+static void test_desync_deadlock(void **state) {
+  (void)state;
+  char *coord_args[] = {"--deadlock-time-ms", "1500", NULL};
+  char *train_args[] = {"--steps", "20", "--desync-rank", "1", "--desync-step", "3", NULL};
+  job j;
+  start_train_job(&j, 3, coord_args, train_args);
+  for (int r = 0; r < 3; r++) expect_exit(j.ranks[r], 1);
+
+  char waits[3][512];
+  snprintf(waits[0], sizeof waits[0], "rank 0 (%s:%d) waits on [fc3/weight] (missing from rank 1)",
+           g_host, (int)j.ranks[0]->pid);
+  snprintf(waits[1], sizeof waits[1],
+           "rank 1 (%s:%d) waits on [fc3/weight.desync] (missing from ranks [0,2])", g_host,
+           (int)j.ranks[1]->pid);
+  snprintf(waits[2], sizeof waits[2], "rank 2 (%s:%d) waits on [fc3/weight] (missing from rank 1)",
+           g_host, (int)j.ranks[2]->pid);
+  for (int r = 0; r < 3; r++) {
+    char want[128];
+    snprintf(want, sizeof want, "rank %d: allreduce of '%s' failed: GS_ERR_DEADLOCK", r,
+             r == 1 ? "fc3/weight.desync" : "fc3/weight");
+    expect_output(j.ranks[r], want);
+    for (int k = 0; k < 3; k++) expect_output(j.ranks[r], waits[k]);
+  }
+  expect_output(j.ranks[1], "rank 1: --desync-rank 1 --desync-step 3: submitting the gradients");
+  expect_output(j.coord, "aborting the job: deadlock: ");
+  for (int k = 0; k < 3; k++) expect_output(j.coord, waits[k]);
+  stop_coordinator(&j);
+  expect_no_strays();
+}
+
+/* The same through the launcher, as a user types it: it exits with the
+ * first failing rank's status and shows the report. */
+static void test_desync_gradsync_run(void **state) {
+  (void)state;
+  char *argv[] = {(char *)run_path,
+                  "-np",
+                  "3",
+                  "--coord-arg",
+                  "--deadlock-time-ms",
+                  "--coord-arg",
+                  "1500",
+                  (char *)train_path,
+                  "--desync-rank",
+                  "1",
+                  "--desync-step",
+                  "3",
+                  NULL};
+  proc *p = proc_spawn("gradsync-run", argv, NULL);
+  if (p == NULL) fail_with_dump("could not start gradsync-run");
+  expect_exit(p, 1);
+  expect_output(p, ": allreduce of 'fc3/weight");
+  expect_output(p, "' failed: GS_ERR_DEADLOCK: ");
+  expect_output(p, "waits on [fc3/weight] (missing from rank 1)");
+  expect_output(p, "waits on [fc3/weight.desync] (missing from ranks [0,2])");
+  expect_no_strays();
+}
+
+/* ---- a rank dies ---------------------------------------------------------- */
+
+/* Rank 2 _exits in the middle of step 5: the others fail naming it, nothing
+ * is left running, and the coordinator stays up and refuses a newcomer to
+ * the aborted job with a clear reason. */
+static void test_crash_rank(void **state) {
+  (void)state;
+  char *train_args[] = {"--steps", "20", "--crash-rank", "2", "--crash-step", "5", NULL};
+  job j;
+  start_train_job(&j, 3, NULL, train_args);
+  expect_exit(j.ranks[2], 3);
+  expect_output(j.ranks[2], "rank 2: --crash-rank 2 --crash-step 5: exiting with status 3 in "
+                            "the middle of step 5");
+  for (int r = 0; r < 2; r++) {
+    expect_exit(j.ranks[r], 1);
+    expect_named_lost(&j, j.ranks[r], 2);
+  }
+
+  char *join[] = {(char *)worker_path, "join", NULL};
+  char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=10000", NULL};
+  proc *late = start_rank(&j, 2, join, env);
+  snprintf(late->label, sizeof late->label, "rank 2 (restarted)");
+  expect_exit(late, 3);
+  expect_output(late, "join: gs_init failed: GS_ERR_ABORTED: ");
+  expect_output(late, "cannot join: the job was aborted; restart the whole job");
+
+  stop_coordinator(&j);
+  expect_no_strays();
+}
+
+/* SIGKILL of rank 2 while the job trains. */
+static void test_sigkill_rank(void **state) {
+  (void)state;
+  job j;
+  start_train_job(&j, 3, NULL, long_run);
+  wait_training(&j);
+  proc_signal(j.ranks[2], SIGKILL);
+  expect_exit(j.ranks[2], 128 + SIGKILL);
+  for (int r = 0; r < 2; r++) {
+    expect_exit(j.ranks[r], 1);
+    expect_named_lost(&j, j.ranks[r], 2);
+  }
+  stop_coordinator(&j);
+  expect_no_strays();
+}
+
+/* ---- a hung rank: stall inspector ---------------------------------------- */
+
+/* Rank 1 sleeps forever before step 3: the coordinator warns in Horovod's
+ * format, naming rank 1 and the six tensors it never submitted. The hung
+ * rank is not blocked in gs_wait, so a short deadlock time must not fire. */
+static void test_hang_stall_warning(void **state) {
+  (void)state;
+  char *coord_args[] = {"--stall-warning-s", "2", "--deadlock-time-ms", "1000", NULL};
+  char *train_args[] = {"--steps", "20", "--hang-rank", "1", "--hang-step", "3", NULL};
+  job j;
+  start_train_job(&j, 3, coord_args, train_args);
+  char missing[512];
+  snprintf(missing, sizeof missing,
+           "Missing ranks:\n1 (%s:%d): [fc1/bias, fc1/weight, fc2/bias, fc2/weight, fc3/bias, "
+           "fc3/weight]\n",
+           g_host, (int)j.ranks[1]->pid);
+  wait_for_output(j.coord, missing);
+  expect_output(j.coord, "One or more tensors were submitted to be reduced, gathered or "
+                         "broadcasted by subset of ranks and are waiting for remainder of ranks "
+                         "for more than 2 seconds.");
+  expect_no_output(j.coord, "Missing ranks:\n0 (", 0);
+  expect_no_output(j.coord, "]\n2 (", 0);
+  expect_no_output(j.coord, "deadlock", 1);
+  expect_output(j.ranks[1], "rank 1: --hang-rank 1 --hang-step 3: hanging forever");
+  /* The teardown kills the hung job. */
+}
+
+/* With --stall-shutdown-s 3 the coordinator aborts the job with that
+ * report: the waiting ranks fail with GS_ERR_STALL, the hung one logs it
+ * (it cannot act on it: it is hung) and is killed. */
+static void test_hang_stall_shutdown(void **state) {
+  (void)state;
+  char *coord_args[] = {"--stall-shutdown-s", "3", NULL};
+  char *train_args[] = {"--steps", "20", "--hang-rank", "1", "--hang-step", "3", NULL};
+  job j;
+  start_train_job(&j, 3, coord_args, train_args);
+  static const char stall[] = "One or more tensors were submitted to be reduced, gathered or "
+                              "broadcasted by subset of ranks and are waiting for remainder of "
+                              "ranks for more than 3 seconds.";
+  char missing[512];
+  snprintf(missing, sizeof missing,
+           "Missing ranks:\n1 (%s:%d): [fc1/bias, fc1/weight, fc2/bias, fc2/weight, fc3/bias, "
+           "fc3/weight]\n",
+           g_host, (int)j.ranks[1]->pid);
+  for (int r = 0; r < 3; r += 2) {
+    char want[128];
+    expect_exit(j.ranks[r], 1);
+    snprintf(want, sizeof want, "rank %d: allreduce of 'fc3/weight' failed: GS_ERR_STALL: ", r);
+    expect_output(j.ranks[r], want);
+    expect_output(j.ranks[r], stall);
+    expect_output(j.ranks[r], missing);
+  }
+  wait_for_output(j.ranks[1], "gradsync[rank 1] ERROR the coordinator aborted the job: One or "
+                              "more tensors were submitted");
+  expect_output(j.ranks[1], missing);
+  proc_signal(j.ranks[1], SIGKILL);
+  expect_exit(j.ranks[1], 128 + SIGKILL);
+  expect_output(j.coord, "aborting the job: One or more tensors were submitted");
+  expect_output(j.coord, missing);
+  stop_coordinator(&j);
+  expect_no_strays();
+}
+
+/* ---- a stopped rank: liveness ---------------------------------------------- */
+
+/* SIGSTOP of rank 1 with --rank-timeout-ms 2000: the others fail with
+ * GS_ERR_RANK_LOST naming it, also when they were inside a ring collective
+ * with it. Resumed, rank 1 learns it was declared lost and fails too. */
+static void test_stopped_rank(void **state) {
+  (void)state;
+  char *coord_args[] = {"--rank-timeout-ms", "2000", NULL};
+  job j;
+  start_train_job(&j, 3, coord_args, long_run);
+  wait_training(&j);
+  proc_signal(j.ranks[1], SIGSTOP);
+  char lost[512];
+  snprintf(lost, sizeof lost, "rank 1 (%s, pid %d) was lost: it was silent for ", g_host,
+           (int)j.ranks[1]->pid);
+  for (int r = 0; r < 3; r += 2) {
+    char want[64];
+    expect_exit(j.ranks[r], 1);
+    snprintf(want, sizeof want, "rank %d: allreduce of '", r);
+    expect_output(j.ranks[r], want);
+    expect_output(j.ranks[r], "' failed: GS_ERR_RANK_LOST: ");
+    expect_output(j.ranks[r], lost);
+  }
+  proc_signal(j.ranks[1], SIGCONT);
+  expect_exit(j.ranks[1], 1);
+  expect_output(j.ranks[1], "rank 1: allreduce of '");
+  expect_output(j.ranks[1], "the coordinator declared this rank lost: it was silent for ");
+  stop_coordinator(&j);
+  expect_no_strays();
+}
+
+/* ---- stragglers are not deadlocks ------------------------------------------ */
+
+static void straggler(const char *slow_ms, const char *steps) {
+  char *argv[] = {(char *)run_path,
+                  "-np",
+                  "3",
+                  "--coord-arg",
+                  "--deadlock-time-ms",
+                  "--coord-arg",
+                  "1000",
+                  (char *)train_path,
+                  "--slow-rank",
+                  "1",
+                  "--slow-ms",
+                  (char *)slow_ms,
+                  "--steps",
+                  (char *)steps,
+                  NULL};
+  proc *p = proc_spawn("gradsync-run", argv, NULL);
+  if (p == NULL) fail_with_dump("could not start gradsync-run");
+  expect_exit(p, 0);
+  char want[128];
+  snprintf(want, sizeof want, "[1] rank 1: --slow-rank 1 --slow-ms %s: sleeping", slow_ms);
+  expect_output(p, want);
+  expect_output(p, "[0] parameters identical on all 3 ranks");
+  expect_no_output(p, "deadlock", 1);
+  expect_no_output(p, "ERROR", 0);
+  expect_no_strays();
+}
+
+/* Rank 1 sleeps 60 ms before every backward pass, 36 steps. */
+static void test_straggler(void **state) {
+  (void)state;
+  straggler("60", "36");
+}
+
+/* Rank 1 computes longer (1.5 s) than the deadlock time (1 s) while the
+ * others wait on it: it is not blocked, so this is no deadlock. */
+static void test_straggler_slower_than_deadlock_time(void **state) {
+  (void)state;
+  straggler("1500", "2");
+}
+
+/* ---- the coordinator dies ----------------------------------------------- */
+
+static void test_coordinator_killed(void **state) {
+  (void)state;
+  job j;
+  start_train_job(&j, 3, NULL, long_run);
+  wait_training(&j);
+  proc_signal(j.coord, SIGKILL);
+  expect_exit(j.coord, 128 + SIGKILL);
+  char lost[512];
+  snprintf(lost, sizeof lost, "lost the coordinator at %s: ", j.addr);
+  for (int r = 0; r < 3; r++) {
+    char want[64];
+    expect_exit(j.ranks[r], 1);
+    snprintf(want, sizeof want, "rank %d: allreduce of '", r);
+    expect_output(j.ranks[r], want);
+    expect_output(j.ranks[r], "' failed: GS_ERR_COORDINATOR_LOST: ");
+    expect_output(j.ranks[r], lost);
+  }
+  expect_no_strays();
+}
+
+/* ---- a rank never joins --------------------------------------------------- */
+
+/* World 3, only ranks 0 and 1 started: both give up after 2 s naming rank 2
+ * alone, the one that never came. Ranks 0 and 1 time out a few ms apart;
+ * the one that gives up first must not be named by the other as a rank
+ * that never joined (it was present, and left for the same reason). */
+
+static void test_never_joined(void **state) {
+  (void)state;
+  char *argv[] = {(char *)train_path, NULL};
+  char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=2000", NULL};
+  job j;
+  start_coordinator(&j, 3, NULL);
+  j.ranks[0] = start_rank(&j, 0, argv, env);
+  j.ranks[1] = start_rank(&j, 1, argv, env);
+  for (int r = 0; r < 2; r++) {
+    char want[512];
+    expect_exit(j.ranks[r], 1);
+    expect_output(j.ranks[r], "gradsync-train: cannot join the job: GS_ERR_JOIN_TIMEOUT: ");
+    snprintf(want, sizeof want,
+             "gs_init (rank %d): timed out after 2000 ms waiting for ranks [2] to join the job "
+             "at coordinator %s",
+             r, j.addr);
+    expect_output(j.ranks[r], want);
+  }
+  stop_coordinator(&j);
+  expect_no_strays();
+}
+
+int main(void) {
+  if (gethostname(g_host, sizeof g_host) != 0) snprintf(g_host, sizeof g_host, "?");
+  g_host[sizeof g_host - 1] = '\0';
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_desync_deadlock, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_crash_rank, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hang_stall_warning, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hang_stall_shutdown, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stopped_rank, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_straggler, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_straggler_slower_than_deadlock_time, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_coordinator_killed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_never_joined, setup, teardown),
+  };
+  return cmocka_run_group_tests_name("fault", tests, NULL, NULL);
+}
