@@ -469,6 +469,8 @@ int gs__encode_plan_msg(const gs__plan_msg *m, uint8_t **out, size_t *len) {
     ws.ranks = rip;
     ws.n_missing_ranks = m->world.nmissing;
     ws.missing_ranks = m->world.missing_ranks;
+    ws.n_gone_ranks = m->world.ngone;
+    ws.gone_ranks = m->world.gone_ranks;
     pb.kind_case = GRADSYNC__V1__PLAN_MESSAGE__KIND_WORLD;
     pb.world = &ws;
     break;
@@ -599,6 +601,19 @@ int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *e
       }
       memcpy(m->world.missing_ranks, w->missing_ranks, w->n_missing_ranks * sizeof(int32_t));
       m->world.nmissing = w->n_missing_ranks;
+    }
+    if (!rc && w->n_gone_ranks > GS__MAX_WORLD) {
+      rc = fail(err, errlen, "WorldStatus lists more ranks than the limit of %d", GS__MAX_WORLD);
+      break;
+    }
+    if (!rc && w->n_gone_ranks) {
+      m->world.gone_ranks = malloc(w->n_gone_ranks * sizeof(int32_t));
+      if (!m->world.gone_ranks) {
+        rc = GS__ERR_NO_MEMORY;
+        break;
+      }
+      memcpy(m->world.gone_ranks, w->gone_ranks, w->n_gone_ranks * sizeof(int32_t));
+      m->world.ngone = w->n_gone_ranks;
     }
     break;
   }

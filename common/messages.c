@@ -21,6 +21,7 @@ void gs__world_status_free(gs__world_status *w) {
   if (!w) return;
   free(w->ranks);
   free(w->missing_ranks);
+  free(w->gone_ranks);
   memset(w, 0, sizeof *w);
 }
 

@@ -95,7 +95,9 @@ typedef struct gs__world_status {
   size_t nranks;
   gs__rank_info *ranks;
   size_t nmissing;
-  int32_t *missing_ranks;
+  int32_t *missing_ranks; /* never connected */
+  size_t ngone;
+  int32_t *gone_ranks; /* connected, then left before the job started */
 } gs__world_status;
 
 typedef struct gs__plan_tensor {

@@ -169,13 +169,24 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
       for (size_t i = 0; i < last.nranks && used < sizeof joined - 64; i++)
         used += (size_t)snprintf(joined + used, sizeof joined - used, "%s%d (%s:%d)", i ? ", " : "",
                                  last.ranks[i].rank, last.ranks[i].host, last.ranks[i].pid);
-      st = gs__set_error(
-          GS_ERR_JOIN_TIMEOUT,
-          "gs_init (rank %d): timed out after %d ms waiting for ranks [%s] to join the "
-          "job at coordinator %s (present: %s). Check that those ranks were started "
-          "with GRADSYNC_SIZE=%d and can reach the coordinator; raise "
-          "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
-          ctx->rank, timeout_ms, missing, ctx->coordinator, joined[0] ? joined : "none", ctx->size);
+      char gone[1024] = "";
+      used = 0;
+      for (size_t i = 0; i < last.ngone && used < sizeof gone - 16; i++)
+        used += (size_t)snprintf(gone + used, sizeof gone - used, "%s%d", i ? "," : "",
+                                 last.gone_ranks[i]);
+      char gone_note[1200] = "";
+      if (gone[0])
+        snprintf(gone_note, sizeof gone_note,
+                 "; ranks [%s] connected but disconnected again before the job started (they "
+                 "crashed or gave up: see their logs)",
+                 gone);
+      st = gs__set_error(GS_ERR_JOIN_TIMEOUT,
+                         "gs_init (rank %d): timed out after %d ms waiting for ranks [%s] to join "
+                         "the job at coordinator %s (present: %s%s). Check that those ranks were "
+                         "started with GRADSYNC_SIZE=%d and can reach the coordinator; raise "
+                         "GRADSYNC_JOIN_TIMEOUT_MS if they start slowly",
+                         ctx->rank, timeout_ms, missing, ctx->coordinator,
+                         joined[0] ? joined : "none", gone_note, ctx->size);
       break;
     }
     if (!got) continue;

@@ -424,6 +424,14 @@ int gs__client_session_idle(const gs__client *c) {
 static int lost(gs__client *c, char *err, size_t errlen) {
   char det[GS__MAX_TEXT];
   slice_text(c->details, det, sizeof det);
+  if (strstr(det, "declared this rank lost")) {
+    /* The coordinator is fine: it gave up on this rank (it was stopped or
+     * silent too long). */
+    snprintf(err, errlen,
+             "%s (coordinator %s). The job went on without this rank and aborted; restart it", det,
+             c->target);
+    return GS__ERR_RANK_LOST;
+  }
   snprintf(err, errlen,
            "lost the coordinator at %s: its session stream ended (%s%s%s). The coordinator "
            "process died, was stopped, or cannot be reached; check its log",

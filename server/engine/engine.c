@@ -19,7 +19,16 @@
 #include "log.h"
 #include "status.h"
 
-typedef enum { RANK_NONE = 0, RANK_JOINED, RANK_CONNECTED, RANK_LEFT, RANK_LOST } rank_state;
+/* GONE: connected, then disconnected before the world was ready; the slot
+ * may be joined again. */
+typedef enum {
+  RANK_NONE = 0,
+  RANK_JOINED,
+  RANK_CONNECTED,
+  RANK_LEFT,
+  RANK_LOST,
+  RANK_GONE
+} rank_state;
 
 typedef struct rank_slot {
   rank_state state;
@@ -311,7 +320,7 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
     return GS__ERR_NO_MEMORY;
   }
   rank_slot *s = &e->ranks[req->rank];
-  if (s->state != RANK_NONE) {
+  if (s->state != RANK_NONE && s->state != RANK_GONE) {
     snprintf(err, errlen,
              "rank %d already joined from %s:%d; a second process (%s:%d) tried to join as rank "
              "%d. Give every process its own GRADSYNC_RANK",
@@ -339,7 +348,8 @@ static int world_status(const gs__engine *e, gs__plan_msg *m) {
   m->world.epoch = 1;
   m->world.ranks = calloc((size_t)e->world, sizeof *m->world.ranks);
   m->world.missing_ranks = calloc((size_t)e->world, sizeof *m->world.missing_ranks);
-  if (!m->world.ranks || !m->world.missing_ranks) {
+  m->world.gone_ranks = calloc((size_t)e->world, sizeof *m->world.gone_ranks);
+  if (!m->world.ranks || !m->world.missing_ranks || !m->world.gone_ranks) {
     gs__plan_msg_free(m);
     return GS__ERR_NO_MEMORY;
   }
@@ -352,6 +362,8 @@ static int world_status(const gs__engine *e, gs__plan_msg *m) {
       ri->pid = s->pid;
     } else if (s->state == RANK_NONE || s->state == RANK_JOINED) {
       m->world.missing_ranks[m->world.nmissing++] = r;
+    } else if (s->state == RANK_GONE) {
+      m->world.gone_ranks[m->world.ngone++] = r;
     }
   }
   return GS__OK;
@@ -1202,11 +1214,11 @@ static void lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outbo
   if (e->aborted) return;
   if (!e->world_ready) {
     /* Still gathering: the slot is free again (a restarted process may take
-     * it) and the rank is listed as missing, so the others' join timeout
-     * names it if it never comes back. */
+     * it) and the rank is reported as gone, apart from the ranks that never
+     * came, so the others' join timeout names both for what they are. */
     out_log(box, GS__LOG_WARN, "rank %d (%s:%d) disconnected before the job started: %s", rank,
             rank_host(e, rank), s->pid, detail && *detail ? detail : "session ended");
-    memset(s, 0, sizeof *s);
+    s->state = RANK_GONE;
     gs__out *o = out_push(box, GS__OUT_TO_ALL);
     if (o && world_status(e, &o->msg) != GS__OK) box->n--;
     return;
