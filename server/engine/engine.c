@@ -86,6 +86,13 @@ typedef struct cache_item {
   struct cache_item *prev, *next; /* LRU (live) or FIFO (tombstones) */
 } cache_item;
 
+/* The last plans emitted, for naming what a lost rank left unfinished. */
+#define RECENT_PLANS 32
+typedef struct recent_plan {
+  uint64_t seq;
+  char names[512]; /* "a, b, c" (cut) */
+} recent_plan;
+
 struct gs__engine {
   gs__engine_config cfg;
   int32_t world;    /* 0 until known */
@@ -119,6 +126,7 @@ struct gs__engine {
   uint32_t *evicted; /* ids to announce in the next plan */
   size_t nevicted, evicted_cap;
   uint64_t cache_hits, full_requests;
+  recent_plan recent[RECENT_PLANS];
 };
 
 /* ---- outbox --------------------------------------------------------------- */
@@ -1071,6 +1079,13 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
       if (en) rp->tensors[k].cache_id = cache_assign(e, &en->variants[0]);
     }
   }
+  recent_plan *rp_rec = &e->recent[o->msg.plan.seq % RECENT_PLANS];
+  rp_rec->seq = o->msg.plan.seq;
+  rp_rec->names[0] = 0;
+  for (size_t i = 0; i < o->msg.plan.nresponses; i++)
+    for (size_t k = 0; k < resps[i].ntensors; k++)
+      append(rp_rec->names, sizeof rp_rec->names, "%s%s", rp_rec->names[0] ? ", " : "",
+             resps[i].tensors[k].name);
   if (e->nevicted) {
     o->msg.plan.evicted = e->evicted;
     o->msg.plan.nevicted = e->nevicted;
@@ -1223,13 +1238,20 @@ static void lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outbo
     if (o && world_status(e, &o->msg) != GS__OK) box->n--;
     return;
   }
-  char names[2048], text[GS__MAX_TEXT];
+  char names[2048], running[1024] = "", text[GS__MAX_TEXT];
   pending_names(e, names, sizeof names);
+  /* Plans emitted that the lost rank had not reported finished. */
+  for (uint64_t seq = s->last_done_seq + 1; seq < e->next_plan_seq; seq++) {
+    const recent_plan *rp = &e->recent[seq % RECENT_PLANS];
+    if (rp->seq != seq || !rp->names[0]) continue;
+    append(running, sizeof running, "%s%s", running[0] ? ", " : "", rp->names);
+  }
   snprintf(text, sizeof text,
-           "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s. The job cannot continue "
-           "without it: look at rank %d's log for why it stopped, then restart the job",
+           "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s%s%s%s. The job cannot "
+           "continue without it: look at rank %d's log for why it stopped, then restart the job",
            rank, rank_host(e, rank), s->pid, detail && *detail ? detail : "its session ended",
-           names, rank);
+           names, running[0] ? "; scheduled but not finished by it: [" : "", running,
+           running[0] ? "]" : "", rank);
   e->aborted = 1;
   out_log(box, GS__LOG_ERROR, "%s", text);
   gs__out *o = out_push(box, GS__OUT_TO_ALL);
