@@ -43,9 +43,12 @@
 #define COORD_START_MS 30000 /* the coordinator must announce its address */
 #define COORD_EOF_MS 1000    /* its stdout closed: wait this long for its status */
 #define GRACE_MS 3000        /* SIGTERM (or the forwarded signal) -> SIGKILL */
-#define KILL_GIVEUP_MS 5000  /* SIGKILL -> stop waiting for the process */
-#define DRAIN_MS 1000        /* every process gone -> stop reading its pipes */
-#define RECHECK_MS 50        /* while stopping: look for leftover group members */
+#define REPORT_MS                                                                                  \
+  1500                      /* first failure -> SIGTERM to the rest: time for the other            \
+                               ranks to fail on their own and print why */
+#define KILL_GIVEUP_MS 5000 /* SIGKILL -> stop waiting for the process */
+#define DRAIN_MS 1000       /* every process gone -> stop reading its pipes */
+#define RECHECK_MS 50       /* while stopping: look for leftover group members */
 #define READ_CHUNK 65536
 #define MAX_LINE (1u << 20) /* longer lines are split into pieces of this size */
 #define LISTEN_PREFIX "gradsyncd listening on "
@@ -92,6 +95,7 @@ typedef struct launcher {
   int exit_code;
   int have_exit; /* exit_code is decided; later failures are consequences */
   int64_t phase_deadline;
+  int64_t term_at;       /* PH_STOP_RANKS: when to send the delayed SIGTERM (0 = sent) */
   int killed;            /* SIGKILL already sent in the current stop phase */
   int64_t run_deadline;  /* --timeout; 0 = none */
   int64_t eof_deadline;  /* START: coordinator stdout closed; 0 = not yet */
@@ -646,7 +650,12 @@ static void on_rank_exit(launcher *L, int r) {
   char sb[64];
   say(L, "rank %d %s; stopping the other ranks", r, describe_status(st, sb, sizeof sb));
   decide_exit(L, status_exit_code(st));
-  begin_stop_ranks(L, SIGTERM);
+  /* The job has usually failed for every rank: give the others a moment to
+   * report their own error before they are told to stop. */
+  L->phase = PH_STOP_RANKS;
+  L->killed = 0;
+  L->term_at = now_ms() + REPORT_MS;
+  L->phase_deadline = L->term_at + GRACE_MS;
 }
 
 static proc *find_proc(launcher *L, pid_t pid, int *rank) {
@@ -775,6 +784,11 @@ static void advance(launcher *L) {
   case PH_STOP_RANKS:
     if (!any_rank_alive(L)) {
       begin_stop_coord(L);
+    } else if (L->term_at && now >= L->term_at) {
+      L->term_at = 0;
+      for (int r = 0; r < L->cfg.np; r++)
+        if (proc_alive(&L->ranks[r])) proc_signal(&L->ranks[r], SIGTERM);
+      adopted_signal(L, SIGTERM);
     } else if (now >= L->phase_deadline && !L->killed) {
       alive_list(L, list, sizeof list);
       say(L, "%s still running %d s after being told to stop; sending SIGKILL", list,
