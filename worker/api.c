@@ -470,6 +470,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
 gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
   gs_status st = submit(ctx, h);
   if (st) {
+    free(h->splits);
     free(h);
     return st;
   }

@@ -143,7 +143,8 @@ gs_status gs__set_error(gs_status status, const char *fmt, ...)
  * handle, not yet submitted (free it with free() if you do not submit). */
 gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
                      const int64_t *shape, int ndim, struct gs_handle **out);
-/* Hands h to the background thread; on failure frees h. */
+/* Hands h to the background thread. On failure frees h (and its splits)
+ * but not h->data: the caller still owns that. */
 gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out);
 
 /* Frees the worker's response-cache copy (comm thread, or after it ended). */
