@@ -1,1 +1,1121 @@
-/* placeholder: being written */
+/* Unit tests of the TCP ring backend (worker/backends/tcp_ring.c) with real
+ * sockets on 127.0.0.1. Each rank is a thread of this process; they meet
+ * through an in-memory, thread-safe gs__kv defined here (the integration
+ * tests use the coordinator's real store). Rank threads never call cmocka
+ * asserts: they record what happened and the main thread checks it.
+ *
+ * Set GS_RING_BENCH=1 to also print 2-rank float32 allreduce timings. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "status.h"
+
+#define HANG_GUARD_MS 20000 /* connect/io timeouts where no failure is expected */
+
+/* ---- in-memory rendezvous store ------------------------------------------- */
+
+typedef struct kv_entry {
+  char *key;
+  void *val;
+  size_t len;
+  struct kv_entry *next;
+} kv_entry;
+
+static pthread_mutex_t g_kv_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_kv_cv;
+static kv_entry *g_kv_head;
+
+static int kv_set(void *ctx, const char *key, const void *val, size_t len, char *err,
+                  size_t errlen) {
+  (void)ctx;
+  kv_entry *e = calloc(1, sizeof *e);
+  if (!e) return GS__ERR_NO_MEMORY;
+  e->key = strdup(key);
+  e->val = malloc(len ? len : 1);
+  memcpy(e->val, val, len);
+  e->len = len;
+  pthread_mutex_lock(&g_kv_mu);
+  for (kv_entry **p = &g_kv_head; *p; p = &(*p)->next) {
+    if (strcmp((*p)->key, key) == 0) { /* replace */
+      kv_entry *old = *p;
+      e->next = old->next;
+      *p = e;
+      free(old->key), free(old->val), free(old);
+      goto out_signal;
+    }
+  }
+  e->next = g_kv_head;
+  g_kv_head = e;
+out_signal:
+  pthread_cond_broadcast(&g_kv_cv);
+  pthread_mutex_unlock(&g_kv_mu);
+  return GS__OK;
+}
+
+static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t *len, char *err,
+                  size_t errlen) {
+  (void)ctx;
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_sec += timeout_ms / 1000;
+  dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&g_kv_mu);
+  for (;;) {
+    for (kv_entry *e = g_kv_head; e; e = e->next) {
+      if (strcmp(e->key, key) == 0) {
+        *val = malloc(e->len ? e->len : 1);
+        memcpy(*val, e->val, e->len);
+        *len = e->len;
+        pthread_mutex_unlock(&g_kv_mu);
+        return GS__OK;
+      }
+    }
+    if (pthread_cond_timedwait(&g_kv_cv, &g_kv_mu, &dl) == ETIMEDOUT) break;
+  }
+  pthread_mutex_unlock(&g_kv_mu);
+  snprintf(err, errlen, "test kv: key \"%s\" did not appear within %d ms", key, timeout_ms);
+  return GS__ERR_TIMEOUT;
+}
+
+static char *kv_lookup(const char *key) {
+  char *out = NULL;
+  pthread_mutex_lock(&g_kv_mu);
+  for (kv_entry *e = g_kv_head; e; e = e->next)
+    if (strcmp(e->key, key) == 0) out = strndup(e->val, e->len);
+  pthread_mutex_unlock(&g_kv_mu);
+  return out;
+}
+
+static void kv_clear(void) {
+  pthread_mutex_lock(&g_kv_mu);
+  while (g_kv_head) {
+    kv_entry *e = g_kv_head;
+    g_kv_head = e->next;
+    free(e->key), free(e->val), free(e);
+  }
+  pthread_mutex_unlock(&g_kv_mu);
+}
+
+/* ---- running N ranks as threads -------------------------------------------- */
+
+typedef struct rank_ctx rank_ctx;
+typedef void (*rank_body)(rank_ctx *rc);
+
+typedef struct job {
+  int size;
+  int started; /* ranks 0..started-1 are run (default: all) */
+  int connect_timeout_ms, io_timeout_ms;
+  const char *advertise; /* NULL: derive from the coordinator address */
+  rank_body body;
+  void *user;
+  char prefix[64];
+  /* for tests where a rank waits for another to finish */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done_count;
+} job;
+
+struct rank_ctx {
+  job *j;
+  int rank;
+  gs__backend *b;
+  int create_rc;
+  char create_err[1024];
+  /* results written by the body */
+  int rc[16];
+  char err[16][1024];
+  double secs[16];
+  void *out[16];
+  size_t out_len[16];
+  long bad; /* elements that differed from the reference */
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *rank_main(void *arg) {
+  rank_ctx *rc = arg;
+  job *j = rc->j;
+  gs__tcp_ring_opts o = {
+      .rank = rc->rank,
+      .size = j->size,
+      .coordinator = "127.0.0.1:9", /* only aimed at, never contacted */
+      .advertise_addr = j->advertise,
+      .key_prefix = j->prefix,
+      .connect_timeout_ms = j->connect_timeout_ms ? j->connect_timeout_ms : HANG_GUARD_MS,
+      .io_timeout_ms = j->io_timeout_ms ? j->io_timeout_ms : HANG_GUARD_MS,
+      .kv = {.ctx = NULL, .set = kv_set, .get = kv_get},
+  };
+  rc->create_rc = gs__tcp_ring_create(&o, &rc->b, rc->create_err, sizeof rc->create_err);
+  if (rc->create_rc == GS__OK && j->body) j->body(rc);
+  gs__backend_destroy(rc->b);
+  rc->b = NULL;
+  pthread_mutex_lock(&j->mu);
+  j->done_count++;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  return NULL;
+}
+
+static int g_job_seq;
+
+static rank_ctx *run_job(job *j) {
+  snprintf(j->prefix, sizeof j->prefix, "job%d/", ++g_job_seq);
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_cond_init(&j->cv, NULL);
+  j->done_count = 0;
+  int started = j->started ? j->started : j->size;
+  rank_ctx *rcs = calloc((size_t)j->size, sizeof *rcs);
+  pthread_t *th = calloc((size_t)j->size, sizeof *th);
+  assert_non_null(rcs);
+  assert_non_null(th);
+  for (int r = 0; r < started; r++) {
+    rcs[r].j = j;
+    rcs[r].rank = r;
+    assert_int_equal(pthread_create(&th[r], NULL, rank_main, &rcs[r]), 0);
+  }
+  for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+  free(th);
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  return rcs;
+}
+
+static void free_job(job *j, rank_ctx *rcs) {
+  for (int r = 0; r < j->size; r++)
+    for (int k = 0; k < 16; k++) free(rcs[r].out[k]);
+  free(rcs);
+  kv_clear();
+}
+
+static void assert_created(job *j, rank_ctx *rcs) {
+  int started = j->started ? j->started : j->size;
+  for (int r = 0; r < started; r++)
+    if (rcs[r].create_rc != GS__OK)
+      fail_msg("rank %d of %d: create failed (%s): %s", r, j->size,
+               gs__status_name(rcs[r].create_rc), rcs[r].create_err);
+}
+
+/* Blocks rank rc until `count` ranks of its job have finished. */
+static void wait_done(rank_ctx *rc, int count) {
+  job *j = rc->j;
+  pthread_mutex_lock(&j->mu);
+  while (j->done_count < count) pthread_cond_wait(&j->cv, &j->mu);
+  pthread_mutex_unlock(&j->mu);
+}
+
+/* ---- float32 sum over sizes x counts ---------------------------------------- */
+
+static const size_t k_counts[] = {0, 1, 2, 3, 7, 1000, (1u << 20) + 3};
+#define NCOUNTS (sizeof k_counts / sizeof k_counts[0])
+
+static float sum_val(int r, size_t i) {
+  return (float)((int)((i * 7 + (size_t)r * 13) % 101) - 50);
+}
+
+static void body_sum_counts(rank_ctx *rc) {
+  int n = rc->j->size;
+  for (size_t k = 0; k < NCOUNTS; k++) {
+    size_t count = k_counts[k];
+    float *buf = malloc((count ? count : 1) * sizeof *buf);
+    for (size_t i = 0; i < count; i++) buf[i] = sum_val(rc->rank, i);
+    rc->rc[k] = rc->b->v->allreduce(rc->b, count ? buf : NULL, count, GS__FLOAT32, GS__SUM,
+                                    rc->err[k], sizeof rc->err[k]);
+    for (size_t i = 0; i < count; i++) {
+      float want = 0;
+      for (int r = 0; r < n; r++) want += sum_val(r, i);
+      if (buf[i] != want) rc->bad++;
+    }
+    rc->out[k] = buf;
+    rc->out_len[k] = count * sizeof *buf;
+  }
+}
+
+static void check_all_ok_and_equal(job *j, rank_ctx *rcs, int nops) {
+  for (int r = 0; r < j->size; r++) {
+    for (int k = 0; k < nops; k++)
+      if (rcs[r].rc[k] != GS__OK)
+        fail_msg("size %d rank %d op %d: %s: %s", j->size, r, k, gs__status_name(rcs[r].rc[k]),
+                 rcs[r].err[k]);
+    if (rcs[r].bad) fail_msg("size %d rank %d: %ld wrong elements", j->size, r, rcs[r].bad);
+    for (int k = 0; k < nops; k++) {
+      assert_int_equal(rcs[r].out_len[k], rcs[0].out_len[k]);
+      if (rcs[r].out_len[k] && memcmp(rcs[r].out[k], rcs[0].out[k], rcs[r].out_len[k]) != 0)
+        fail_msg("size %d op %d: rank %d's result is not bitwise equal to rank 0's", j->size, k, r);
+    }
+  }
+}
+
+static void test_sum_sizes_counts(void **state) {
+  (void)state;
+  static const int sizes[] = {1, 2, 3, 4, 7};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    job j = {.size = sizes[s], .body = body_sum_counts};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    check_all_ok_and_equal(&j, rcs, (int)NCOUNTS);
+    free_job(&j, rcs);
+  }
+}
+
+/* ---- every dtype x op against a locally computed reference ---------------------- */
+
+#define DT_COUNT 1001
+
+/* Inputs chosen so the reference is exact whatever the reduction order:
+ * small integers for float sums, powers of two for float products, and the
+ * full range for integers (wrap-around is order independent). */
+static double float_input(gs__reduce_op op, int r, size_t i) {
+  if (op == GS__PRODUCT) {
+    static const double k[] = {0.5, 1, 2, -1, -2, 4, -0.5};
+    return k[(i * 3 + (size_t)r * 5) % 7];
+  }
+  if (op == GS__MIN || op == GS__MAX) return ((double)((i * 31 + (size_t)r * 17) % 97) - 48) / 4;
+  return (double)((int)((i * 7 + (size_t)r * 13) % 101) - 50);
+}
+
+static uint64_t int_input(int r, size_t i) {
+  return (uint64_t)i * 0x9e3779b97f4a7c15ull + (uint64_t)(r + 1) * 0xc2b2ae3d27d4eb4full;
+}
+
+static void store(gs__dtype dt, void *base, size_t i, double f, uint64_t u) {
+  switch (dt) {
+  case GS__FLOAT32:
+    ((float *)base)[i] = (float)f;
+    break;
+  case GS__FLOAT64:
+    ((double *)base)[i] = f;
+    break;
+  case GS__FLOAT16:
+    ((uint16_t *)base)[i] = gs__float_to_half((float)f);
+    break;
+  case GS__BFLOAT16:
+    ((uint16_t *)base)[i] = gs__float_to_bf16((float)f);
+    break;
+  case GS__INT32:
+    ((int32_t *)base)[i] = (int32_t)(uint32_t)u;
+    break;
+  case GS__INT64:
+    ((int64_t *)base)[i] = (int64_t)u;
+    break;
+  case GS__INT8:
+    ((int8_t *)base)[i] = (int8_t)(uint8_t)u;
+    break;
+  case GS__UINT8:
+    ((uint8_t *)base)[i] = (uint8_t)u;
+    break;
+  default:
+    break;
+  }
+}
+
+static void fill_input(gs__dtype dt, gs__reduce_op op, int r, void *buf, size_t count) {
+  for (size_t i = 0; i < count; i++) store(dt, buf, i, float_input(op, r, i), int_input(r, i));
+}
+
+static int is_float(gs__dtype dt) {
+  return dt == GS__FLOAT32 || dt == GS__FLOAT64 || dt == GS__FLOAT16 || dt == GS__BFLOAT16;
+}
+
+/* Reference written independently of the ring and of gs__reduce. */
+static void reference(gs__dtype dt, gs__reduce_op op, int n, void *out, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    if (is_float(dt)) {
+      double acc = float_input(op, 0, i);
+      for (int r = 1; r < n; r++) {
+        double v = float_input(op, r, i);
+        if (op == GS__PRODUCT)
+          acc *= v;
+        else if (op == GS__MIN)
+          acc = v < acc ? v : acc;
+        else if (op == GS__MAX)
+          acc = v > acc ? v : acc;
+        else
+          acc += v;
+      }
+      if (op == GS__AVERAGE) {
+        /* float32 semantics: float sum (exact here) divided in float */
+        if (dt == GS__FLOAT64)
+          acc = acc / n;
+        else
+          acc = (double)((float)acc / (float)n);
+      }
+      store(dt, out, i, acc, 0);
+    } else {
+      unsigned bits = (unsigned)gs__dtype_size(dt) * 8;
+      uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+      /* sign-extend to int64 for min/max comparisons and division */
+      int64_t vals[8] = {0};
+      for (int r = 0; r < n; r++) {
+        uint64_t u = int_input(r, i) & mask;
+        if (dt != GS__UINT8 && bits < 64 && (u >> (bits - 1)) & 1) u |= ~mask;
+        vals[r] = (int64_t)u;
+      }
+      uint64_t acc = (uint64_t)vals[0];
+      int64_t mm = vals[0];
+      for (int r = 1; r < n; r++) {
+        if (op == GS__PRODUCT)
+          acc *= (uint64_t)vals[r];
+        else
+          acc += (uint64_t)vals[r];
+        if (op == GS__MIN && vals[r] < mm) mm = vals[r];
+        if (op == GS__MAX && vals[r] > mm) mm = vals[r];
+      }
+      if (op == GS__MIN || op == GS__MAX) acc = (uint64_t)mm;
+      if (op == GS__AVERAGE) {
+        uint64_t w = acc & mask; /* the wrapped sum, back to the type */
+        if (dt != GS__UINT8 && bits < 64 && (w >> (bits - 1)) & 1) w |= ~mask;
+        acc = (uint64_t)((int64_t)w / n);
+      }
+      store(dt, out, i, 0, acc);
+    }
+  }
+}
+
+static void body_dtypes(rank_ctx *rc) {
+  int k = 0;
+  for (gs__dtype dt = 0; dt < GS__DTYPE_COUNT; dt++) {
+    size_t es = gs__dtype_size(dt);
+    void *buf = malloc(DT_COUNT * es);
+    uint8_t *all = malloc(5 * DT_COUNT * es);
+    for (gs__reduce_op op = GS__SUM; op <= GS__PRODUCT; op++) {
+      fill_input(dt, op, rc->rank, buf, DT_COUNT);
+      int st = rc->b->v->allreduce(rc->b, buf, DT_COUNT, dt, op, rc->err[k], sizeof rc->err[k]);
+      if (st != GS__OK && rc->rc[k] == GS__OK) rc->rc[k] = st;
+      memcpy(all + (size_t)op * DT_COUNT * es, buf, DT_COUNT * es);
+    }
+    rc->out[k] = all;
+    rc->out_len[k] = 5 * DT_COUNT * es;
+    free(buf);
+    k++;
+  }
+}
+
+static void test_every_dtype_and_op(void **state) {
+  (void)state;
+  static const int sizes[] = {3, 4};
+  for (size_t s = 0; s < 2; s++) {
+    job j = {.size = sizes[s], .body = body_dtypes};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    check_all_ok_and_equal(&j, rcs, GS__DTYPE_COUNT);
+    for (gs__dtype dt = 0; dt < GS__DTYPE_COUNT; dt++) {
+      size_t es = gs__dtype_size(dt);
+      uint8_t *want = malloc(DT_COUNT * es);
+      for (gs__reduce_op op = GS__SUM; op <= GS__PRODUCT; op++) {
+        reference(dt, op, j.size, want, DT_COUNT);
+        const uint8_t *got = (const uint8_t *)rcs[0].out[dt] + (size_t)op * DT_COUNT * es;
+        for (size_t i = 0; i < DT_COUNT; i++)
+          if (memcmp(got + i * es, want + i * es, es) != 0)
+            fail_msg("size %d %s %s element %zu differs from the reference", j.size,
+                     gs__dtype_name(dt), gs__reduce_op_name(op), i);
+      }
+      free(want);
+    }
+    free_job(&j, rcs);
+  }
+}
+
+/* Real-valued data whose sum depends on the order of additions: every rank
+ * must still end with the same bits (each chunk reduced once, then copied). */
+static void body_bitwise(rank_ctx *rc) {
+  static const gs__dtype dts[] = {GS__FLOAT32, GS__FLOAT16, GS__BFLOAT16, GS__FLOAT64};
+  size_t count = 100003;
+  for (int k = 0; k < 4; k++) {
+    size_t es = gs__dtype_size(dts[k]);
+    uint8_t *buf = malloc(count * es);
+    uint32_t x = 2463534242u + (uint32_t)rc->rank * 7919u;
+    for (size_t i = 0; i < count; i++) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      store(dts[k], buf, i, (double)x / 4294967296.0 * 2e3 - 1e3, 0);
+    }
+    rc->rc[k] = rc->b->v->allreduce(rc->b, buf, count, dts[k], k % 2 ? GS__AVERAGE : GS__SUM,
+                                    rc->err[k], sizeof rc->err[k]);
+    rc->out[k] = buf;
+    rc->out_len[k] = count * es;
+  }
+}
+
+static void test_bitwise_identical(void **state) {
+  (void)state;
+  static const int sizes[] = {3, 4};
+  for (size_t s = 0; s < 2; s++) {
+    job j = {.size = sizes[s], .body = body_bitwise};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    check_all_ok_and_equal(&j, rcs, 4);
+    free_job(&j, rcs);
+  }
+}
+
+/* ---- reducescatter ------------------------------------------------------------- */
+
+/* Uneven blocks summing to DT_COUNT, some empty. */
+static void rs_counts(int n, size_t *counts) {
+  static const size_t c4[] = {300, 0, 501, 200}, c3[] = {0, 1000, 1}, c2[] = {500, 501};
+  for (int q = 0; q < n; q++)
+    counts[q] = n == 4 ? c4[q] : n == 3 ? c3[q] : n == 2 ? c2[q] : DT_COUNT;
+}
+
+static size_t rs_start(const size_t *counts, int rank) {
+  size_t s = 0;
+  for (int q = 0; q < rank; q++) s += counts[q];
+  return s;
+}
+
+static void body_reducescatter(rank_ctx *rc) {
+  int n = rc->j->size;
+  size_t counts[8];
+  rs_counts(n, counts);
+  size_t start = rs_start(counts, rc->rank), mine = counts[rc->rank];
+  for (gs__dtype dt = 0; dt < GS__DTYPE_COUNT; dt++) {
+    size_t es = gs__dtype_size(dt);
+    uint8_t *buf = malloc(DT_COUNT * es), *all = malloc(5 * DT_COUNT * es + 1);
+    for (gs__reduce_op op = GS__SUM; op <= GS__PRODUCT; op++) {
+      fill_input(dt, op, rc->rank, buf, DT_COUNT);
+      int st = rc->b->v->reducescatter(rc->b, buf, counts, dt, op, rc->err[dt], 1024);
+      if (st != GS__OK && rc->rc[dt] == GS__OK) rc->rc[dt] = st;
+      memcpy(all + (size_t)op * mine * es, buf + start * es, mine * es);
+    }
+    rc->out[dt] = all;
+    rc->out_len[dt] = 5 * mine * es;
+    free(buf);
+  }
+  /* a large float32 sum: several segments per block */
+  size_t big[8], total = 0;
+  for (int q = 0; q < n; q++) total += big[q] = (size_t)(q + 1) * 300007;
+  float *f = malloc(total * sizeof *f);
+  for (size_t i = 0; i < total; i++) f[i] = sum_val(rc->rank, i);
+  rc->rc[8] = rc->b->v->reducescatter(rc->b, f, big, GS__FLOAT32, GS__SUM, rc->err[8], 1024);
+  size_t s0 = rs_start(big, rc->rank);
+  for (size_t i = s0; i < s0 + big[rc->rank]; i++) {
+    float want = 0;
+    for (int r = 0; r < n; r++) want += sum_val(r, i);
+    if (f[i] != want) rc->bad++;
+  }
+  free(f);
+}
+
+static void test_reducescatter(void **state) {
+  (void)state;
+  for (int n = 1; n <= 4; n++) {
+    job j = {.size = n, .body = body_reducescatter};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    size_t counts[8];
+    rs_counts(n, counts);
+    for (int r = 0; r < n; r++) {
+      for (int k = 0; k <= 8; k++)
+        if (rcs[r].rc[k] != GS__OK)
+          fail_msg("size %d rank %d: %s: %s", n, r, gs__status_name(rcs[r].rc[k]), rcs[r].err[k]);
+      if (rcs[r].bad) fail_msg("size %d rank %d: %ld wrong elements", n, r, rcs[r].bad);
+      size_t start = rs_start(counts, r), mine = counts[r];
+      for (gs__dtype dt = 0; dt < GS__DTYPE_COUNT; dt++) {
+        size_t es = gs__dtype_size(dt);
+        uint8_t *want = malloc(DT_COUNT * es);
+        for (gs__reduce_op op = GS__SUM; op <= GS__PRODUCT; op++) {
+          reference(dt, op, n, want, DT_COUNT);
+          const uint8_t *got = (const uint8_t *)rcs[r].out[dt] + (size_t)op * mine * es;
+          if (mine && memcmp(got, want + start * es, mine * es) != 0)
+            fail_msg("size %d rank %d: %s %s block differs from the reference", n, r,
+                     gs__dtype_name(dt), gs__reduce_op_name(op));
+        }
+        free(want);
+      }
+    }
+    free_job(&j, rcs);
+  }
+}
+
+/* ---- alltoallv -------------------------------------------------------------------- */
+
+static size_t a2a_bytes(int big, int o, int d) {
+  if (big) return (size_t)(o + d + 1) * 300007;
+  return (size_t)((o * 7 + d * 3) % 5) * 997; /* some blocks empty */
+}
+
+static uint8_t a2a_byte(int o, int d, size_t i) {
+  return (uint8_t)(o * 31 + d * 17 + i * 13 + (i >> 8));
+}
+
+static void body_alltoallv(rank_ctx *rc) {
+  int n = rc->j->size, me = rc->rank;
+  for (int big = 0; big < 2; big++) {
+    size_t sb[8], rb[8], st = 0, rt = 0;
+    for (int q = 0; q < n; q++) {
+      st += sb[q] = a2a_bytes(big, me, q);
+      rt += rb[q] = a2a_bytes(big, q, me);
+    }
+    uint8_t *send = malloc(st + 1), *recv = malloc(rt + 1);
+    memset(recv, 0xee, rt + 1);
+    size_t pos = 0;
+    for (int q = 0; q < n; q++)
+      for (size_t i = 0; i < sb[q]; i++) send[pos++] = a2a_byte(me, q, i);
+    rc->rc[big] = rc->b->v->alltoallv(rc->b, send, sb, recv, rb, rc->err[big], 1024);
+    pos = 0;
+    for (int q = 0; q < n; q++)
+      for (size_t i = 0; i < rb[q]; i++)
+        if (recv[pos++] != a2a_byte(q, me, i)) rc->bad++;
+    if (recv[rt] != 0xee) rc->bad++;
+    free(send);
+    free(recv);
+  }
+}
+
+static void test_alltoallv(void **state) {
+  (void)state;
+  for (int n = 1; n <= 5; n++) {
+    job j = {.size = n, .body = body_alltoallv};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    for (int r = 0; r < n; r++) {
+      for (int k = 0; k < 2; k++)
+        if (rcs[r].rc[k] != GS__OK)
+          fail_msg("size %d rank %d: %s: %s", n, r, gs__status_name(rcs[r].rc[k]), rcs[r].err[k]);
+      if (rcs[r].bad) fail_msg("size %d rank %d: %ld wrong bytes", n, r, rcs[r].bad);
+    }
+    free_job(&j, rcs);
+  }
+}
+
+/* ---- allgatherv ----------------------------------------------------------------- */
+
+typedef struct gather_case {
+  size_t bytes[8];
+  int in_place;
+} gather_case;
+
+static uint8_t gather_byte(int r, size_t i) {
+  return (uint8_t)(r * 41 + i * 7 + (i >> 9));
+}
+
+static void body_allgatherv(rank_ctx *rc) {
+  const gather_case *cases = rc->j->user;
+  int n = rc->j->size;
+  for (int k = 0; cases[k].bytes[0] != (size_t)-1; k++) {
+    const size_t *bytes = cases[k].bytes;
+    size_t total = 0, off = 0;
+    for (int r = 0; r < n; r++) {
+      if (r == rc->rank) off = total;
+      total += bytes[r];
+    }
+    uint8_t *recv = malloc(total + 1);
+    uint8_t *mine = malloc(bytes[rc->rank] + 1);
+    memset(recv, 0xee, total + 1);
+    uint8_t *send = cases[k].in_place ? recv + off : mine;
+    for (size_t i = 0; i < bytes[rc->rank]; i++) send[i] = gather_byte(rc->rank, i);
+    rc->rc[k] = rc->b->v->allgatherv(rc->b, send, recv, bytes, rc->err[k], sizeof rc->err[k]);
+    size_t pos = 0;
+    for (int r = 0; r < n; r++)
+      for (size_t i = 0; i < bytes[r]; i++, pos++)
+        if (recv[pos] != gather_byte(r, i)) rc->bad++;
+    if (recv[total] != 0xee) rc->bad++; /* nothing written past the end */
+    free(mine);
+    rc->out[k] = recv;
+    rc->out_len[k] = total;
+  }
+}
+
+static void test_allgatherv(void **state) {
+  (void)state;
+  const size_t E = (size_t)-1;
+  gather_case four[] = {
+      {{5, 0, 1000003, 17}, 0},
+      {{5, 0, 1000003, 17}, 1},
+      {{0, 0, 0, 0}, 0},
+      {{0, 3, 0, 0}, 1},
+      {{1 << 20, 1 << 20, 1 << 20, 1 << 20}, 1},
+      {{E}, 0},
+  };
+  job j = {.size = 4, .body = body_allgatherv, .user = four};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  check_all_ok_and_equal(&j, rcs, 5);
+  free_job(&j, rcs);
+
+  gather_case three[] = {{{0, 7, 0}, 0}, {{300000, 1, 0}, 0}, {{E}, 0}};
+  job j3 = {.size = 3, .body = body_allgatherv, .user = three};
+  rcs = run_job(&j3);
+  assert_created(&j3, rcs);
+  check_all_ok_and_equal(&j3, rcs, 2);
+  free_job(&j3, rcs);
+
+  gather_case one[] = {{{12}, 0}, {{12}, 1}, {{0}, 0}, {{E}, 0}};
+  job j1 = {.size = 1, .body = body_allgatherv, .user = one};
+  rcs = run_job(&j1);
+  assert_created(&j1, rcs);
+  check_all_ok_and_equal(&j1, rcs, 3);
+  free_job(&j1, rcs);
+}
+
+/* ---- broadcast -------------------------------------------------------------------- */
+
+typedef struct bcast_case {
+  size_t len;
+  int root;
+} bcast_case;
+
+static void body_broadcast(rank_ctx *rc) {
+  const bcast_case *cases = rc->j->user;
+  for (int k = 0; cases[k].root >= 0; k++) {
+    size_t len = cases[k].len;
+    uint8_t *buf = malloc(len + 1);
+    for (size_t i = 0; i < len; i++)
+      buf[i] = rc->rank == cases[k].root ? (uint8_t)(i * 13 + (i >> 8) + 1) : 0;
+    rc->rc[k] = rc->b->v->broadcast(rc->b, buf, len, cases[k].root, rc->err[k], sizeof rc->err[k]);
+    for (size_t i = 0; i < len; i++)
+      if (buf[i] != (uint8_t)(i * 13 + (i >> 8) + 1)) rc->bad++;
+    rc->out[k] = buf;
+    rc->out_len[k] = len;
+  }
+}
+
+static void test_broadcast(void **state) {
+  (void)state;
+  bcast_case c4[] = {{(3u << 20) + 5, 2}, {1, 3}, {0, 1}, {100, 0}, {0, -1}};
+  job j = {.size = 4, .body = body_broadcast, .user = c4};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  check_all_ok_and_equal(&j, rcs, 4);
+  free_job(&j, rcs);
+
+  bcast_case c2[] = {{1 << 20, 1}, {7, 0}, {0, -1}};
+  job j2 = {.size = 2, .body = body_broadcast, .user = c2};
+  rcs = run_job(&j2);
+  assert_created(&j2, rcs);
+  check_all_ok_and_equal(&j2, rcs, 2);
+  free_job(&j2, rcs);
+
+  bcast_case c1[] = {{9, 0}, {0, -1}};
+  job j1 = {.size = 1, .body = body_broadcast, .user = c1};
+  rcs = run_job(&j1);
+  assert_created(&j1, rcs);
+  check_all_ok_and_equal(&j1, rcs, 1);
+  free_job(&j1, rcs);
+}
+
+/* ---- a mix of collectives back to back on one ring -------------------------------- */
+
+static void body_mixed(rank_ctx *rc) {
+  int n = rc->j->size, k = 0;
+  for (int round = 0; round < 3; round++) {
+    size_t count = 4099 + (size_t)round * 77777;
+    int32_t *a = malloc(count * sizeof *a);
+    for (size_t i = 0; i < count; i++) a[i] = (int32_t)(i + (size_t)rc->rank);
+    rc->rc[k] = rc->b->v->allreduce(rc->b, a, count, GS__INT32, GS__MAX, rc->err[k], 1024);
+    for (size_t i = 0; i < count; i++)
+      if (a[i] != (int32_t)(i + (size_t)n - 1)) rc->bad++;
+    free(a);
+    k++;
+
+    size_t bytes[8];
+    for (int r = 0; r < n; r++) bytes[r] = (size_t)(r * 1000 + round);
+    size_t total = 0;
+    for (int r = 0; r < n; r++) total += bytes[r];
+    uint8_t *g = malloc(total + 1), *mine = malloc(bytes[rc->rank] + 1);
+    memset(mine, rc->rank + 1, bytes[rc->rank]);
+    rc->rc[k] = rc->b->v->allgatherv(rc->b, mine, g, bytes, rc->err[k], 1024);
+    size_t pos = 0;
+    for (int r = 0; r < n; r++)
+      for (size_t i = 0; i < bytes[r]; i++)
+        if (g[pos++] != r + 1) rc->bad++;
+    free(g), free(mine);
+    k++;
+
+    int root = (round + 1) % n;
+    size_t len = 50000 + (size_t)round;
+    uint8_t *bb = malloc(len);
+    memset(bb, rc->rank == root ? 0x5a : 0, len);
+    rc->rc[k] = rc->b->v->broadcast(rc->b, bb, len, root, rc->err[k], 1024);
+    for (size_t i = 0; i < len; i++)
+      if (bb[i] != 0x5a) rc->bad++;
+    free(bb);
+    k++;
+  }
+}
+
+static void test_mixed_sequence(void **state) {
+  (void)state;
+  job j = {.size = 3, .body = body_mixed, .advertise = "127.0.0.1"};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  check_all_ok_and_equal(&j, rcs, 9);
+  free_job(&j, rcs);
+}
+
+/* ---- rendezvous --------------------------------------------------------------------- */
+
+static void body_read_keys(rank_ctx *rc) {
+  char key[128];
+  snprintf(key, sizeof key, "%sring/addr/%d", rc->j->prefix, rc->rank);
+  rc->out[0] = kv_lookup(key);
+  rc->out_len[0] = 0;
+}
+
+static void test_published_address(void **state) {
+  (void)state;
+  job j = {.size = 2, .body = body_read_keys};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  for (int r = 0; r < 2; r++) {
+    const char *v = rcs[r].out[0];
+    assert_non_null(v);
+    /* the local address toward the coordinator (127.0.0.1:9) is loopback */
+    assert_true(strncmp(v, "127.0.0.1:", 10) == 0);
+    assert_true(atoi(v + 10) > 0);
+  }
+  assert_string_not_equal((char *)rcs[0].out[0], (char *)rcs[1].out[0]);
+  free_job(&j, rcs);
+}
+
+static void test_rendezvous_missing_rank(void **state) {
+  (void)state;
+  /* rank 2 of 3 never starts: both others fail in bounded time naming it */
+  job j = {.size = 3, .started = 2, .connect_timeout_ms = 300};
+  double t0 = now_s();
+  rank_ctx *rcs = run_job(&j);
+  double dt = now_s() - t0;
+  for (int r = 0; r < 2; r++) {
+    print_message("rank %d: %s\n", r, rcs[r].create_err);
+    assert_int_equal(rcs[r].create_rc, GS__ERR_DATA_PLANE);
+    assert_non_null(strstr(rcs[r].create_err, "rank 2"));
+    assert_non_null(strstr(rcs[r].create_err, "300 ms"));
+  }
+  assert_true(dt < 10);
+  free_job(&j, rcs);
+}
+
+/* ---- failures ------------------------------------------------------------------------ */
+
+#define BIG_COUNT (4u << 20)
+
+static void body_peer_dies(rank_ctx *rc) {
+  if (rc->rank == 2) {
+    /* let the others start their allreduce, then vanish (destroy closes) */
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    return;
+  }
+  float *buf = calloc(BIG_COUNT, sizeof *buf);
+  double t0 = now_s();
+  rc->rc[0] = rc->b->v->allreduce(rc->b, buf, BIG_COUNT, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+  rc->secs[0] = now_s() - t0;
+  /* the ring is out of step now: later calls fail at once */
+  rc->rc[1] = rc->b->v->allreduce(rc->b, buf, 1, GS__FLOAT32, GS__SUM, rc->err[1], 1024);
+  free(buf);
+}
+
+static void test_peer_dies(void **state) {
+  (void)state;
+  job j = {.size = 3, .body = body_peer_dies};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  for (int r = 0; r < 2; r++) {
+    if (rcs[r].rc[0] != GS__ERR_DATA_PLANE)
+      fail_msg("rank %d: want GS_ERR_DATA_PLANE, got %s: %s", r, gs__status_name(rcs[r].rc[0]),
+               rcs[r].err[0]);
+    print_message("rank %d: %s\n", r, rcs[r].err[0]);
+    /* rank 1 sees rank 2's reset; rank 0 sees either rank 2's close or
+     * rank 1's notice that it lost rank 2, whichever comes first */
+    assert_non_null(strstr(rcs[r].err[0], "lost its connection to rank 2"));
+    assert_non_null(strstr(rcs[r].err[0], "(127.0.0.1:"));
+    assert_non_null(strstr(rcs[r].err[0], "allreduce"));
+    assert_non_null(strstr(rcs[r].err[0], "check its log"));
+    if (r == 1) assert_non_null(strstr(rcs[r].err[0], "to rank 2 (127.0.0.1:"));
+    /* failed because of the close, not the 20 s io timeout */
+    assert_true(rcs[r].secs[0] < 10);
+    assert_int_equal(rcs[r].rc[1], GS__ERR_DATA_PLANE);
+    assert_non_null(strstr(rcs[r].err[1], "earlier collective failed"));
+  }
+  free_job(&j, rcs);
+}
+
+/* A rank that gives up tells its neighbours at once: the left one gets a
+ * notice naming the culprit, the right one reads a close. */
+static void body_one_aborts(rank_ctx *rc) {
+  float buf[1000] = {0};
+  if (rc->rank == 2) {
+    rc->b->v->abort(rc->b);
+    rc->rc[0] = rc->b->v->allreduce(rc->b, buf, 1000, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+    wait_done(rc, 2); /* keep the sockets open: the others must not see a close */
+    return;
+  }
+  double t0 = now_s();
+  rc->rc[0] = rc->b->v->allreduce(rc->b, buf, 1000, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+  rc->secs[0] = now_s() - t0;
+}
+
+static void test_failure_reaches_neighbours(void **state) {
+  (void)state;
+  job j = {.size = 3, .body = body_one_aborts};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  assert_int_equal(rcs[2].rc[0], GS__ERR_ABORTED);
+  for (int r = 0; r < 2; r++) {
+    print_message("rank %d: %s\n", r, rcs[r].err[0]);
+    assert_int_equal(rcs[r].rc[0], GS__ERR_DATA_PLANE);
+    assert_true(rcs[r].secs[0] < 10); /* not the 20 s io timeout */
+  }
+  /* rank 1 hears it from rank 2 itself */
+  assert_non_null(strstr(rcs[1].err[0], "stopped allreduce on news from rank 2 (127.0.0.1:"));
+  assert_non_null(strstr(rcs[1].err[0], "rank 2 aborted"));
+  /* rank 0 reads rank 2's close, or rank 1 passing the news on */
+  const char *e0 = rcs[0].err[0];
+  if (!strstr(e0, "lost its connection to rank 2 (127.0.0.1:") &&
+      !(strstr(e0, "on news from rank 1 (127.0.0.1:") && strstr(e0, "rank 2 aborted")))
+    fail_msg("rank 0 does not name rank 2: %s", e0);
+  free_job(&j, rcs);
+}
+
+typedef struct abort_arg {
+  gs__backend *b;
+  int delay_ms;
+} abort_arg;
+
+static void *abort_later(void *p) {
+  abort_arg *a = p;
+  struct timespec ts = {0, a->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  a->b->v->abort(a->b);
+  return NULL;
+}
+
+/* Rank 1 stays silent (connected, never calls a collective) until rank 0
+ * is done; rank 0 blocks waiting for it. */
+static void body_silent_peer(rank_ctx *rc) {
+  if (rc->rank == 1) {
+    wait_done(rc, 1);
+    return;
+  }
+  int do_abort = rc->j->user != NULL;
+  pthread_t th;
+  abort_arg a = {rc->b, 100};
+  if (do_abort) pthread_create(&th, NULL, abort_later, &a);
+  float *buf = calloc(BIG_COUNT, sizeof *buf);
+  double t0 = now_s();
+  rc->rc[0] = rc->b->v->allreduce(rc->b, buf, BIG_COUNT, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+  rc->secs[0] = now_s() - t0;
+  if (do_abort) {
+    pthread_join(th, NULL);
+    t0 = now_s();
+    rc->rc[1] = rc->b->v->allreduce(rc->b, buf, 8, GS__FLOAT32, GS__SUM, rc->err[1], 1024);
+    rc->rc[2] = rc->b->v->broadcast(rc->b, buf, 8, 0, rc->err[2], 1024);
+    size_t bytes[2] = {4, 4};
+    rc->rc[3] = rc->b->v->allgatherv(rc->b, buf, buf, bytes, rc->err[3], 1024);
+    rc->secs[1] = now_s() - t0;
+    rc->b->v->abort(rc->b); /* idempotent */
+  }
+  free(buf);
+}
+
+static void test_abort_unblocks(void **state) {
+  (void)state;
+  job j = {.size = 2, .body = body_silent_peer, .user = "abort", .io_timeout_ms = 30000};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  if (rcs[0].rc[0] != GS__ERR_ABORTED)
+    fail_msg("want GS_ERR_ABORTED, got %s: %s", gs__status_name(rcs[0].rc[0]), rcs[0].err[0]);
+  print_message("%s\n", rcs[0].err[0]);
+  assert_non_null(strstr(rcs[0].err[0], "aborted"));
+  assert_true(rcs[0].secs[0] < 10); /* promptly, not the 30 s timeout */
+  for (int k = 1; k <= 3; k++) assert_int_equal(rcs[0].rc[k], GS__ERR_ABORTED);
+  assert_true(rcs[0].secs[1] < 5);
+  free_job(&j, rcs);
+}
+
+static void test_io_timeout(void **state) {
+  (void)state;
+  job j = {.size = 2, .body = body_silent_peer, .io_timeout_ms = 200};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  if (rcs[0].rc[0] != GS__ERR_DATA_PLANE)
+    fail_msg("want GS_ERR_DATA_PLANE, got %s: %s", gs__status_name(rcs[0].rc[0]), rcs[0].err[0]);
+  const char *e = rcs[0].err[0];
+  print_message("%s\n", e);
+  assert_non_null(strstr(e, "rank 1 (127.0.0.1:"));
+  assert_non_null(strstr(e, "200 ms"));
+  assert_non_null(strstr(e, "GRADSYNC_DATA_TIMEOUT_MS"));
+  assert_true(rcs[0].secs[0] >= 0.19);
+  assert_true(rcs[0].secs[0] < 10);
+  free_job(&j, rcs);
+}
+
+/* ---- argument checks ------------------------------------------------------------------- */
+
+static void body_bad_args(rank_ctx *rc) {
+  float buf[4] = {0};
+  rc->rc[0] = rc->b->v->allreduce(rc->b, buf, 4, GS__FLOAT32, GS__ADASUM, rc->err[0], 1024);
+  rc->rc[1] = rc->b->v->allreduce(rc->b, buf, 4, (gs__dtype)42, GS__SUM, rc->err[1], 1024);
+  rc->rc[2] = rc->b->v->broadcast(rc->b, buf, 4, 5, rc->err[2], 1024);
+  rc->rc[3] = rc->b->v->allreduce(rc->b, buf, 4, GS__FLOAT32, (gs__reduce_op)9, rc->err[3], 1024);
+  size_t counts[2] = {2, 2};
+  rc->rc[5] =
+      rc->b->v->reducescatter(rc->b, buf, counts, GS__FLOAT32, GS__ADASUM, rc->err[5], 1024);
+  /* a refused call leaves the ring usable */
+  buf[0] = (float)rc->rank;
+  rc->rc[4] = rc->b->v->allreduce(rc->b, buf, 4, GS__FLOAT32, GS__SUM, rc->err[4], 1024);
+  if (buf[0] != 1.0f) rc->bad++;
+}
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  job j = {.size = 2, .body = body_bad_args};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(rcs[r].rc[0], GS__ERR_UNSUPPORTED);
+    assert_non_null(strstr(rcs[r].err[0], "adasum"));
+    assert_int_equal(rcs[r].rc[1], GS__ERR_INVALID_ARG);
+    assert_non_null(strstr(rcs[r].err[1], "dtype 42"));
+    assert_int_equal(rcs[r].rc[2], GS__ERR_INVALID_ARG);
+    assert_non_null(strstr(rcs[r].err[2], "root 5"));
+    assert_int_equal(rcs[r].rc[3], GS__ERR_INVALID_ARG);
+    assert_int_equal(rcs[r].rc[5], GS__ERR_UNSUPPORTED);
+    assert_non_null(strstr(rcs[r].err[5], "reducescatter"));
+    assert_int_equal(rcs[r].rc[4], GS__OK);
+    assert_int_equal(rcs[r].bad, 0);
+  }
+  free_job(&j, rcs);
+
+  char err[256];
+  gs__backend *b = (gs__backend *)1;
+  gs__tcp_ring_opts o = {.rank = 3, .size = 2};
+  assert_int_equal(gs__tcp_ring_create(&o, &b, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_null(b);
+  assert_non_null(strstr(err, "rank 3 / size 2"));
+  o = (gs__tcp_ring_opts){.rank = 0, .size = 2, .connect_timeout_ms = 1, .io_timeout_ms = 1};
+  assert_int_equal(gs__tcp_ring_create(&o, &b, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_non_null(strstr(err, "kv"));
+  o = (gs__tcp_ring_opts){.rank = 0, .size = 1, .advertise_addr = "10.0.0.1:5000"};
+  assert_int_equal(gs__tcp_ring_create(&o, &b, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_non_null(strstr(err, "advertise_addr \"10.0.0.1:5000\""));
+  gs__backend_destroy(NULL);
+}
+
+static void test_size_one(void **state) {
+  (void)state;
+  /* size 1 needs no store and no sockets; AVERAGE divides by 1 */
+  char err[256];
+  gs__backend *b = NULL;
+  gs__tcp_ring_opts o = {.rank = 0, .size = 1};
+  assert_int_equal(gs__tcp_ring_create(&o, &b, err, sizeof err), GS__OK);
+  uint16_t h[3] = {gs__float_to_half(1.5f), 0x7e00, gs__float_to_half(-3)};
+  uint16_t h0[3];
+  memcpy(h0, h, sizeof h);
+  assert_int_equal(b->v->allreduce(b, h, 3, GS__FLOAT16, GS__AVERAGE, err, sizeof err), GS__OK);
+  assert_memory_equal(h, h0, sizeof h);
+  int8_t i8[2] = {-7, 7};
+  assert_int_equal(b->v->allreduce(b, i8, 2, GS__INT8, GS__AVERAGE, err, sizeof err), GS__OK);
+  assert_int_equal(i8[0], -7);
+  assert_int_equal(b->v->allreduce(b, i8, 2, GS__INT8, GS__ADASUM, err, sizeof err),
+                   GS__ERR_UNSUPPORTED);
+  b->v->abort(b);
+  assert_int_equal(b->v->allreduce(b, i8, 2, GS__INT8, GS__SUM, err, sizeof err), GS__ERR_ABORTED);
+  gs__backend_destroy(b);
+}
+
+/* ---- optional timing --------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void body_bench(rank_ctx *rc) {
+  static const size_t sizes[] = {1u << 18, 1u << 22, 1u << 24}; /* 1, 16, 64 MiB */
+  for (int s = 0; s < 3; s++) {
+    size_t count = sizes[s];
+    float *buf = malloc(count * sizeof *buf);
+    for (size_t i = 0; i < count; i++) buf[i] = 1;
+    int iters = s == 2 ? 8 : 20;
+    double t[32];
+    for (int it = 0; it < iters + 2; it++) {
+      double t0 = now_s();
+      rc->rc[s] |= rc->b->v->allreduce(rc->b, buf, count, GS__FLOAT32, GS__SUM, rc->err[s], 1024);
+      if (it >= 2) t[it - 2] = now_s() - t0;
+    }
+    qsort(t, (size_t)iters, sizeof t[0], cmp_double);
+    rc->secs[s] = t[iters / 2];
+    free(buf);
+  }
+}
+
+static void test_bench(void **state) {
+  (void)state;
+  if (!getenv("GS_RING_BENCH")) skip();
+  for (int n = 2; n <= 4; n++) {
+    job j = {.size = n, .body = body_bench};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    static const char *names[] = {"1 MiB", "16 MiB", "64 MiB"};
+    static const double mib[] = {1, 16, 64};
+    for (int s = 0; s < 3; s++) {
+      double worst = 0;
+      for (int r = 0; r < n; r++) {
+        assert_int_equal(rcs[r].rc[s], GS__OK);
+        if (rcs[r].secs[s] > worst) worst = rcs[r].secs[s];
+      }
+      double busbw = mib[s] * 1048576.0 * 2 * (n - 1) / n / worst / 1e9;
+      printf("# np=%d float32 sum %-6s: %8.1f us  busbw %.2f GB/s\n", n, names[s], worst * 1e6,
+             busbw);
+    }
+    free_job(&j, rcs);
+  }
+}
+
+static int setup_kv(void **state) {
+  (void)state;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g_kv_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  return 0;
+}
+
+static int teardown_kv(void **state) {
+  (void)state;
+  kv_clear();
+  pthread_cond_destroy(&g_kv_cv);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_size_one),
+      cmocka_unit_test(test_sum_sizes_counts),
+      cmocka_unit_test(test_every_dtype_and_op),
+      cmocka_unit_test(test_bitwise_identical),
+      cmocka_unit_test(test_reducescatter),
+      cmocka_unit_test(test_alltoallv),
+      cmocka_unit_test(test_allgatherv),
+      cmocka_unit_test(test_broadcast),
+      cmocka_unit_test(test_mixed_sequence),
+      cmocka_unit_test(test_published_address),
+      cmocka_unit_test(test_rendezvous_missing_rank),
+      cmocka_unit_test(test_peer_dies),
+      cmocka_unit_test(test_failure_reaches_neighbours),
+      cmocka_unit_test(test_abort_unblocks),
+      cmocka_unit_test(test_io_timeout),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_bench),
+  };
+  return cmocka_run_group_tests(tests, setup_kv, teardown_kv);
+}

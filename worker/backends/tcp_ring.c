@@ -1,1 +1,1302 @@
-/* placeholder: being written */
+/* TCP ring backend: the CPU data plane.
+ *
+ * Each rank owns two TCP connections: one it dialled to its right neighbour
+ * ((rank+1) % size), which it only writes, and one it accepted from its left
+ * neighbour, which it only reads (for size 2 these are two separate
+ * connections between the same pair). Peers find each other through the
+ * rendezvous store: every rank publishes "<addr>:<port>" of its listener
+ * under "<prefix>ring/addr/<rank>".
+ *
+ * Every collective is one byte stream to the right and one from the left,
+ * driven by a single poll() loop over non-blocking sockets, so sending and
+ * receiving always overlap and two ranks pushing large chunks at each other
+ * cannot deadlock. The stream shape that makes this simple: what a rank sends
+ * is its own data followed by what it received and passes on, in the order
+ * it arrived (reduce-scatter then allgather for allreduce, the first half
+ * for reducescatter, plain forwarding for allgatherv, broadcast and the
+ * relayed blocks of alltoallv). So the send side may run as far as "own
+ * bytes + forwarded bytes received and processed", segment by segment,
+ * which pipelines the steps of the ring without per-step barriers. Each
+ * allreduce chunk is reduced by one chain of ranks in one fixed order and
+ * then copied out, so all ranks end bitwise identical.
+ *
+ * Failures are bounded and loud: every wait has a deadline (connect timeout
+ * for the rendezvous, io timeout per stretch without progress), a close or
+ * reset by a neighbour fails the collective at once, and a rank that gives
+ * up tells its neighbours right away (see poison) so the whole ring fails
+ * within milliseconds, naming the rank that failed first where it can.
+ * After a failure the ring is unusable; every later call repeats the error.
+ *
+ * Threads: one collective at a time, from the worker's background thread,
+ * which owns everything here. abort() may be called from any thread while a
+ * collective runs (not concurrently with destroy): it only sets an atomic
+ * flag and signals an eventfd that every poll watches. */
+#include "backend.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "status.h"
+
+/* Reduce-scatter data arrives in segments of this size; each is reduced as
+ * soon as it is complete and may then be forwarded right away. */
+#define SEG_BYTES (512u * 1024u)
+/* Requested socket buffers. Large enough to keep a segment or two in flight
+ * per direction; the kernel caps them at net.core.[rw]mem_max. */
+#define SOCK_BUF_BYTES (4 * 1024 * 1024)
+#define HELLO_MAGIC 0x47535247u  /* "GSRG" */
+#define ACK_MAGIC 0x4753524bu    /* "GSRK" */
+#define NOTICE_MAGIC 0x4753524eu /* "GSRN" */
+#define PROTO_VERSION 1u
+#define ADDR_MAX 300 /* "<host>:<port>", host up to 255 */
+#define CONNECT_RETRY_MS 20
+
+typedef struct piece {
+  char *p;
+  size_t len;
+  int fwd; /* recv pieces: replayed later in the send stream */
+} piece;
+
+typedef struct ring {
+  gs__backend base;
+  int rank, size, left, right;
+  int io_timeout_ms;
+  int send_fd;  /* dialled to the right neighbour; written only */
+  int recv_fd;  /* accepted from the left neighbour; read only */
+  int abort_fd; /* eventfd, readable once abort was called */
+  atomic_int aborted;
+  /* After a failed collective the two streams are out of step with the
+   * peers', so the ring refuses further work and repeats the first error. */
+  int broken;
+  int poisoned; /* peers were told (see poison) */
+  char broken_msg[1024];
+  char left_addr[ADDR_MAX], right_addr[ADDR_MAX];
+  char *scratch;      /* SEG_BYTES: incoming reduce-scatter segment */
+  float *work;        /* float32 workspace for float16/bfloat16 */
+  size_t work_cap;    /* elements */
+  piece *send, *recv; /* 2 * size entries each, rebuilt per collective */
+  size_t *offs;       /* size + 1 block offsets for allgatherv */
+} ring;
+
+/* One collective as two streams. After its first pre bytes (this rank's
+ * own data), the send stream replays, in order, the recv pieces marked fwd,
+ * so it may run as far as pre + the fwd bytes received and processed. */
+typedef struct stream {
+  const char *what;
+  const piece *send;
+  int nsend;
+  size_t pre;
+  const piece *recv;
+  int nrecv;
+  int nreduce; /* the first nreduce recv pieces are reduced into place */
+  gs__dtype dt;
+  gs__reduce_op op;
+} stream;
+
+static const gs__backend_vtbl k_vtbl;
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int ms_left(int64_t deadline) {
+  int64_t left = deadline - now_ms();
+  if (left < 0) return 0;
+  if (left > 1000000000) return 1000000000;
+  return (int)left;
+}
+
+/* errno -> text: the one place errno is translated into words. */
+static const char *errtext(int e, char *buf, size_t len) {
+  return strerror_r(e, buf, len); /* GNU: may return a static string */
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  p[0] = (unsigned char)(v >> 24);
+  p[1] = (unsigned char)(v >> 16);
+  p[2] = (unsigned char)(v >> 8);
+  p[3] = (unsigned char)v;
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* FNV-1a of the key prefix: a connection from another job's ring that
+ * happens to reach our port is told apart from our left neighbour. */
+static uint32_t prefix_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+static void close_fd(int *fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+static void tune_socket(int fd) {
+  int one = 1, buf = SOCK_BUF_BYTES;
+  /* best effort: a failure only costs speed */
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+/* Splits "host:port" / "[v6]:port" into its parts. 0 on success. */
+static int split_host_port(const char *s, char *host, size_t hostlen, char *port, size_t portlen) {
+  const char *colon = strrchr(s, ':');
+  if (!colon || colon == s || !colon[1]) return -1;
+  const char *h = s, *he = colon;
+  if (*h == '[') {
+    if (he[-1] != ']') return -1;
+    h++, he--;
+  }
+  size_t hl = (size_t)(he - h), pl = strlen(colon + 1);
+  if (hl == 0 || hl >= hostlen || pl >= portlen) return -1;
+  memcpy(host, h, hl);
+  host[hl] = 0;
+  memcpy(port, colon + 1, pl + 1);
+  return 0;
+}
+
+/* ---- rendezvous --------------------------------------------------------- */
+
+/* The local IPv4 address the kernel would use toward the coordinator: a UDP
+ * socket connect()ed there (nothing is sent) is bound to it. */
+static int local_addr_toward(const char *coordinator, char *out, size_t outlen, char *err,
+                             size_t errlen) {
+  char host[256], port[32], eb[128];
+  if (!coordinator || !*coordinator) {
+    /* no coordinator to aim at (single-host tests): loopback */
+    snprintf(out, outlen, "127.0.0.1");
+    return GS__OK;
+  }
+  if (split_host_port(coordinator, host, sizeof host, port, sizeof port) != 0) {
+    snprintf(err, errlen,
+             "tcp ring: coordinator address \"%s\" is not \"host:port\"; cannot work out "
+             "which local address the other ranks can reach (or set GRADSYNC_ADVERTISE_ADDR)",
+             coordinator);
+    return GS__ERR_INVALID_ARG;
+  }
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
+  int rc = getaddrinfo(host, port, &hints, &ai);
+  if (rc != 0) {
+    snprintf(err, errlen,
+             "tcp ring: cannot resolve the coordinator host \"%s\" to an IPv4 address (%s); "
+             "set GRADSYNC_ADVERTISE_ADDR to this host's address",
+             host, gai_strerror(rc));
+    return GS__ERR_DATA_PLANE;
+  }
+  int status = GS__ERR_DATA_PLANE;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sin;
+  socklen_t sl = sizeof sin;
+  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sin, &sl) != 0) {
+    snprintf(err, errlen,
+             "tcp ring: cannot find a local address toward the coordinator %s: %s; set "
+             "GRADSYNC_ADVERTISE_ADDR to this host's address",
+             coordinator, errtext(errno, eb, sizeof eb));
+    goto out_close;
+  }
+  if (!inet_ntop(AF_INET, &sin.sin_addr, out, (socklen_t)outlen)) {
+    snprintf(err, errlen, "tcp ring: inet_ntop failed: %s", errtext(errno, eb, sizeof eb));
+    goto out_close;
+  }
+  status = GS__OK;
+out_close:
+  if (fd >= 0) close(fd);
+  freeaddrinfo(ai);
+  return status;
+}
+
+static void addr_key(char *key, size_t len, const char *prefix, int rank) {
+  snprintf(key, len, "%sring/addr/%d", prefix, rank);
+}
+
+/* Reads rank peer's published address into out. */
+static int get_peer_addr(const gs__tcp_ring_opts *o, const char *prefix, int peer, int timeout_ms,
+                         char *out, char *err, size_t errlen) {
+  char key[512];
+  void *val = NULL;
+  size_t len = 0;
+  addr_key(key, sizeof key, prefix, peer);
+  int rc = o->kv.get(o->kv.ctx, key, timeout_ms, &val, &len, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (len == 0 || len >= ADDR_MAX || memchr(val, 0, len)) {
+    snprintf(err, errlen, "tcp ring: key \"%s\" holds %zu bytes, not \"<addr>:<port>\"", key, len);
+    free(val);
+    return GS__ERR_DATA_PLANE;
+  }
+  memcpy(out, val, len);
+  out[len] = 0;
+  free(val);
+  return GS__OK;
+}
+
+/* Writes or reads exactly len bytes on a non-blocking socket before the
+ * deadline. 0 on success, else an errno value (ETIMEDOUT, ECONNRESET, and
+ * EPIPE for an orderly close by the peer). */
+static int io_exact(int fd, void *buf, size_t len, int writing, int64_t deadline) {
+  char *p = buf;
+  while (len > 0) {
+    ssize_t k =
+        writing ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, len, MSG_DONTWAIT);
+    if (k > 0) {
+      p += k, len -= (size_t)k;
+      continue;
+    }
+    if (k == 0) return EPIPE;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
+    struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+    int left = ms_left(deadline);
+    if (left == 0) return ETIMEDOUT;
+    int pr = poll(&pfd, 1, left);
+    if (pr < 0 && errno != EINTR) return errno;
+  }
+  return 0;
+}
+
+/* Dials host:port until it answers or the deadline passes, retrying while
+ * the peer refuses (not listening yet) or is unreachable for a moment.
+ * Returns the connected non-blocking socket, or -1 with *last_errno. */
+static int dial(const char *addr, int64_t deadline, int *last_errno, char *why, size_t whylen) {
+  char host[256], port[32];
+  *last_errno = ETIMEDOUT;
+  if (split_host_port(addr, host, sizeof host, port, sizeof port) != 0) {
+    snprintf(why, whylen, "the address is not \"<addr>:<port>\"");
+    *last_errno = EINVAL;
+    return -1;
+  }
+  for (;;) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int rc = getaddrinfo(host, port, &hints, &ai);
+    if (rc != 0) {
+      snprintf(why, whylen, "cannot resolve \"%s\": %s", host, gai_strerror(rc));
+    } else {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) {
+        *last_errno = errno;
+        freeaddrinfo(ai);
+        snprintf(why, whylen, "socket() failed");
+        return -1;
+      }
+      tune_socket(fd); /* before connect: the window scale is fixed at SYN */
+      int e = 0;
+      if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        e = errno;
+        if (e == EINPROGRESS) {
+          struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+          int pr = poll(&pfd, 1, ms_left(deadline));
+          if (pr > 0) {
+            socklen_t sl = sizeof e;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0) e = errno;
+          } else {
+            e = pr == 0 ? ETIMEDOUT : errno;
+          }
+        }
+      }
+      freeaddrinfo(ai);
+      if (e == 0) return fd;
+      close(fd);
+      *last_errno = e;
+      why[0] = 0;
+    }
+    if (ms_left(deadline) == 0) return -1;
+    int pause = ms_left(deadline) < CONNECT_RETRY_MS ? ms_left(deadline) : CONNECT_RETRY_MS;
+    poll(NULL, 0, pause);
+  }
+}
+
+static void encode_hello(unsigned char h[20], int rank, int size, uint32_t ph) {
+  put_u32(h, HELLO_MAGIC);
+  put_u32(h + 4, PROTO_VERSION);
+  put_u32(h + 8, (uint32_t)rank);
+  put_u32(h + 12, (uint32_t)size);
+  put_u32(h + 16, ph);
+}
+
+/* Accepts connections until one carries the left neighbour's hello; others
+ * (a stray or stale peer) are closed. Returns the socket or -1 on timeout
+ * or error (errno-style code in *last_errno; *strays counts rejects). */
+static int accept_left(ring *r, int lfd, uint32_t ph, int64_t deadline, int *last_errno,
+                       int *strays) {
+  *last_errno = ETIMEDOUT;
+  for (;;) {
+    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+    int left = ms_left(deadline);
+    if (left == 0) return -1;
+    int pr = poll(&pfd, 1, left);
+    if (pr < 0 && errno != EINTR) {
+      *last_errno = errno;
+      return -1;
+    }
+    if (pr <= 0) continue;
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      *last_errno = errno;
+      return -1;
+    }
+    unsigned char got[20], want[20], ack[8];
+    encode_hello(want, r->left, r->size, ph);
+    /* A silent stray must not eat the whole rendezvous budget. */
+    int64_t hello_deadline = now_ms() + 2000;
+    if (hello_deadline > deadline) hello_deadline = deadline;
+    if (io_exact(fd, got, sizeof got, 0, hello_deadline) == 0 &&
+        memcmp(got, want, sizeof want) == 0) {
+      put_u32(ack, ACK_MAGIC);
+      put_u32(ack + 4, (uint32_t)r->rank);
+      if (io_exact(fd, ack, sizeof ack, 1, deadline) == 0) {
+        tune_socket(fd);
+        return fd;
+      }
+    }
+    (*strays)++;
+    close(fd);
+  }
+}
+
+static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t errlen) {
+  char eb[128], my_addr[ADDR_MAX], host[256], key[512];
+  const char *prefix = o->key_prefix ? o->key_prefix : "";
+  uint32_t ph = prefix_hash(prefix);
+  int64_t deadline = now_ms() + o->connect_timeout_ms;
+  int status = GS__ERR_DATA_PLANE;
+
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (lfd < 0) {
+    snprintf(err, errlen, "tcp ring: rank %d: socket() failed: %s", r->rank,
+             errtext(errno, eb, sizeof eb));
+    return GS__ERR_DATA_PLANE;
+  }
+  int one = 1;
+  (void)setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  tune_socket(lfd); /* inherited by the accepted socket */
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+  socklen_t sl = sizeof sin;
+  if (bind(lfd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(lfd, 64) != 0 ||
+      getsockname(lfd, (struct sockaddr *)&sin, &sl) != 0) {
+    snprintf(err, errlen, "tcp ring: rank %d cannot listen on 0.0.0.0: %s", r->rank,
+             errtext(errno, eb, sizeof eb));
+    goto out_close_listener;
+  }
+
+  if (o->advertise_addr && *o->advertise_addr) {
+    snprintf(host, sizeof host, "%s", o->advertise_addr);
+  } else {
+    status = local_addr_toward(o->coordinator, host, sizeof host, err, errlen);
+    if (status != GS__OK) goto out_close_listener;
+    status = GS__ERR_DATA_PLANE;
+  }
+  snprintf(my_addr, sizeof my_addr, "%s:%u", host, (unsigned)ntohs(sin.sin_port));
+  addr_key(key, sizeof key, prefix, r->rank);
+  int rc = o->kv.set(o->kv.ctx, key, my_addr, strlen(my_addr), err, errlen);
+  if (rc != GS__OK) {
+    status = rc;
+    goto out_close_listener;
+  }
+
+  /* Both neighbours' addresses: the right one to dial, the left one to name
+   * in error messages. */
+  rc = get_peer_addr(o, prefix, r->right, ms_left(deadline), r->right_addr, err, errlen);
+  if (rc == GS__OK && r->left != r->right)
+    rc = get_peer_addr(o, prefix, r->left, ms_left(deadline), r->left_addr, err, errlen);
+  else if (rc == GS__OK)
+    memcpy(r->left_addr, r->right_addr, sizeof r->left_addr);
+  if (rc == GS__ERR_TIMEOUT) {
+    /* name every neighbour still missing, not just the first we waited on */
+    char tmp[ADDR_MAX], e2[64];
+    int miss_r = !r->right_addr[0];
+    int miss_l = r->left != r->right &&
+                 (!r->left_addr[0] && get_peer_addr(o, prefix, r->left, 0, tmp, e2, sizeof e2));
+    char who[64];
+    if (miss_r && miss_l)
+      snprintf(who, sizeof who, "ranks %d and %d", r->right, r->left);
+    else
+      snprintf(who, sizeof who, "rank %d", miss_r ? r->right : r->left);
+    snprintf(err, errlen,
+             "tcp ring: rank %d could not reach %s: no address was published under \"%sring/"
+             "addr/<rank>\" within %d ms. %s never started or failed before joining the ring; "
+             "check %s.",
+             r->rank, who, prefix, o->connect_timeout_ms,
+             miss_r && miss_l ? "Those ranks" : "That rank",
+             miss_r && miss_l ? "their logs" : "its log");
+    goto out_close_listener;
+  }
+  if (rc != GS__OK) {
+    status = rc;
+    goto out_close_listener;
+  }
+
+  /* connect() completes against the right's listen backlog, so dialling
+   * first and accepting second cannot wait in a cycle. */
+  int e = 0;
+  char why[400] = "";
+  r->send_fd = dial(r->right_addr, deadline, &e, why, sizeof why);
+  if (r->send_fd < 0) {
+    snprintf(err, errlen,
+             "tcp ring: rank %d could not connect to rank %d at %s within %d ms: %s%s%s. Check "
+             "that the rank is running and that its address is reachable from this host "
+             "(firewall, GRADSYNC_ADVERTISE_ADDR).",
+             r->rank, r->right, r->right_addr, o->connect_timeout_ms, errtext(e, eb, sizeof eb),
+             why[0] ? "; " : "", why);
+    goto out_close_listener;
+  }
+  unsigned char hello[20];
+  encode_hello(hello, r->rank, r->size, ph);
+  e = io_exact(r->send_fd, hello, sizeof hello, 1, deadline);
+  if (e != 0) {
+    snprintf(err, errlen, "tcp ring: rank %d lost its new connection to rank %d (%s): %s", r->rank,
+             r->right, r->right_addr, errtext(e, eb, sizeof eb));
+    goto out_close_listener;
+  }
+
+  int strays = 0;
+  r->recv_fd = accept_left(r, lfd, ph, deadline, &e, &strays);
+  if (r->recv_fd < 0) {
+    char extra[160] = "";
+    if (strays)
+      snprintf(extra, sizeof extra,
+               " (%d other connection(s) with a wrong hello were refused: another job or "
+               "a stale address under the same key prefix?)",
+               strays);
+    snprintf(err, errlen,
+             "tcp ring: rank %d: rank %d (%s) did not connect to %s within %d ms: %s%s. Check "
+             "that rank's log, and that this host's port %u is reachable from it (firewall, "
+             "GRADSYNC_ADVERTISE_ADDR).",
+             r->rank, r->left, r->left_addr, my_addr, o->connect_timeout_ms,
+             errtext(e, eb, sizeof eb), extra, (unsigned)ntohs(sin.sin_port));
+    goto out_close_listener;
+  }
+
+  unsigned char ack[8];
+  e = io_exact(r->send_fd, ack, sizeof ack, 0, deadline);
+  if (e == 0 && (get_u32(ack) != ACK_MAGIC || get_u32(ack + 4) != (uint32_t)r->right)) e = EPROTO;
+  if (e != 0) {
+    snprintf(err, errlen,
+             "tcp ring: rank %d connected to rank %d at %s but it did not confirm within %d ms: "
+             "%s. If that address belongs to another process, check GRADSYNC_ADVERTISE_ADDR "
+             "and the key prefix; else check that rank's log.",
+             r->rank, r->right, r->right_addr, o->connect_timeout_ms, errtext(e, eb, sizeof eb));
+    goto out_close_listener;
+  }
+  status = GS__OK;
+out_close_listener:
+  close(lfd);
+  return status;
+}
+
+/* ---- failure: fail fast, name the first culprit ----------------------------
+ *
+ * A rank that gives up on a collective poisons its ring at once instead of
+ * leaving its neighbours to time out: it shuts down the send side (the right
+ * neighbour reads EOF) and writes a notice on the otherwise unused reverse
+ * direction of the connection from its left, naming the rank that caused
+ * the failure. The left neighbour reads it where it expects nothing but a
+ * close, reports that culprit rather than "rank X closed", and passes the
+ * notice on to its own left. (Nothing can travel right without corrupting
+ * the data stream, so ranks to the right see a plain close.) */
+
+enum { NOTE_LOST = 1, NOTE_TIMEOUT = 2, NOTE_ABORTED = 3, NOTE_REFUSED = 4 };
+#define NOTE_BYTES 20
+
+static void send_notice(ring *r, int origin, int culprit, int kind, int val) {
+  if (r->poisoned) return;
+  r->poisoned = 1;
+  unsigned char note[NOTE_BYTES];
+  put_u32(note, NOTICE_MAGIC);
+  put_u32(note + 4, (uint32_t)origin);
+  put_u32(note + 8, (uint32_t)culprit);
+  put_u32(note + 12, (uint32_t)kind);
+  put_u32(note + 16, (uint32_t)val);
+  /* best effort: the reverse direction is empty, so a notice always fits
+   * unless the left neighbour is already gone */
+  if (r->recv_fd >= 0) {
+    ssize_t k = send(r->recv_fd, note, sizeof note, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)k;
+  }
+  if (r->send_fd >= 0) (void)shutdown(r->send_fd, SHUT_WR);
+}
+
+/* This rank gives up because of culprit (kind: NOTE_*, val: errno or ms). */
+static void poison(ring *r, int culprit, int kind, int val) {
+  send_notice(r, r->rank, culprit, kind, val);
+}
+
+static int fail(ring *r, int status, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* Records a collective's failure: the message goes to err and is kept for
+ * every later call. The caller poisons the ring. */
+static int fail(ring *r, int status, char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->broken_msg, sizeof r->broken_msg, fmt, ap);
+  va_end(ap);
+  r->broken = status;
+  snprintf(err, errlen, "%s", r->broken_msg);
+  return status;
+}
+
+static int lost_peer(ring *r, int peer_is_right, int e, const char *what, char *err,
+                     size_t errlen) {
+  char eb[128];
+  const char *why = e ? errtext(e, eb, sizeof eb) : "the peer closed the connection";
+  int peer = peer_is_right ? r->right : r->left;
+  poison(r, peer, NOTE_LOST, e);
+  return fail(r, GS__ERR_DATA_PLANE, err, errlen,
+              "tcp ring: rank %d lost its connection to rank %d (%s) during %s: %s. The peer "
+              "process probably died, or gave up after an error of its own; check its log.",
+              r->rank, peer, peer_is_right ? r->right_addr : r->left_addr, what, why);
+}
+
+static int sock_error(int fd) {
+  int e = 0;
+  socklen_t sl = sizeof e;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0) e = errno;
+  return e;
+}
+
+/* The right neighbour's side of the connection became readable or closed:
+ * a notice if it gave up, else it is gone. */
+static int right_side_event(ring *r, const char *what, char *err, size_t errlen) {
+  unsigned char note[NOTE_BYTES];
+  ssize_t k = recv(r->send_fd, note, sizeof note, MSG_DONTWAIT | MSG_WAITALL);
+  if (k != (ssize_t)sizeof note || get_u32(note) != NOTICE_MAGIC)
+    return lost_peer(r, 1, k < 0 ? errno : sock_error(r->send_fd), what, err, errlen);
+  int origin = (int)get_u32(note + 4), culprit = (int)get_u32(note + 8);
+  int kind = (int)get_u32(note + 12), val = (int)get_u32(note + 16);
+  char eb[128], why[400];
+  send_notice(r, origin, culprit, kind, val); /* pass it on to the left */
+  if (kind == NOTE_TIMEOUT && culprit == r->rank)
+    snprintf(why, sizeof why,
+             "rank %d timed out after %d ms waiting for this rank, which was itself still "
+             "waiting for its peers. Look for the rank that stopped first (its neighbours' logs "
+             "name it)",
+             origin, val);
+  else if (kind == NOTE_TIMEOUT)
+    snprintf(why, sizeof why,
+             "rank %d timed out after %d ms waiting for rank %d. Rank %d is stuck, stopped, or "
+             "not running this collective; check its log (if it is just slow, raise "
+             "GRADSYNC_DATA_TIMEOUT_MS)",
+             origin, val, culprit, culprit);
+  else if (kind == NOTE_REFUSED)
+    snprintf(why, sizeof why,
+             "rank %d refused the collective (its arguments disagree with the other ranks'); "
+             "its log has the details",
+             origin);
+  else if (kind == NOTE_ABORTED)
+    snprintf(why, sizeof why,
+             "rank %d aborted its collectives (the job is being torn down); the first error is "
+             "in the coordinator's and rank %d's logs",
+             origin, origin);
+  else
+    snprintf(why, sizeof why,
+             "rank %d lost its connection to rank %d: %s. Rank %d probably died; check its log",
+             origin, culprit, val ? errtext(val, eb, sizeof eb) : "the peer closed the connection",
+             culprit);
+  return fail(r, GS__ERR_DATA_PLANE, err, errlen,
+              "tcp ring: rank %d stopped %s on news from rank %d (%s): %s.", r->rank, what,
+              r->right, r->right_addr, why);
+}
+
+/* The left neighbour closed or reset. If that is a cascade (it gave up
+ * because our right neighbour failed first, and the news of that is
+ * already waiting on the right side), name the first failure instead. */
+static int left_lost(ring *r, int e, int watching_right, const char *what, char *err,
+                     size_t errlen) {
+  if (watching_right) {
+    struct pollfd pfd = {.fd = r->send_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pfd, 1, 0) > 0 && pfd.revents) return right_side_event(r, what, err, errlen);
+  }
+  return lost_peer(r, 0, e, what, err, errlen);
+}
+
+static int aborted_status(ring *r, const char *what, char *err, size_t errlen) {
+  poison(r, r->rank, NOTE_ABORTED, 0);
+  snprintf(err, errlen,
+           "tcp ring: rank %d: %s aborted (the job is being torn down after an error "
+           "elsewhere)",
+           r->rank, what);
+  return GS__ERR_ABORTED;
+}
+
+/* ---- the stream engine ---------------------------------------------------- */
+
+static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
+  size_t send_total = 0, recv_total = 0;
+  for (int i = 0; i < st->nsend; i++) send_total += st->send[i].len;
+  for (int i = 0; i < st->nrecv; i++) recv_total += st->recv[i].len;
+  size_t es = gs__dtype_size(st->dt);
+  size_t sent = 0, recvd = 0, processed = 0, fwd_done = 0;
+  int si = 0, ri = 0;
+  size_t soff = 0, roff = 0;
+  int64_t deadline = now_ms() + r->io_timeout_ms;
+
+  while (sent < send_total || processed < recv_total) {
+    if (atomic_load(&r->aborted)) return aborted_status(r, st->what, err, errlen);
+    size_t allowed = st->pre + fwd_done < send_total ? st->pre + fwd_done : send_total;
+    int want_send = sent < send_total, can_send = sent < allowed, want_recv = recvd < recv_total;
+    struct pollfd pfd[3] = {
+        {.fd = r->abort_fd, .events = POLLIN},
+        /* The right neighbour only ever writes a failure notice to us. It
+         * closes when it has all it needs from us, so watch it only while
+         * it still does. */
+        {.fd = want_send ? r->send_fd : -1,
+         .events = POLLIN | POLLRDHUP | (can_send ? POLLOUT : 0)},
+        {.fd = want_recv ? r->recv_fd : -1, .events = POLLIN | POLLRDHUP},
+    };
+    int pr = poll(pfd, 3, ms_left(deadline));
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      char eb[128];
+      poison(r, r->rank, NOTE_LOST, 0);
+      return fail(r, GS__ERR_INTERNAL, err, errlen, "tcp ring: rank %d: poll failed: %s", r->rank,
+                  errtext(errno, eb, sizeof eb));
+    }
+    if (pr == 0) {
+      if (ms_left(deadline) > 0) continue;
+      char who[2 * ADDR_MAX + 160];
+      /* A stopped rank shows up as silence to its right and as a full
+       * window to its left; name whichever this rank is waiting on. */
+      if (want_recv && can_send && r->left == r->right)
+        snprintf(who, sizeof who, "rank %d (%s) to send or accept data", r->left, r->left_addr);
+      else if (want_recv && can_send)
+        snprintf(who, sizeof who, "rank %d (%s) to send data and for rank %d (%s) to accept data",
+                 r->left, r->left_addr, r->right, r->right_addr);
+      else if (want_recv || !can_send)
+        snprintf(who, sizeof who, "rank %d (%s) to send data", r->left, r->left_addr);
+      else
+        snprintf(who, sizeof who, "rank %d (%s) to accept data", r->right, r->right_addr);
+      poison(r, want_recv || !can_send ? r->left : r->right, NOTE_TIMEOUT, r->io_timeout_ms);
+      return fail(r, GS__ERR_DATA_PLANE, err, errlen,
+                  "tcp ring: rank %d timed out after %d ms during %s waiting for %s. That rank "
+                  "is stuck, stopped, or not running this collective; if it is just slow, "
+                  "raise GRADSYNC_DATA_TIMEOUT_MS.",
+                  r->rank, r->io_timeout_ms, st->what, who);
+    }
+    if (pfd[0].revents) return aborted_status(r, st->what, err, errlen);
+    /* Checked before the left side: when a rank dies its left neighbour
+     * sees the reset (or a notice) here, and may see its own left neighbour
+     * give up in the same wake-up; the first culprit is the one to name. */
+    if (pfd[1].revents & (POLLIN | POLLERR | POLLHUP | POLLRDHUP))
+      return right_side_event(r, st->what, err, errlen);
+    int progress = 0;
+
+    if (pfd[2].revents) {
+      while (recvd < recv_total) {
+        while (roff == st->recv[ri].len) ri++, roff = 0; /* skip empty pieces */
+        const piece *pc = &st->recv[ri];
+        int reduce = ri < st->nreduce;
+        size_t seg_start = 0, want;
+        char *dst;
+        if (reduce) {
+          seg_start = roff - roff % SEG_BYTES;
+          size_t seg_end = pc->len - seg_start < SEG_BYTES ? pc->len : seg_start + SEG_BYTES;
+          want = seg_end - roff;
+          dst = r->scratch + (roff - seg_start);
+        } else {
+          want = pc->len - roff;
+          dst = pc->p + roff;
+        }
+        ssize_t k = recv(r->recv_fd, dst, want, MSG_DONTWAIT);
+        if (k == 0) return left_lost(r, 0, sent < send_total, st->what, err, errlen);
+        if (k < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          return left_lost(r, errno, sent < send_total, st->what, err, errlen);
+        }
+        progress = 1;
+        roff += (size_t)k, recvd += (size_t)k;
+        if (!reduce) {
+          processed += (size_t)k;
+          if (pc->fwd) fwd_done += (size_t)k;
+        } else if ((size_t)k == want) { /* segment complete */
+          size_t seg_len = roff - seg_start;
+          gs__reduce(pc->p + seg_start, r->scratch, seg_len / es, st->dt, st->op);
+          processed += seg_len;
+          if (pc->fwd) fwd_done += seg_len;
+        }
+      }
+    }
+
+    /* Data just received may be sendable now: try without waiting for
+     * another poll round; a full socket answers EAGAIN. */
+    allowed = st->pre + fwd_done < send_total ? st->pre + fwd_done : send_total;
+    while (sent < allowed) {
+      while (soff == st->send[si].len) si++, soff = 0;
+      const piece *pc = &st->send[si];
+      size_t want = pc->len - soff;
+      if (want > allowed - sent) want = allowed - sent;
+      ssize_t k = send(r->send_fd, pc->p + soff, want, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return lost_peer(r, 1, errno, st->what, err, errlen);
+      }
+      progress = 1;
+      soff += (size_t)k, sent += (size_t)k;
+    }
+    if (progress) deadline = now_ms() + r->io_timeout_ms;
+  }
+  return GS__OK;
+}
+
+/* Common entry checks: abort and an earlier failure win over everything. */
+static int check_usable(ring *r, const char *what, char *err, size_t errlen) {
+  if (atomic_load(&r->aborted)) return aborted_status(r, what, err, errlen);
+  if (r->broken) {
+    snprintf(err, errlen,
+             "tcp ring: rank %d cannot run %s: an earlier collective failed and the ring is "
+             "out of step (%s)",
+             r->rank, what, r->broken_msg);
+    return r->broken;
+  }
+  return GS__OK;
+}
+
+/* ---- collectives ---------------------------------------------------------- */
+
+static size_t chunk_off(size_t count, int n, int c) {
+  size_t base = count / (size_t)n, extra = count % (size_t)n;
+  return (size_t)c * base + ((size_t)c < extra ? (size_t)c : extra);
+}
+
+static int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+/* Argument checks shared by allreduce and reducescatter. */
+static int check_reduce_args(const char *what, gs__dtype dt, gs__reduce_op op, char *err,
+                             size_t errlen) {
+  if ((unsigned)dt >= GS__DTYPE_COUNT) {
+    snprintf(err, errlen, "tcp ring: %s: dtype %d is not a valid dtype (0..%d)", what, (int)dt,
+             GS__DTYPE_COUNT - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (op == GS__ADASUM) {
+    snprintf(err, errlen,
+             "tcp ring: %s: op \"adasum\" is not supported by the CPU ring; use sum or average",
+             what);
+    return GS__ERR_UNSUPPORTED;
+  }
+  if ((unsigned)op >= GS__REDUCE_OP_COUNT) {
+    snprintf(err, errlen,
+             "tcp ring: %s: op %d is not a valid reduce op (sum, average, min, max, product)", what,
+             (int)op);
+    return GS__ERR_INVALID_ARG;
+  }
+  return GS__OK;
+}
+
+static int is_half(gs__dtype dt) {
+  return dt == GS__FLOAT16 || dt == GS__BFLOAT16;
+}
+
+/* The float32 workspace 16-bit types are reduced in: kept between calls,
+ * grown to the largest count seen. */
+static float *workspace(ring *r, size_t count, const char *what, char *err, size_t errlen) {
+  if (count > r->work_cap) {
+    float *w = realloc(r->work, count * sizeof *w);
+    if (!w) {
+      snprintf(err, errlen, "tcp ring: %s: out of memory for a %zu-byte float32 workspace", what,
+               count * sizeof *w);
+      return NULL;
+    }
+    r->work = w, r->work_cap = count;
+  }
+  return r->work;
+}
+
+static void half_to_f32(gs__dtype dt, float *w, const uint16_t *h, size_t n) {
+  if (dt == GS__FLOAT16)
+    for (size_t i = 0; i < n; i++) w[i] = gs__half_to_float(h[i]);
+  else
+    for (size_t i = 0; i < n; i++) w[i] = gs__bf16_to_float(h[i]);
+}
+
+static void f32_to_half(gs__dtype dt, uint16_t *h, const float *w, size_t n) {
+  if (dt == GS__FLOAT16)
+    for (size_t i = 0; i < n; i++) h[i] = gs__float_to_half(w[i]);
+  else
+    for (size_t i = 0; i < n; i++) h[i] = gs__float_to_bf16(w[i]);
+}
+
+/* Ring allreduce in place over count elements of a natively reduced dtype. */
+static int ring_allreduce(ring *r, char *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                          char *err, size_t errlen) {
+  int n = r->size, np = 2 * (n - 1);
+  size_t es = gs__dtype_size(dt);
+  /* recv piece j: reduce-scatter step j receives chunk rank-j-1 (reduced
+   * into place); allgather step k = j-(n-1) receives final chunk rank-k.
+   * All but the last are forwarded. */
+  for (int j = 0; j < np; j++) {
+    int c = j < n - 1 ? mod(r->rank - j - 1, n) : mod(r->rank - (j - (n - 1)), n);
+    size_t off = chunk_off(count, n, c), end = chunk_off(count, n, c + 1);
+    r->recv[j] = (piece){buf + off * es, (end - off) * es, j < np - 1};
+  }
+  size_t off = chunk_off(count, n, r->rank), end = chunk_off(count, n, r->rank + 1);
+  r->send[0] = (piece){buf + off * es, (end - off) * es, 0};
+  for (int j = 1; j < np; j++) r->send[j] = r->recv[j - 1];
+  stream st = {.what = "allreduce",
+               .send = r->send,
+               .nsend = np,
+               .pre = r->send[0].len,
+               .recv = r->recv,
+               .nrecv = np,
+               .nreduce = n - 1,
+               .dt = dt,
+               .op = op};
+  return run_stream(r, &st, err, errlen);
+}
+
+static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
+                             gs__reduce_op op, char *err, size_t errlen) {
+  ring *r = (ring *)b;
+  int rc = check_usable(r, "allreduce", err, errlen);
+  if (rc == GS__OK) rc = check_reduce_args("allreduce", dt, op, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (count > SIZE_MAX / 8) {
+    snprintf(err, errlen, "tcp ring: allreduce: count %zu is too large", count);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (count == 0 || r->size == 1) return GS__OK; /* AVERAGE over 1 rank: identity */
+  if (!buf) {
+    snprintf(err, errlen, "tcp ring: allreduce: buf is NULL with count %zu", count);
+    return GS__ERR_INVALID_ARG;
+  }
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+
+  if (!is_half(dt)) {
+    rc = ring_allreduce(r, buf, count, dt, rop, err, errlen);
+    if (rc == GS__OK && op == GS__AVERAGE) gs__divide(buf, count, dt, r->size);
+    return rc;
+  }
+  /* 16-bit floats: reduce in float32 and round once at the end, so the
+   * result does not depend on how many partial sums were rounded. */
+  float *w = workspace(r, count, "allreduce", err, errlen);
+  if (!w) return GS__ERR_NO_MEMORY;
+  half_to_f32(dt, w, buf, count);
+  rc = ring_allreduce(r, (char *)w, count, GS__FLOAT32, rop, err, errlen);
+  if (rc != GS__OK) return rc; /* buf untouched */
+  if (op == GS__AVERAGE) gs__divide(w, count, GS__FLOAT32, r->size);
+  f32_to_half(dt, buf, w, count);
+  return GS__OK;
+}
+
+/* The reduce-scatter half of the ring, with rank r ending up owning block r
+ * (elements offs[r]..offs[r+1]): step j sends block rank-1-j and receives
+ * block rank-2-j. */
+static int ring_reducescatter(ring *r, char *buf, const size_t *offs, gs__dtype dt,
+                              gs__reduce_op op, char *err, size_t errlen) {
+  int n = r->size;
+  size_t es = gs__dtype_size(dt);
+  for (int j = 0; j < n - 1; j++) {
+    int c = mod(r->rank - 2 - j, n);
+    r->recv[j] = (piece){buf + offs[c] * es, (offs[c + 1] - offs[c]) * es, j < n - 2};
+  }
+  int c0 = mod(r->rank - 1, n);
+  r->send[0] = (piece){buf + offs[c0] * es, (offs[c0 + 1] - offs[c0]) * es, 0};
+  for (int j = 1; j < n - 1; j++) r->send[j] = r->recv[j - 1];
+  stream st = {.what = "reducescatter",
+               .send = r->send,
+               .nsend = n - 1,
+               .pre = r->send[0].len,
+               .recv = r->recv,
+               .nrecv = n - 1,
+               .nreduce = n - 1,
+               .dt = dt,
+               .op = op};
+  return run_stream(r, &st, err, errlen);
+}
+
+static int ring_reducescatter_vt(gs__backend *b, void *buf, const size_t *counts, gs__dtype dt,
+                                 gs__reduce_op op, char *err, size_t errlen) {
+  ring *r = (ring *)b;
+  int rc = check_usable(r, "reducescatter", err, errlen);
+  if (rc == GS__OK) rc = check_reduce_args("reducescatter", dt, op, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (!counts) {
+    snprintf(err, errlen, "tcp ring: reducescatter: counts is NULL");
+    return GS__ERR_INVALID_ARG;
+  }
+  int n = r->size;
+  size_t *offs = r->offs, total = 0;
+  for (int q = 0; q < n; q++) {
+    if (counts[q] > SIZE_MAX / 8 - total) {
+      snprintf(err, errlen, "tcp ring: reducescatter: the block counts are too large");
+      return GS__ERR_INVALID_ARG;
+    }
+    offs[q] = total;
+    total += counts[q];
+  }
+  offs[n] = total;
+  if (total == 0 || n == 1) return GS__OK; /* AVERAGE over 1 rank: identity */
+  if (!buf) {
+    snprintf(err, errlen, "tcp ring: reducescatter: buf is NULL with %zu elements", total);
+    return GS__ERR_INVALID_ARG;
+  }
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  size_t mine = counts[r->rank], es = gs__dtype_size(dt);
+  char *own = (char *)buf + offs[r->rank] * es;
+  if (!is_half(dt)) {
+    rc = ring_reducescatter(r, buf, offs, dt, rop, err, errlen);
+    if (rc == GS__OK && op == GS__AVERAGE) gs__divide(own, mine, dt, r->size);
+    return rc;
+  }
+  float *w = workspace(r, total, "reducescatter", err, errlen);
+  if (!w) return GS__ERR_NO_MEMORY;
+  half_to_f32(dt, w, buf, total);
+  rc = ring_reducescatter(r, (char *)w, offs, GS__FLOAT32, rop, err, errlen);
+  if (rc != GS__OK) return rc;
+  float *wown = w + offs[r->rank];
+  if (op == GS__AVERAGE) gs__divide(wown, mine, GS__FLOAT32, r->size);
+  f32_to_half(dt, (uint16_t *)(void *)own, wown, mine);
+  return GS__OK;
+}
+
+/* Allgatherv; what names the collective the caller runs, for messages. */
+static int gather(ring *r, const char *what, const void *send, void *recv, const size_t *bytes,
+                  char *err, size_t errlen) {
+  int rc = check_usable(r, what, err, errlen);
+  if (rc != GS__OK) return rc;
+  int n = r->size;
+  if (!bytes) {
+    snprintf(err, errlen, "tcp ring: %s: bytes is NULL", what);
+    return GS__ERR_INVALID_ARG;
+  }
+  size_t *offs = r->offs, total = 0;
+  for (int i = 0; i < n; i++) {
+    if (bytes[i] > SIZE_MAX - total) {
+      snprintf(err, errlen, "tcp ring: %s: the block sizes overflow size_t", what);
+      return GS__ERR_INVALID_ARG;
+    }
+    offs[i] = total;
+    total += bytes[i];
+  }
+  offs[n] = total;
+  if (total == 0) return GS__OK;
+  if (!recv || (bytes[r->rank] && !send)) {
+    snprintf(err, errlen, "tcp ring: %s: %s is NULL with %zu bytes to move", what,
+             recv ? "send" : "recv", recv ? bytes[r->rank] : total);
+    return GS__ERR_INVALID_ARG;
+  }
+  char *out = recv;
+  size_t own_off = offs[r->rank];
+  if (bytes[r->rank] && (const char *)send != out + own_off)
+    memmove(out + own_off, send, bytes[r->rank]);
+  if (n == 1) return GS__OK;
+
+  /* step j receives block rank-j-1 and forwards it next step */
+  for (int j = 0; j < n - 1; j++) {
+    int c = mod(r->rank - j - 1, n);
+    r->recv[j] = (piece){out + offs[c], bytes[c], j < n - 2};
+  }
+  r->send[0] = (piece){out + own_off, bytes[r->rank], 0};
+  for (int j = 1; j < n - 1; j++) r->send[j] = r->recv[j - 1];
+  stream st = {.what = what,
+               .send = r->send,
+               .nsend = n - 1,
+               .pre = r->send[0].len,
+               .recv = r->recv,
+               .nrecv = n - 1,
+               .nreduce = 0,
+               .dt = GS__UINT8,
+               .op = GS__SUM};
+  return run_stream(r, &st, err, errlen);
+}
+
+static int ring_allgatherv_vt(gs__backend *b, const void *send, void *recv, const size_t *bytes,
+                              char *err, size_t errlen) {
+  return gather((ring *)b, "allgatherv", send, recv, bytes, err, errlen);
+}
+
+/* Alltoallv over the ring: the block from rank o to rank d travels
+ * (d - o) mod n hops, forwarded by every rank in between. Rank r sends its
+ * own blocks nearest destination first, then forwards what it receives in
+ * the order it came; what it receives from its left is, per origin
+ * o = r-1, r-2, ..., the blocks o sent to r, r+1, ... in that order, the
+ * first of which is r's own. Relayed blocks wait in a temporary buffer.
+ * The size of every block is needed to cut these streams, so the ranks
+ * first gather each other's send sizes. */
+static int ring_alltoallv_vt(gs__backend *b, const void *send, const size_t *send_bytes, void *recv,
+                             const size_t *recv_bytes, char *err, size_t errlen) {
+  ring *r = (ring *)b;
+  int rc = check_usable(r, "alltoallv", err, errlen);
+  if (rc != GS__OK) return rc;
+  int n = r->size, me = r->rank;
+  if (!send_bytes || !recv_bytes) {
+    snprintf(err, errlen, "tcp ring: alltoallv: %s is NULL",
+             send_bytes ? "recv_bytes" : "send_bytes");
+    return GS__ERR_INVALID_ARG;
+  }
+  size_t send_total = 0, recv_total = 0;
+  for (int q = 0; q < n; q++) {
+    if (send_bytes[q] > SIZE_MAX / 4 - send_total || recv_bytes[q] > SIZE_MAX / 4 - recv_total) {
+      snprintf(err, errlen, "tcp ring: alltoallv: the block sizes overflow size_t");
+      return GS__ERR_INVALID_ARG;
+    }
+    send_total += send_bytes[q];
+    recv_total += recv_bytes[q];
+  }
+  if ((send_total && !send) || (recv_total && !recv)) {
+    snprintf(err, errlen, "tcp ring: alltoallv: %s is NULL with bytes to move",
+             send_total && !send ? "send" : "recv");
+    return GS__ERR_INVALID_ARG;
+  }
+
+  int status = GS__ERR_NO_MEMORY;
+  uint64_t *m = malloc((size_t)n * (size_t)n * sizeof *m); /* m[o*n+d]: bytes o -> d */
+  size_t *soff = malloc(((size_t)n + 1) * sizeof *soff);   /* offsets in send */
+  size_t *roff = malloc(((size_t)n + 1) * sizeof *roff);   /* offsets in recv */
+  size_t *gb = malloc((size_t)n * sizeof *gb);
+  size_t npieces = (size_t)n * (size_t)n; /* > n(n-1)/2 + n - 1 */
+  piece *sp = malloc(npieces * sizeof *sp), *rp = malloc(npieces * sizeof *rp);
+  char *relay = NULL;
+  if (!m || !soff || !roff || !gb || !sp || !rp) {
+    snprintf(err, errlen, "tcp ring: alltoallv: out of memory");
+    goto out_free;
+  }
+  soff[0] = roff[0] = 0;
+  for (int q = 0; q < n; q++) {
+    soff[q + 1] = soff[q] + send_bytes[q];
+    roff[q + 1] = roff[q] + recv_bytes[q];
+  }
+
+  /* everyone's send sizes */
+  uint64_t *mine = m + (size_t)me * (size_t)n;
+  for (int q = 0; q < n; q++) mine[q] = send_bytes[q], gb[q] = (size_t)n * sizeof *m;
+  if (n > 1) {
+    status = gather(r, "alltoallv", mine, m, gb, err, errlen);
+    if (status != GS__OK) goto out_free;
+  }
+  for (int q = 0; q < n; q++) {
+    if (m[(size_t)q * (size_t)n + (size_t)me] != recv_bytes[q]) {
+      /* the other ranks go ahead with the exchange: stop them too */
+      poison(r, me, NOTE_REFUSED, 0);
+      status =
+          fail(r, GS__ERR_INTERNAL, err, errlen,
+               "tcp ring: alltoallv: rank %d sends %llu bytes to rank %d, which expects %zu "
+               "(the split sizes disagree across ranks: a gradsync bug)",
+               q, (unsigned long long)m[(size_t)q * (size_t)n + (size_t)me], me, recv_bytes[q]);
+      goto out_free;
+    }
+  }
+  if (send_bytes[me])
+    memmove((char *)recv + roff[me], (const char *)send + soff[me], send_bytes[me]);
+
+  /* relay buffer: every block that passes through on its way further right */
+  size_t relay_bytes = 0;
+  for (int g = 0; g < n - 1; g++) {
+    int o = mod(me - 1 - g, n);
+    for (int k = 1; k < n - 1 - g; k++)
+      relay_bytes += (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
+  }
+  relay = malloc(relay_bytes ? relay_bytes : 1);
+  if (!relay) {
+    snprintf(err, errlen, "tcp ring: alltoallv: out of memory for %zu relay bytes", relay_bytes);
+    status = GS__ERR_NO_MEMORY;
+    goto out_free;
+  }
+  int ns = 0, nr = 0;
+  size_t pre = 0, rel = 0;
+  for (int k = 1; k < n; k++) {
+    int d = mod(me + k, n);
+    sp[ns++] = (piece){(char *)send + soff[d], send_bytes[d], 0};
+    pre += send_bytes[d];
+  }
+  for (int g = 0; g < n - 1; g++) {
+    int o = mod(me - 1 - g, n);
+    for (int k = 0; k < n - 1 - g; k++) {
+      size_t len = (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
+      if (k == 0) {
+        rp[nr++] = (piece){(char *)recv + roff[o], len, 0};
+      } else {
+        rp[nr++] = (piece){relay + rel, len, 1};
+        sp[ns++] = rp[nr - 1];
+        rel += len;
+      }
+    }
+  }
+  stream st = {.what = "alltoallv",
+               .send = sp,
+               .nsend = ns,
+               .pre = pre,
+               .recv = rp,
+               .nrecv = nr,
+               .nreduce = 0,
+               .dt = GS__UINT8,
+               .op = GS__SUM};
+  status = n > 1 ? run_stream(r, &st, err, errlen) : GS__OK;
+out_free:
+  free(relay);
+  free(m);
+  free(soff);
+  free(roff);
+  free(gb);
+  free(sp);
+  free(rp);
+  return status;
+}
+
+static int ring_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, char *err,
+                             size_t errlen) {
+  ring *r = (ring *)b;
+  int rc = check_usable(r, "broadcast", err, errlen);
+  if (rc != GS__OK) return rc;
+  if (root < 0 || root >= r->size) {
+    snprintf(err, errlen, "tcp ring: broadcast: root %d is not a rank of this job (0..%d)", root,
+             r->size - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (len == 0 || r->size == 1) return GS__OK;
+  if (!buf) {
+    snprintf(err, errlen, "tcp ring: broadcast: buf is NULL with len %zu", len);
+    return GS__ERR_INVALID_ARG;
+  }
+  /* A pipelined chain root -> root+1 -> ... -> root-1: every rank but the
+   * root receives, every rank but the last forwards what it received. */
+  int is_root = r->rank == root, is_last = r->right == root;
+  piece whole = {buf, len, !is_last};
+  stream st = {.what = "broadcast",
+               .send = &whole,
+               .nsend = is_last ? 0 : 1,
+               .pre = is_root ? len : 0,
+               .recv = &whole,
+               .nrecv = is_root ? 0 : 1,
+               .nreduce = 0,
+               .dt = GS__UINT8,
+               .op = GS__SUM};
+  return run_stream(r, &st, err, errlen);
+}
+
+static void ring_abort_vt(gs__backend *b) {
+  ring *r = (ring *)b;
+  atomic_store(&r->aborted, 1);
+  uint64_t one = 1;
+  /* The eventfd stays readable: every later poll returns at once. A full
+   * counter (EAGAIN) is as good as success. */
+  ssize_t k = write(r->abort_fd, &one, sizeof one);
+  (void)k;
+}
+
+static void ring_destroy_vt(gs__backend *b) {
+  ring *r = (ring *)b;
+  /* recv first: unread data makes that close a reset, which the left
+   * neighbour sees at once, before the right one can react to our FIN and
+   * close in turn (so a failing rank is named by both neighbours) */
+  close_fd(&r->recv_fd);
+  close_fd(&r->send_fd);
+  close_fd(&r->abort_fd);
+  free(r->scratch);
+  free(r->work);
+  free(r->send);
+  free(r->recv);
+  free(r->offs);
+  free(r);
+}
+
+static const gs__backend_vtbl k_vtbl = {
+    .name = "tcp",
+    .allreduce = ring_allreduce_vt,
+    .allgatherv = ring_allgatherv_vt,
+    .broadcast = ring_broadcast_vt,
+    .reducescatter = ring_reducescatter_vt,
+    .alltoallv = ring_alltoallv_vt,
+    .abort = ring_abort_vt,
+    .destroy = ring_destroy_vt,
+};
+
+int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *err,
+                        size_t errlen) {
+  char eb[128];
+  if (!opts || !out) {
+    snprintf(err, errlen, "tcp ring: %s is NULL", opts ? "out" : "opts");
+    return GS__ERR_INVALID_ARG;
+  }
+  *out = NULL;
+  if (opts->size < 1 || opts->rank < 0 || opts->rank >= opts->size) {
+    snprintf(err, errlen,
+             "tcp ring: rank %d / size %d is not valid: need size >= 1 and 0 <= rank < size",
+             opts->rank, opts->size);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (opts->advertise_addr &&
+      (strchr(opts->advertise_addr, ':') || strlen(opts->advertise_addr) > 253)) {
+    snprintf(err, errlen,
+             "tcp ring: advertise_addr \"%.300s\" is not valid: give an IPv4 address or host "
+             "name without a port (the ring listens on IPv4, on a port it picks)",
+             opts->advertise_addr);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (opts->size > 1) {
+    if (!opts->kv.set || !opts->kv.get) {
+      snprintf(err, errlen, "tcp ring: the rendezvous store (kv.set/kv.get) is missing");
+      return GS__ERR_INVALID_ARG;
+    }
+    if (opts->connect_timeout_ms <= 0 || opts->io_timeout_ms <= 0) {
+      snprintf(err, errlen, "tcp ring: %s %d is not valid: need a positive number of milliseconds",
+               opts->connect_timeout_ms <= 0 ? "connect_timeout_ms" : "io_timeout_ms",
+               opts->connect_timeout_ms <= 0 ? opts->connect_timeout_ms : opts->io_timeout_ms);
+      return GS__ERR_INVALID_ARG;
+    }
+  }
+
+  int status = GS__ERR_NO_MEMORY;
+  ring *r = calloc(1, sizeof *r);
+  if (!r) goto out_nomem;
+  r->base.v = &k_vtbl;
+  r->rank = opts->rank;
+  r->size = opts->size;
+  r->left = mod(r->rank - 1, r->size);
+  r->right = mod(r->rank + 1, r->size);
+  r->io_timeout_ms = opts->io_timeout_ms;
+  r->send_fd = r->recv_fd = -1;
+  atomic_init(&r->aborted, 0);
+  r->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (r->abort_fd < 0) {
+    snprintf(err, errlen, "tcp ring: eventfd failed: %s", errtext(errno, eb, sizeof eb));
+    status = GS__ERR_INTERNAL;
+    goto out_destroy;
+  }
+  r->offs = calloc((size_t)r->size + 1, sizeof *r->offs);
+  if (!r->offs) goto out_nomem;
+  if (r->size > 1) {
+    r->scratch = malloc(SEG_BYTES);
+    r->send = calloc(2 * (size_t)r->size, sizeof *r->send);
+    r->recv = calloc(2 * (size_t)r->size, sizeof *r->recv);
+    if (!r->scratch || !r->send || !r->recv) goto out_nomem;
+    status = rendezvous(r, opts, err, errlen);
+    if (status != GS__OK) goto out_destroy;
+  }
+  *out = &r->base;
+  return GS__OK;
+
+out_nomem:
+  snprintf(err, errlen, "tcp ring: out of memory creating the ring");
+  status = GS__ERR_NO_MEMORY;
+out_destroy:
+  if (r) ring_destroy_vt(&r->base);
+  return status;
+}
