@@ -991,7 +991,8 @@ static void test_nan_prescale_is_not_a_mismatch(void **state) {
     for (size_t k = 0; o->msg.kind == GS__MSG_PLAN && k < o->msg.plan.nresponses; k++) {
       const gs__response *resp = &o->msg.plan.responses[k];
       if (resp->error_status == GS__ERR_MISMATCH)
-        print_error("REGRESSION: identical NaN-prescale requests reported as: %s\n", resp->error_message);
+        print_error("REGRESSION: identical NaN-prescale requests reported as: %s\n",
+                    resp->error_message);
       assert_int_not_equal(resp->error_status, GS__ERR_MISMATCH);
       if (resp->error_message) assert_null(strstr(resp->error_message, "ranks []"));
     }
@@ -1268,8 +1269,9 @@ static void test_leave_with_requests_in_same_message(void **state) {
                   "tensor 'y': rank 1 (host-1, pid 1001) has already left the job");
   const gs__response *x = response_for(f, "x");
   if (x->kind != GS__RESP_ERROR)
-    print_error("REGRESSION: tensor 'x', completed by the message that also says leave, was planned as a "
-                "collective that the leaving rank 1 will never run\n");
+    print_error(
+        "REGRESSION: tensor 'x', completed by the message that also says leave, was planned as a "
+        "collective that the leaving rank 1 will never run\n");
   assert_int_equal(x->kind, GS__RESP_ERROR);
   assert_int_equal(x->error_status, GS__ERR_SHUTDOWN);
   assert_contains(x->error_message,
@@ -1300,8 +1302,9 @@ static void test_leave_fails_held_ready_entries(void **state) {
   assert_int_equal(g->error_status, GS__ERR_SHUTDOWN);
   const gs__response *e = response_for(f, "e");
   if (e->kind != GS__RESP_ERROR)
-    print_error("REGRESSION: tensor 'e', waiting for a plan slot when rank 1 left, was planned as a "
-                "collective that rank 1 will never run\n");
+    print_error(
+        "REGRESSION: tensor 'e', waiting for a plan slot when rank 1 left, was planned as a "
+        "collective that rank 1 will never run\n");
   assert_int_equal(e->kind, GS__RESP_ERROR);
   assert_int_equal(e->error_status, GS__ERR_SHUTDOWN);
   assert_contains(e->error_message,
@@ -1660,6 +1663,104 @@ static void test_tick_deadlock(void **state) {
   assert_int_equal(st.aborted, 1);
 }
 
+/* An engine of n connected ranks with the given check settings. */
+static void start_world_checks(fx *f, int32_t n, uint32_t stall_warning_s,
+                               uint32_t stall_shutdown_s, uint32_t deadlock_ms, int warn_only) {
+  gs__engine_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.world_size = n;
+  cfg.job.cycle_time_us = 5000;
+  cfg.job.stall_warning_s = stall_warning_s;
+  cfg.job.stall_shutdown_s = stall_shutdown_s;
+  cfg.job.deadlock_time_ms = deadlock_ms;
+  cfg.job.heartbeat_ms = 1000;
+  cfg.job.rank_timeout_ms = 0;
+  cfg.deadlock_warn_only = warn_only;
+  cfg.max_plans_in_flight = 1 << 20;
+  assert_int_equal(gs__engine_create(&cfg, &f->e), GS__OK);
+  f->world = n;
+  connect_all(f);
+}
+
+static void test_stall_report_cuts_at_six_names(void **state) {
+  fx *f = *state;
+  start_world_checks(f, 2, 10, 0, 0, 0);
+  uint64_t ready = f->now;
+  static const char *const names[] = {"h", "b", "g", "a", "f", "c", "e", "d"};
+  for (int i = 0; i < 8; i++) send1(f, 0, ar(names[i]));
+  f->now = ready + 20000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  /* sorted, six names, then "..." */
+  assert_true(logged(f, "Missing ranks:\n1 (host-1:1001): [a, b, c, d, e, f, ...]"));
+  assert_false(logged(f, "0 (host-0:1000)"));
+  assert_int_equal(nmsgs(f), 0);
+}
+
+static void test_stall_shutdown_aborts_with_report(void **state) {
+  fx *f = *state;
+  start_world_checks(f, 3, 60, 3, 0, 0);
+  send1(f, 0, ar("grads/x"));
+  send1(f, 2, ar("grads/x"));
+  f->now += 2000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(nmsgs(f), 0); /* younger than the shutdown time */
+  f->now += 1500;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const gs__out *o = only_msg(f);
+  assert_int_equal(o->kind, GS__OUT_TO_ALL);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_int_equal(o->msg.status, GS__ERR_STALL);
+  assert_contains(o->msg.text, "waiting for remainder of ranks for more than 3 seconds");
+  assert_contains(o->msg.text, "Missing ranks:\n1 (host-1:1001): [grads/x]");
+  assert_contains(o->msg.text, "Stall shutdown time of 3 s exceeded");
+  assert_int_equal(stats(f).aborted, 1);
+}
+
+static void test_deadlock_window_restarts_on_new_request(void **state) {
+  fx *f = *state;
+  start_world_checks(f, 2, 0, 0, 5000, 0);
+  send1(f, 0, ar("grads/A"));
+  send1(f, 1, ar("grads/B"));
+  send_blocked(f, 0, "grads/A");
+  send_blocked(f, 1, "grads/B");
+  f->now += 4000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(f->box.n, 0);
+  /* A new request inside the window: the ranks are not stuck after all. */
+  send1(f, 0, ar("grads/C"));
+  gs__outbox_clear(&f->box);
+  f->now += 4000; /* 8 s since the first blocked report, 4 s since the request */
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(f->box.n, 0);
+  assert_int_equal(stats(f).deadlocks, 0);
+  f->now += 1000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const gs__out *o = only_msg(f);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_int_equal(o->msg.status, GS__ERR_DEADLOCK);
+}
+
+static void test_deadlock_warn_only_logs(void **state) {
+  fx *f = *state;
+  start_world_checks(f, 2, 0, 0, 1000, 1);
+  send1(f, 0, ar("grads/A"));
+  send1(f, 1, ar("grads/B"));
+  send_blocked(f, 0, "grads/A");
+  send_blocked(f, 1, "grads/B");
+  f->now += 1500;
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(nmsgs(f), 0); /* no abort */
+  assert_true(logged(f, "rank 1 (host-1:1001) waits on [grads/B] (missing from rank 0)"));
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.deadlocks, 1);
+  assert_int_equal(st.aborted, 0);
+  /* Reported once per quiet episode. */
+  gs__outbox_clear(&f->box);
+  f->now += 5000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(f->box.n, 0);
+}
+
 /* ---- stats over a whole job ------------------------------------------------------------ */
 
 static void test_stats_over_a_job(void **state) {
@@ -1767,6 +1868,10 @@ int main(void) {
       T(test_tick_silent_rank_is_lost),
       T(test_tick_stall_report),
       T(test_tick_deadlock),
+      T(test_stall_report_cuts_at_six_names),
+      T(test_stall_shutdown_aborts_with_report),
+      T(test_deadlock_window_restarts_on_new_request),
+      T(test_deadlock_warn_only_logs),
       T(test_stats_over_a_job),
       /* Last: its teardown hits the use-after-free in gs__engine_destroy,
        * which stops an ASan run (see the test). */
