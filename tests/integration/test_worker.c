@@ -19,6 +19,26 @@
  *   exit-code RANK CODE     rank RANK exits with CODE before joining; the
  *                           others join and wait on one allreduce
  *
+ * Negotiation modes (test_negotiation.c asserts what they print):
+ *   mismatch-all            3 ranks: every validated attribute made to differ
+ *                           (shapes, dtypes, reduce ops, op types, roots,
+ *                           pre/postscale, allgather trailing dims and rank);
+ *                           prints each error as "neg-mismatch: CASE: STATUS:
+ *                           TEXT", then a new tensor and the failed name
+ *                           itself must complete with the right values
+ *   fusion N COUNT STEPS    N float32 tensors of COUNT elements submitted at
+ *                           once per step; prints the gs_get_stats deltas
+ *   workload PATH STEPS     a "name dtype shape" tensor list (float32),
+ *                           gradients in reverse order, averaged; stats deltas
+ *   allgather ROUNDS        [d_r,2,3] int32 and [d_r'] float64 with per-rank
+ *                           first dims (0 on one rank); prints the dims
+ *   bcast-barrier ROOT      float64 and int8 broadcast from ROOT, then three
+ *                           barriers checked with marks in $GS_TEST_DIR
+ *   grouped ROUNDS          a 3-tensor gs_grouped_allreduce_async; stats deltas
+ *   join-steps STEPS        the last rank joins 2 steps early; averages with a
+ *                           joined rank, allgather/broadcast refused, gs_join
+ *   duplicate               a name in flight submitted again in every way
+ *
  * If GS_TEST_WAIT_FILE is set, a successful mode waits (at most 60 s) for
  * that file to exist before gs_shutdown, so a test can inspect the live
  * data-plane connections.
@@ -728,11 +748,700 @@ static int mode_hold(gs_ctx *ctx, long ms) {
   return 0;
 }
 
+/* ---- negotiation modes (driven by test_negotiation.c) ----------------------- */
+
+static void submitted_or_die(gs_ctx *ctx, gs_status s, const char *name, const char *call) {
+  if (s != GS_OK) die("tensor '%s': %s: %s: %s", name, call, status_name(s), gs_last_error(ctx));
+}
+
+static gs_stats stats_now(const gs_ctx *ctx) {
+  gs_stats st;
+  gs_status s = gs_get_stats(ctx, &st);
+  if (s != GS_OK) die("gs_get_stats: %s: %s", status_name(s), gs_last_error(ctx));
+  return st;
+}
+
+/* One line of counter deltas b - a, parsed by the driver. */
+static void print_stats(const char *prefix, const gs_stats *a, const gs_stats *b) {
+  printf("%s: collectives=%llu tensors=%llu fused=%llu requests=%llu hits=%llu\n", prefix,
+         (unsigned long long)(b->collectives - a->collectives),
+         (unsigned long long)(b->tensors - a->tensors),
+         (unsigned long long)(b->fused_collectives - a->fused_collectives),
+         (unsigned long long)(b->requests_sent - a->requests_sent),
+         (unsigned long long)(b->cache_hits - a->cache_hits));
+}
+
+static void check_f32(const char *name, const float *got, const float *want, size_t n) {
+  for (size_t j = 0; j < n; j++)
+    if (got[j] != want[j])
+      die("tensor '%s': element %zu: got %.9g, expected %.9g", name, j, (double)got[j],
+          (double)want[j]);
+}
+
+/* Sum over ranks 0..size-1 of (r + 1). */
+static int rank_weight_sum(void) {
+  return g_size * (g_size + 1) / 2;
+}
+
+/* ---- mode: mismatch-all ------------------------------------------------------ */
+
+/* Every attribute the coordinator validates, each made to differ across the 3
+ * ranks in one way; the driver knows the text each must produce. */
+static const char *const mm_cases[] = {"shape",           "shape3",     "dtype",    "reduce",
+                                       "optype",          "root",       "prescale", "postscale",
+                                       "gather-trailing", "gather-ndim"};
+enum { MM_NCASES = sizeof mm_cases / sizeof mm_cases[0] };
+
+static gs_handle *mm_submit(gs_ctx *ctx, int c, const char *name, double *buf) {
+  const int r = g_rank;
+  gs_handle *h = NULL;
+  gs_status s = GS_ERR_INTERNAL;
+  switch (c) {
+  case 0: { /* same element count, another shape on rank 1 */
+    int64_t shape[2] = {r == 1 ? 2 : 3, r == 1 ? 3 : 2};
+    gs_allreduce_opts o = {.shape = shape, .ndim = 2};
+    s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, &o, &h);
+    break;
+  }
+  case 1: /* three different shapes */
+    s = gs_allreduce_async(ctx, name, buf, buf, (size_t)(4 + r), GS_FLOAT32, GS_SUM, NULL, &h);
+    break;
+  case 2:
+    s = gs_allreduce_async(ctx, name, buf, buf, 6, r == 2 ? GS_FLOAT64 : GS_FLOAT32, GS_SUM, NULL,
+                           &h);
+    break;
+  case 3:
+    s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, r == 1 ? GS_MAX : GS_SUM, NULL, &h);
+    break;
+  case 4: /* one name, three collectives */
+    if (r == 0) {
+      s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, NULL, &h);
+    } else if (r == 1) {
+      int64_t shape[1] = {6};
+      s = gs_allgather_async(ctx, name, buf, shape, 1, GS_FLOAT32, &h);
+    } else {
+      s = gs_broadcast_async(ctx, name, buf, 6, GS_FLOAT32, 0, &h);
+    }
+    break;
+  case 5:
+    s = gs_broadcast_async(ctx, name, buf, 6, GS_FLOAT32, r == 2 ? 1 : 0, &h);
+    break;
+  case 6: {
+    gs_allreduce_opts o = {.prescale = 0.5};
+    s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, r == 1 ? &o : NULL, &h);
+    break;
+  }
+  case 7: {
+    gs_allreduce_opts o = {.postscale = r == 0 ? 2.0 : 0.25};
+    s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, &o, &h);
+    break;
+  }
+  case 8: { /* allgather: first dims may differ, the trailing ones not */
+    int64_t shape[2] = {r + 1, r == 1 ? 4 : 3};
+    s = gs_allgather_async(ctx, name, buf, shape, 2, GS_FLOAT32, &h);
+    break;
+  }
+  case 9: {
+    int64_t shape[3] = {r + 1, 3, 1};
+    s = gs_allgather_async(ctx, name, buf, shape, r == 2 ? 3 : 2, GS_FLOAT32, &h);
+    break;
+  }
+  default:
+    die("mismatch-all: no case %d", c);
+  }
+  submitted_or_die(ctx, s, name, "submit");
+  return h;
+}
+
+/* After each mismatch: a new tensor (scaled on odd cases) and the failed name
+ * itself, now submitted alike everywhere, must both complete with the right
+ * values. */
+static void mm_after(gs_ctx *ctx, int c, const char *failed_name) {
+  enum { N = 100 };
+  float after[N], want[N], again[6], again_want[6];
+  char name[96];
+  snprintf(name, sizeof name, "mm/after/%s", mm_cases[c]);
+  double pre = c % 2 ? 0.5 : 1.0, post = c % 2 ? 3.0 : 1.0;
+  for (int j = 0; j < N; j++) {
+    int k = (j + c) % 5;
+    after[j] = (float)(2 * (g_rank + 1) * k);
+    want[j] = (float)((double)(2 * rank_weight_sum() * k) * pre * post);
+  }
+  for (int j = 0; j < 6; j++) {
+    again[j] = (float)((g_rank + 1) * (j + 1));
+    again_want[j] = (float)(rank_weight_sum() * (j + 1));
+  }
+  gs_allreduce_opts o = {.prescale = pre, .postscale = post};
+  gs_handle *ha = NULL, *hb = NULL;
+  submitted_or_die(ctx, gs_allreduce_async(ctx, name, after, after, N, GS_FLOAT32, GS_SUM, &o, &ha),
+                   name, "gs_allreduce_async");
+  submitted_or_die(
+      ctx, gs_allreduce_async(ctx, failed_name, again, again, 6, GS_FLOAT32, GS_SUM, NULL, &hb),
+      failed_name, "gs_allreduce_async (the name again, after its mismatch)");
+  wait_ok(ha, name);
+  wait_ok(hb, failed_name);
+  check_f32(name, after, want, N);
+  check_f32(failed_name, again, again_want, 6);
+  gs_handle_free(ha);
+  gs_handle_free(hb);
+}
+
+static int mode_mismatch_all(gs_ctx *ctx) {
+  if (g_size != 3) die("mismatch-all needs exactly 3 ranks (got %d)", g_size);
+  double buf[64];
+  for (int c = 0; c < MM_NCASES; c++) {
+    char name[96];
+    snprintf(name, sizeof name, "mm/%s", mm_cases[c]);
+    for (size_t j = 0; j < 64; j++) buf[j] = 1.0;
+    gs_handle *h = mm_submit(ctx, c, name, buf);
+    gs_status s = gs_wait(h, WAIT_MS);
+    /* No rank in the line: the driver compares the lines across ranks. */
+    printf("neg-mismatch: %s: %s: %s\n", mm_cases[c], status_name(s), gs_handle_error(h));
+    if (s != GS_ERR_MISMATCH)
+      die("tensor '%s': expected GS_ERR_MISMATCH, got %s", name, status_name(s));
+    const void *data = NULL;
+    size_t bytes = 0;
+    if (gs_handle_result(h, &data, &bytes) != GS_ERR_INVALID_ARG)
+      die("tensor '%s': gs_handle_result gave a result for a failed op", name);
+    gs_handle_free(h);
+    mm_after(ctx, c, name);
+    printf("neg-mismatch: rank %d: %s: later tensors ok\n", g_rank, mm_cases[c]);
+  }
+  printf("neg-mismatch: passed (rank %d of %d, %d cases)\n", g_rank, g_size, MM_NCASES);
+  return 0;
+}
+
+/* ---- mode: fusion ------------------------------------------------------------ */
+
+static float fu_value(int r, unsigned i, size_t j, unsigned step) {
+  return (float)((int)((i * 7u + (unsigned)(j % 1024) * 3u + step * 5u + (unsigned)r * 11u) % 33u) -
+                 16);
+}
+
+/* N tensors of COUNT float32 each, submitted all at once, then waited on. */
+static int mode_fusion(gs_ctx *ctx, unsigned n, size_t count, unsigned steps) {
+  float **bufs = xmalloc(n * sizeof *bufs);
+  gs_handle **hs = xmalloc(n * sizeof *hs);
+  char(*names)[32] = xmalloc(n * sizeof *names);
+  for (unsigned i = 0; i < n; i++) {
+    bufs[i] = xmalloc(count * sizeof(float));
+    snprintf(names[i], sizeof names[i], "fusion/t%03u", i);
+  }
+  for (unsigned step = 0; step < steps; step++) {
+    for (unsigned i = 0; i < n; i++)
+      for (size_t j = 0; j < count; j++) bufs[i][j] = fu_value(g_rank, i, j, step);
+    gs_stats a = stats_now(ctx);
+    for (unsigned i = 0; i < n; i++)
+      submitted_or_die(ctx,
+                       gs_allreduce_async(ctx, names[i], bufs[i], bufs[i], count, GS_FLOAT32,
+                                          GS_SUM, NULL, &hs[i]),
+                       names[i], "gs_allreduce_async");
+    for (unsigned i = 0; i < n; i++) wait_ok(hs[i], names[i]);
+    gs_stats b = stats_now(ctx);
+    for (unsigned i = 0; i < n; i++) {
+      for (size_t j = 0; j < count; j++) {
+        float want = 0;
+        for (int r = 0; r < g_size; r++) want += fu_value(r, i, j, step);
+        if (bufs[i][j] != want)
+          die("tensor '%s' (step %u): element %zu: got %.9g, expected %.9g", names[i], step, j,
+              (double)bufs[i][j], (double)want);
+      }
+      gs_handle_free(hs[i]);
+    }
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "fusion: rank %d step %u", g_rank, step);
+    print_stats(prefix, &a, &b);
+  }
+  printf("fusion: passed (rank %d of %d, %u tensors x %u steps)\n", g_rank, g_size, n, steps);
+  for (unsigned i = 0; i < n; i++) free(bufs[i]);
+  free(bufs);
+  free(hs);
+  free(names);
+  return 0;
+}
+
+/* ---- mode: workload ------------------------------------------------------------ */
+
+typedef struct wl_tensor {
+  char name[128];
+  int64_t shape[8];
+  int ndim;
+  size_t count;
+  float *buf;
+  gs_handle *h;
+} wl_tensor;
+
+/* Element j of tensor t on rank r in step s; sums over ranks stay small
+ * integers, so the average sum / size is exact for 2 ranks (x.5 at most). */
+static int wl_k(unsigned t, size_t j, unsigned s) {
+  return (int)((j + t * 13u + s * 7u) % 64u) - 32;
+}
+
+/* Parses "name dtype d0,d1,..." lines (# comments) of a workload file. */
+static wl_tensor *wl_load(const char *path, size_t *n_out) {
+  FILE *f = fopen(path, "r");
+  if (!f) die("cannot open workload %s: %s", path, strerror(errno));
+  size_t n = 0, cap = 64;
+  wl_tensor *ts = xmalloc(cap * sizeof *ts);
+  char line[1024];
+  unsigned lineno = 0;
+  while (fgets(line, sizeof line, f)) {
+    lineno++;
+    char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '#' || *p == '\n' || *p == '\0') continue;
+    char name[128], dtype[16], shape[256];
+    if (sscanf(p, "%127s %15s %255s", name, dtype, shape) != 3)
+      die("%s:%u: expected 'name dtype shape'", path, lineno);
+    if (strcmp(dtype, "float32") != 0)
+      die("%s:%u: dtype %s: only float32 is supported", path, lineno, dtype);
+    if (n == cap) {
+      cap *= 2;
+      wl_tensor *g = realloc(ts, cap * sizeof *ts);
+      if (!g) die("out of memory");
+      ts = g;
+    }
+    wl_tensor *t = &ts[n];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->count = 1;
+    for (char *tok = strtok(shape, ","); tok; tok = strtok(NULL, ",")) {
+      if (t->ndim == 8) die("%s:%u: more than 8 dimensions", path, lineno);
+      t->shape[t->ndim] = strtoll(tok, NULL, 10);
+      if (t->shape[t->ndim] <= 0) die("%s:%u: bad dimension '%s'", path, lineno, tok);
+      t->count *= (size_t)t->shape[t->ndim++];
+    }
+    t->buf = xmalloc(t->count * sizeof(float));
+    n++;
+  }
+  fclose(f);
+  if (n == 0) die("%s: no tensors", path);
+  *n_out = n;
+  return ts;
+}
+
+/* Every step: the workload's gradients submitted in reverse order (as
+ * backward produces them), averaged, checked. */
+static int mode_workload(gs_ctx *ctx, const char *path, unsigned steps) {
+  size_t n = 0, elements = 0;
+  wl_tensor *ts = wl_load(path, &n);
+  for (size_t i = 0; i < n; i++) elements += ts[i].count;
+  const int w = rank_weight_sum();
+  for (unsigned s = 0; s < steps; s++) {
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < ts[i].count; j++)
+        ts[i].buf[j] = (float)(wl_k((unsigned)i, j, s) * (g_rank + 1));
+    gs_stats a = stats_now(ctx);
+    for (size_t k = n; k-- > 0;) {
+      wl_tensor *t = &ts[k];
+      gs_allreduce_opts o = {.shape = t->shape, .ndim = t->ndim};
+      submitted_or_die(ctx,
+                       gs_allreduce_async(ctx, t->name, t->buf, t->buf, t->count, GS_FLOAT32,
+                                          GS_AVERAGE, &o, &t->h),
+                       t->name, "gs_allreduce_async");
+    }
+    for (size_t k = n; k-- > 0;) wait_ok(ts[k].h, ts[k].name);
+    gs_stats b = stats_now(ctx);
+    for (size_t i = 0; i < n; i++) {
+      wl_tensor *t = &ts[i];
+      for (size_t j = 0; j < t->count; j++) {
+        float want = (float)(wl_k((unsigned)i, j, s) * w) / (float)g_size;
+        if (t->buf[j] != want)
+          die("tensor '%s' (step %u): element %zu: got %.9g, expected %.9g", t->name, s + 1, j,
+              (double)t->buf[j], (double)want);
+      }
+      gs_handle_free(t->h);
+      t->h = NULL;
+    }
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "workload: rank %d step %u", g_rank, s + 1);
+    print_stats(prefix, &a, &b);
+  }
+  printf("workload: passed (rank %d of %d, %zu tensors, %zu elements x %u steps)\n", g_rank, g_size,
+         n, elements, steps);
+  for (size_t i = 0; i < n; i++) free(ts[i].buf);
+  free(ts);
+  return 0;
+}
+
+/* ---- mode: allgather ---------------------------------------------------------- */
+
+/* First dimension of rank r in round k: 1..3, and 0 on one rank (another
+ * one each round). The driver has the same formula. */
+static int64_t ag_dim(int r, int k, int size) {
+  if (r == (size - 1 + k) % size) return 0;
+  return 1 + (r * 2 + k) % 3;
+}
+
+static int32_t ag_val3(int r, int k, int64_t row, int e) {
+  return r * 1000000 + k * 100000 + (int32_t)row * 100 + e;
+}
+
+static double ag_val1(int r, int k, int64_t i) {
+  return r * 100 + k * 10 + (double)i + 0.25;
+}
+
+static void ag_dims_line(char *buf, size_t cap, const gs_handle *h, const char *name, int k,
+                         int shift, int64_t *total) {
+  int64_t dims[64];
+  if (g_size > 64) die("too many ranks");
+  for (int r = 0; r < g_size; r++) dims[r] = -1;
+  gs_status s = gs_allgather_dims(h, dims, (size_t)g_size, total);
+  if (s != GS_OK)
+    die("tensor '%s': gs_allgather_dims: %s: %s", name, status_name(s), gs_last_error(NULL));
+  size_t off = (size_t)snprintf(buf, cap, "[");
+  for (int r = 0; r < g_size; r++) {
+    if (dims[r] != ag_dim(r, k + shift, g_size))
+      die("tensor '%s' (round %d): gs_allgather_dims says rank %d sent %lld rows, it sent %lld",
+          name, k, r, (long long)dims[r], (long long)ag_dim(r, k + shift, g_size));
+    off += (size_t)snprintf(buf + off, cap - off, "%s%lld", r ? "," : "", (long long)dims[r]);
+  }
+  snprintf(buf + off, cap - off, "]");
+  int64_t only_total = -1, first = -1;
+  if (gs_allgather_dims(h, NULL, 0, &only_total) != GS_OK || only_total != *total)
+    die("tensor '%s': gs_allgather_dims(NULL, 0) gave total %lld, not %lld", name,
+        (long long)only_total, (long long)*total);
+  if (gs_allgather_dims(h, &first, 1, NULL) != GS_OK || first != dims[0])
+    die("tensor '%s': gs_allgather_dims(n=1) gave %lld, not %lld", name, (long long)first,
+        (long long)dims[0]);
+}
+
+static int mode_allgather(gs_ctx *ctx, int rounds) {
+  for (int k = 0; k < rounds; k++) {
+    /* [d, 2, 3] int32 and [d'] float64, both in flight at once. */
+    int64_t d3 = ag_dim(g_rank, k, g_size), d1 = ag_dim(g_rank, k + 1, g_size);
+    int64_t shape3[3] = {d3, 2, 3}, shape1[1] = {d1};
+    int32_t *in3 = xmalloc((size_t)d3 * 6 * sizeof *in3);
+    double *in1 = xmalloc((size_t)d1 * sizeof *in1);
+    for (int64_t row = 0; row < d3; row++)
+      for (int e = 0; e < 6; e++) in3[row * 6 + e] = ag_val3(g_rank, k, row, e);
+    for (int64_t i = 0; i < d1; i++) in1[i] = ag_val1(g_rank, k, i);
+    gs_handle *h3 = NULL, *h1 = NULL;
+    submitted_or_die(ctx, gs_allgather_async(ctx, "gather/3d", in3, shape3, 3, GS_INT32, &h3),
+                     "gather/3d", "gs_allgather_async");
+    submitted_or_die(ctx, gs_allgather_async(ctx, "gather/1d", in1, shape1, 1, GS_FLOAT64, &h1),
+                     "gather/1d", "gs_allgather_async");
+    wait_ok(h3, "gather/3d");
+    wait_ok(h1, "gather/1d");
+
+    char line3[512], line1[512];
+    int64_t total3 = 0, total1 = 0;
+    ag_dims_line(line3, sizeof line3, h3, "gather/3d", k, 0, &total3);
+    ag_dims_line(line1, sizeof line1, h1, "gather/1d", k, 1, &total1);
+    const void *data = NULL;
+    size_t bytes = 0;
+    gs_status s = gs_handle_result(h3, &data, &bytes);
+    if (s != GS_OK) die("gather/3d: gs_handle_result: %s: %s", status_name(s), gs_last_error(ctx));
+    if (bytes != (size_t)total3 * 6 * sizeof(int32_t))
+      die("gather/3d (round %d): result has %zu bytes, expected %lld rows of 24", k, bytes,
+          (long long)total3);
+    const int32_t *out3 = data;
+    size_t at = 0;
+    for (int r = 0; r < g_size; r++)
+      for (int64_t row = 0; row < ag_dim(r, k, g_size); row++, at++)
+        for (int e = 0; e < 6; e++)
+          if (out3[at * 6 + (size_t)e] != ag_val3(r, k, row, e))
+            die("gather/3d (round %d): row %zu element %d: got %d, expected %d (rank %d row %lld)",
+                k, at, e, out3[at * 6 + (size_t)e], ag_val3(r, k, row, e), r, (long long)row);
+    s = gs_handle_result(h1, &data, &bytes);
+    if (s != GS_OK) die("gather/1d: gs_handle_result: %s: %s", status_name(s), gs_last_error(ctx));
+    if (bytes != (size_t)total1 * sizeof(double))
+      die("gather/1d (round %d): result has %zu bytes, expected %lld doubles", k, bytes,
+          (long long)total1);
+    const double *out1 = data;
+    at = 0;
+    for (int r = 0; r < g_size; r++)
+      for (int64_t i = 0; i < ag_dim(r, k + 1, g_size); i++, at++)
+        if (out1[at] != ag_val1(r, k, i))
+          die("gather/1d (round %d): element %zu: got %.9g, expected %.9g (rank %d element %lld)",
+              k, at, out1[at], ag_val1(r, k, i), r, (long long)i);
+    printf("allgather: round %d: 3d dims %s total %lld; 1d dims %s total %lld\n", k, line3,
+           (long long)total3, line1, (long long)total1);
+    gs_handle_free(h3);
+    gs_handle_free(h1);
+    free(in3);
+    free(in1);
+  }
+  printf("allgather: passed (rank %d of %d, %d rounds)\n", g_rank, g_size, rounds);
+  return 0;
+}
+
+/* ---- mode: bcast-barrier ------------------------------------------------------- */
+
+static double bc_f64(int root, int k, size_t j) {
+  return (double)j * 0.25 - 100.0 + root * 1000 + k * 0.125;
+}
+
+static int8_t bc_i8(int root, int k, size_t j) {
+  return (int8_t)((int)((j * 7 + (size_t)root * 3 + (size_t)k) % 251) - 125);
+}
+
+static int mode_bcast_barrier(gs_ctx *ctx, int root) {
+  enum { NF = 1000, NI = 37 };
+  double f[NF];
+  int8_t b[NI];
+  for (int k = 0; k < 2; k++) { /* the second round goes through the response cache */
+    for (size_t j = 0; j < NF; j++) f[j] = g_rank == root ? bc_f64(root, k, j) : -1e300;
+    for (size_t j = 0; j < NI; j++) b[j] = g_rank == root ? bc_i8(root, k, j) : (int8_t)0x5a;
+    gs_handle *hf = NULL, *hb = NULL;
+    submitted_or_die(ctx, gs_broadcast_async(ctx, "bcast/f64", f, NF, GS_FLOAT64, root, &hf),
+                     "bcast/f64", "gs_broadcast_async");
+    submitted_or_die(ctx, gs_broadcast_async(ctx, "bcast/i8", b, NI, GS_INT8, root, &hb),
+                     "bcast/i8", "gs_broadcast_async");
+    wait_ok(hf, "bcast/f64");
+    wait_ok(hb, "bcast/i8");
+    for (size_t j = 0; j < NF; j++)
+      if (f[j] != bc_f64(root, k, j))
+        die("bcast/f64 (round %d, root %d): element %zu: got %.9g, expected %.9g", k, root, j, f[j],
+            bc_f64(root, k, j));
+    for (size_t j = 0; j < NI; j++)
+      if (b[j] != bc_i8(root, k, j))
+        die("bcast/i8 (round %d, root %d): element %zu: got %d, expected %d", k, root, j, b[j],
+            bc_i8(root, k, j));
+    gs_handle_free(hf);
+    gs_handle_free(hb);
+  }
+  printf("bcast: rank %d: float64 and int8 from root %d ok\n", g_rank, root);
+
+  /* Barrier k: every rank leaves a mark before entering; whoever comes out
+   * must find every rank's mark (causality, not timing). */
+  const char *dir = getenv("GS_TEST_DIR");
+  if (!dir || !*dir) die("GS_TEST_DIR is not set");
+  for (int k = 1; k <= 3; k++) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/barrier-%d-rank-%d", dir, k, g_rank);
+    FILE *m = fopen(path, "w");
+    if (!m) die("cannot create %s: %s", path, strerror(errno));
+    fclose(m);
+    gs_status s = gs_barrier(ctx);
+    if (s != GS_OK) die("gs_barrier #%d: %s: %s", k, status_name(s), gs_last_error(ctx));
+    for (int r = 0; r < g_size; r++) {
+      snprintf(path, sizeof path, "%s/barrier-%d-rank-%d", dir, k, r);
+      if (access(path, F_OK) != 0)
+        die("gs_barrier #%d returned before rank %d reached it (%s missing)", k, r, path);
+    }
+    printf("bcast: rank %d: barrier %d ok\n", g_rank, k);
+  }
+  printf("bcast: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
+/* ---- mode: grouped --------------------------------------------------------------- */
+
+static int mode_grouped(gs_ctx *ctx, int rounds) {
+  static const size_t counts[3] = {5, 1000, 70000};
+  const char *names[3] = {"group/a", "group/b", "group/c"};
+  float *send[3], *recv[3], *want[3];
+  for (int i = 0; i < 3; i++) {
+    send[i] = xmalloc(counts[i] * sizeof(float));
+    recv[i] = i == 1 ? xmalloc(counts[i] * sizeof(float)) : send[i]; /* b out of place */
+    want[i] = xmalloc(counts[i] * sizeof(float));
+  }
+  for (int k = 0; k < rounds; k++) {
+    /* Odd rounds scale: x 0.5 before, x 4 after (exact on even integers). */
+    gs_allreduce_opts o = {.prescale = k % 2 ? 0.5 : 0, .postscale = k % 2 ? 4 : 0};
+    double factor = k % 2 ? 2.0 : 1.0;
+    for (int i = 0; i < 3; i++)
+      for (size_t j = 0; j < counts[i]; j++) {
+        int v = (int)((j * 5 + (size_t)i * 17 + (size_t)k) % 23) - 11;
+        send[i][j] = (float)(2 * v * (g_rank + 1));
+        want[i][j] = (float)(2 * v * rank_weight_sum() * factor);
+      }
+    gs_handle *hs[3] = {NULL, NULL, NULL};
+    gs_stats a = stats_now(ctx);
+    gs_status s =
+        gs_grouped_allreduce_async(ctx, 3, names, (const void *const *)send, (void *const *)recv,
+                                   counts, GS_FLOAT32, GS_SUM, &o, hs);
+    submitted_or_die(ctx, s, "group/a", "gs_grouped_allreduce_async");
+    for (int i = 0; i < 3; i++) wait_ok(hs[i], names[i]);
+    gs_stats b = stats_now(ctx);
+    for (int i = 0; i < 3; i++) {
+      check_f32(names[i], recv[i], want[i], counts[i]);
+      gs_handle_free(hs[i]);
+    }
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "grouped: rank %d round %d", g_rank, k);
+    print_stats(prefix, &a, &b);
+  }
+  printf("grouped: passed (rank %d of %d, %d rounds)\n", g_rank, g_size, rounds);
+  for (int i = 0; i < 3; i++) {
+    if (recv[i] != send[i]) free(recv[i]);
+    free(send[i]);
+    free(want[i]);
+  }
+  return 0;
+}
+
+/* ---- mode: join-steps -------------------------------------------------------------- */
+
+static int js_k(size_t j, int step) {
+  return (int)((j * 3 + (size_t)step * 5) % 17) - 8;
+}
+
+/* The last rank runs out of data two steps early and joins; the others run
+ * every step of an average of the same tensor (size * k: every partial sum
+ * and the quotient are small integers, so the result is exact). */
+static int mode_join_steps(gs_ctx *ctx, int steps) {
+  enum { N = 1000 };
+  const int early = g_size - 1;
+  const int my_steps = g_rank == early ? steps - 2 : steps;
+  float in[N], out[N], want[N];
+  for (int s = 0; s < my_steps; s++) {
+    int joined = s >= steps - 2; /* only the ranks that go on get here */
+    for (size_t j = 0; j < N; j++) {
+      in[j] = (float)(g_size * js_k(j, s));
+      want[j] = (float)((joined ? g_size - 1 : g_size) * js_k(j, s));
+      out[j] = -12345.0f;
+    }
+    gs_handle *h = NULL;
+    submitted_or_die(
+        ctx, gs_allreduce_async(ctx, "join/grad", in, out, N, GS_FLOAT32, GS_AVERAGE, NULL, &h),
+        "join/grad", "gs_allreduce_async");
+    wait_ok(h, "join/grad");
+    gs_handle_free(h);
+    for (size_t j = 0; j < N; j++)
+      if (out[j] != want[j])
+        die("tensor 'join/grad' (step %d, %s): element %zu: got %.9g, expected %.9g", s,
+            joined ? "rank joined" : "all ranks", j, (double)out[j], (double)want[j]);
+    if (s == steps - 2 || s == steps - 1) {
+      /* Only allreduce runs with a joined rank. */
+      int32_t v[2] = {g_rank, g_rank};
+      int64_t shape[1] = {2};
+      const char *what = s == steps - 2 ? "allgather" : "broadcast";
+      gs_status st = s == steps - 2
+                         ? gs_allgather_async(ctx, "join/gather", v, shape, 1, GS_INT32, &h)
+                         : gs_broadcast_async(ctx, "join/bcast", v, 2, GS_INT32, 0, &h);
+      submitted_or_die(ctx, st, what, "submit");
+      st = gs_wait(h, WAIT_MS);
+      printf("join: rank %d: %s: %s: %s\n", g_rank, what, status_name(st), gs_handle_error(h));
+      if (st != GS_ERR_INVALID_ARG)
+        die("%s while rank %d has joined: expected GS_ERR_INVALID_ARG, got %s", what, early,
+            status_name(st));
+      if (!strstr(gs_handle_error(h), "has joined"))
+        die("%s while rank %d has joined: the message lacks 'has joined'", what, early);
+      gs_handle_free(h);
+    }
+    printf("join: rank %d: step %d ok (%s)\n", g_rank, s, joined ? "one rank joined" : "all ranks");
+  }
+  int last = -1;
+  gs_status st = gs_join(ctx, &last);
+  if (st != GS_OK) die("gs_join: %s: %s", status_name(st), gs_last_error(ctx));
+  printf("join: rank %d: last joined rank %d\n", g_rank, last);
+  /* The join round is over: every rank takes part again. */
+  for (size_t j = 0; j < N; j++) {
+    in[j] = (float)((g_rank + 1) * js_k(j, 99));
+    want[j] = (float)(rank_weight_sum() * js_k(j, 99));
+  }
+  gs_handle *h = NULL;
+  submitted_or_die(ctx,
+                   gs_allreduce_async(ctx, "join/after", in, out, N, GS_FLOAT32, GS_SUM, NULL, &h),
+                   "join/after", "gs_allreduce_async");
+  wait_ok(h, "join/after");
+  gs_handle_free(h);
+  check_f32("join/after", out, want, N);
+  printf("join: passed (rank %d of %d, %d steps)\n", g_rank, g_size, my_steps);
+  return 0;
+}
+
+/* ---- mode: duplicate ----------------------------------------------------------------- */
+
+/* Every way of submitting name again while it is in flight on this rank must
+ * fail at once with GS_ERR_DUPLICATE_NAME, create no handle and change
+ * nothing. */
+static void dup_expect(gs_ctx *ctx, const char *name, const char *how, gs_status s, gs_handle *h) {
+  const char *msg = gs_last_error(ctx);
+  printf("duplicate: rank %d: %s: %s: %s\n", g_rank, how, status_name(s), msg);
+  if (s != GS_ERR_DUPLICATE_NAME)
+    die("%s of '%s': expected GS_ERR_DUPLICATE_NAME, got %s", how, name, status_name(s));
+  if (h != NULL) die("%s of '%s' failed but returned a handle", how, name);
+  char want[160];
+  snprintf(want, sizeof want, "tensor '%s'", name);
+  if (!strstr(msg, want)) die("%s of '%s': the message does not name the tensor", how, name);
+  snprintf(want, sizeof want, "rank %d", g_rank);
+  if (!strstr(msg, want)) die("%s of '%s': the message does not name rank %d", how, name, g_rank);
+}
+
+static int mode_duplicate(gs_ctx *ctx) {
+  enum { N = 16 };
+  /* 'dup/a' is submitted first by ranks 1.., 'dup/b' first by rank 0; each
+   * rank submits the other one only after the barrier, so neither can
+   * complete while any rank is still testing its duplicates. */
+  const char *mine = g_rank == 0 ? "dup/b" : "dup/a";
+  const char *other = g_rank == 0 ? "dup/a" : "dup/b";
+  float x[N], y[N], z[N], g2[N], again[N];
+  for (int j = 0; j < N; j++) x[j] = y[j] = z[j] = g2[j] = again[j] = (float)(g_rank + 1);
+  gs_handle *hm = NULL, *ho = NULL, *h = NULL;
+  submitted_or_die(ctx, gs_allreduce_async(ctx, mine, x, x, N, GS_FLOAT32, GS_SUM, NULL, &hm), mine,
+                   "gs_allreduce_async");
+
+  h = NULL;
+  gs_status s = gs_allreduce_async(ctx, mine, z, z, N, GS_FLOAT32, GS_SUM, NULL, &h);
+  dup_expect(ctx, mine, "allreduce", s, h);
+  int64_t shape[1] = {N};
+  h = NULL;
+  s = gs_allgather_async(ctx, mine, z, shape, 1, GS_FLOAT32, &h);
+  dup_expect(ctx, mine, "allgather", s, h);
+  h = NULL;
+  s = gs_broadcast_async(ctx, mine, z, N, GS_FLOAT32, 0, &h);
+  dup_expect(ctx, mine, "broadcast", s, h);
+  /* A group with one new and one busy name: all or none, so 'dup/new' must
+   * still be free afterwards. */
+  const char *gnames[2] = {"dup/new", mine};
+  const void *gsend[2] = {g2, z};
+  void *grecv[2] = {g2, z};
+  size_t gcount[2] = {N, N};
+  gs_handle *gh[2] = {NULL, NULL};
+  s = gs_grouped_allreduce_async(ctx, 2, gnames, gsend, grecv, gcount, GS_FLOAT32, GS_SUM, NULL,
+                                 gh);
+  dup_expect(ctx, mine, "grouped allreduce", s, gh[1]);
+  if (gh[0] != NULL) die("the failed group returned a handle for 'dup/new'");
+  /* Two equal names inside one group. */
+  const char *same[2] = {"dup/twice", "dup/twice"};
+  s = gs_grouped_allreduce_async(ctx, 2, same, gsend, grecv, gcount, GS_FLOAT32, GS_SUM, NULL, gh);
+  dup_expect(ctx, "dup/twice", "group naming it twice", s, gh[0]);
+
+  s = gs_barrier(ctx);
+  if (s != GS_OK) die("gs_barrier: %s: %s", status_name(s), gs_last_error(ctx));
+  submitted_or_die(ctx, gs_allreduce_async(ctx, other, y, y, N, GS_FLOAT32, GS_SUM, NULL, &ho),
+                   other, "gs_allreduce_async");
+  h = NULL;
+  submitted_or_die(ctx, gs_allreduce_async(ctx, "dup/new", g2, g2, N, GS_FLOAT32, GS_SUM, NULL, &h),
+                   "dup/new", "gs_allreduce_async (its group was refused)");
+  wait_ok(hm, mine);
+  wait_ok(ho, other);
+  wait_ok(h, "dup/new");
+  gs_handle_free(hm);
+  gs_handle_free(ho);
+  gs_handle_free(h);
+  /* Completed: both names are free again on every rank. */
+  submitted_or_die(ctx,
+                   gs_allreduce_async(ctx, "dup/a", again, again, N, GS_FLOAT32, GS_SUM, NULL, &h),
+                   "dup/a", "gs_allreduce_async (after the first op completed)");
+  submitted_or_die(ctx, gs_allreduce_async(ctx, "dup/b", z, z, N, GS_FLOAT32, GS_SUM, NULL, &ho),
+                   "dup/b", "gs_allreduce_async (after the first op completed)");
+  wait_ok(h, "dup/a");
+  wait_ok(ho, "dup/b");
+  gs_handle_free(h);
+  gs_handle_free(ho);
+  float want[N];
+  for (int j = 0; j < N; j++) want[j] = (float)rank_weight_sum();
+  check_f32(mine, x, want, N);
+  check_f32(other, y, want, N);
+  check_f32("dup/new", g2, want, N);
+  check_f32("dup/a", again, want, N);
+  check_f32("dup/b", z, want, N);
+  printf("duplicate: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static void usage(void) {
   fprintf(stderr, "usage: gs-test-worker ops [ROUNDS] | random-order [SEED] | mismatch |\n"
-                  "                      hold MS | join | exit-code RANK CODE\n");
+                  "                      hold MS | join | exit-code RANK CODE | mismatch-all |\n"
+                  "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
+                  "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
+                  "                      join-steps STEPS | duplicate\n");
   exit(2);
 }
 
@@ -790,6 +1499,44 @@ int main(int argc, char **argv) {
     if (argc != 3) usage();
     gs_ctx *ctx = join_or_die();
     rc = mode_hold(ctx, atol(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "mismatch-all") == 0) {
+    gs_ctx *ctx = join_or_die();
+    rc = mode_mismatch_all(ctx);
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "fusion") == 0) {
+    if (argc != 5 || atoi(argv[2]) < 1 || atol(argv[3]) < 1 || atoi(argv[4]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_fusion(ctx, (unsigned)atoi(argv[2]), (size_t)atol(argv[3]), (unsigned)atoi(argv[4]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "workload") == 0) {
+    if (argc != 4 || atoi(argv[3]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_workload(ctx, argv[2], (unsigned)atoi(argv[3]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "allgather") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_allgather(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "bcast-barrier") == 0) {
+    if (argc != 3) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_bcast_barrier(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "grouped") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_grouped(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "join-steps") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 3) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_join_steps(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "duplicate") == 0) {
+    gs_ctx *ctx = join_or_die();
+    rc = mode_duplicate(ctx);
     shutdown_or_die(ctx);
   } else {
     usage();

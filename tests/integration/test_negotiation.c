@@ -1,0 +1,551 @@
+/* Integration tests of the negotiation engine: a real gradsyncd and 2-4 real
+ * gs-test-worker processes on 127.0.0.1.
+ *
+ * Covers what the coordinator decides and every rank must agree on: mismatch
+ * errors (same text on every rank, the job goes on), fusion (exact results,
+ * collectives per step against the threshold, both emission policies), the
+ * response cache on the ResNet-50 tensor list, allgather with uneven first
+ * dimensions, broadcast from a non-zero root, barriers, grouped allreduce,
+ * gs_join with uneven data and duplicate names in flight.
+ *
+ * The workers check every value against a local reference and print one line
+ * per result (error texts, allgather dims, gs_get_stats deltas); the tests
+ * here assert those lines. No assertion depends on timing: every wait is
+ * bounded by a generous hang guard, and the teardown kills and reaps every
+ * process a test started, also when it failed. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proc.h"
+
+#define GUARD_MS 120000
+#define WORKLOAD_GUARD_MS 300000 /* 5 steps of 97.5 MiB, also under ASan */
+#define MAX_RANKS 4
+
+static const char worker_path[] = GS_BIN_DIR "/gs-test-worker";
+static const char resnet50_path[] = GS_SOURCE_DIR "/../shared/workloads/resnet50.txt";
+
+typedef struct world {
+  proc *coord;
+  char addr[128];
+  int size;
+  proc *ranks[MAX_RANKS];
+} world;
+
+static void fail_with_dump(const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  proc_dump_all();
+  fail_msg("%s", msg);
+}
+
+static int setup(void **state) {
+  (void)state;
+  return proc_test_begin("neg", GUARD_MS);
+}
+
+static int setup_workload(void **state) {
+  (void)state;
+  return proc_test_begin("neg", WORKLOAD_GUARD_MS);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  proc_test_end();
+  return 0;
+}
+
+/* gradsyncd for a world of size, with extra flags (NULL-terminated, may be
+ * NULL). */
+static void start_coordinator(world *w, int size, char *const extra[]) {
+  memset(w, 0, sizeof *w);
+  w->size = size;
+  w->coord = proc_start_gradsyncd(GS_BIN_DIR, size, extra, w->addr, sizeof w->addr);
+  if (w->coord == NULL) fail_with_dump("gradsyncd did not start (see its output above)");
+}
+
+/* gs-test-worker ARGS... as rank `rank` of w, with the worker environment
+ * and GS_TEST_DIR (the test's private directory). */
+static proc *start_rank(world *w, int rank, char *const args[]) {
+  char coord[160], r[32], s[32], lr[40], ls[40], dir[600];
+  snprintf(coord, sizeof coord, "GRADSYNC_COORDINATOR=%s", w->addr);
+  snprintf(r, sizeof r, "GRADSYNC_RANK=%d", rank);
+  snprintf(s, sizeof s, "GRADSYNC_SIZE=%d", w->size);
+  snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", rank);
+  snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", w->size);
+  snprintf(dir, sizeof dir, "GS_TEST_DIR=%s", proc_test_dir());
+  char *env[] = {coord, r, s, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000", dir, NULL};
+  char *argv[16] = {(char *)worker_path};
+  size_t argc = 1;
+  for (size_t i = 0; args[i] && argc < 15; i++) argv[argc++] = args[i];
+  argv[argc] = NULL;
+  char label[32];
+  snprintf(label, sizeof label, "rank %d", rank);
+  proc *p = proc_spawn(label, argv, env);
+  if (p == NULL) fail_with_dump("could not start %s as rank %d", worker_path, rank);
+  return p;
+}
+
+static void expect_exit(proc *p, int code) {
+  if (proc_wait(p, proc_guard_left_ms()) != 0)
+    fail_with_dump("%s (pid %d) hung; killed by the hang guard", p->label, (int)p->pid);
+  if (proc_exit_code(p) != code)
+    fail_with_dump("%s exited with %d, expected %d", p->label, proc_exit_code(p), code);
+}
+
+static void stop_coordinator(world *w) {
+  proc_signal(w->coord, SIGTERM);
+  expect_exit(w->coord, 0);
+}
+
+/* A world of size running ARGS on every rank; each must exit 0 and print
+ * "MODE: passed (rank R of SIZE" where MODE is pass_prefix. */
+static void run_world(world *w, int size, char *const coord_args[], char *const args[],
+                      const char *pass_prefix) {
+  start_coordinator(w, size, coord_args);
+  for (int r = 0; r < size; r++) w->ranks[r] = start_rank(w, r, args);
+  for (int r = 0; r < size; r++) expect_exit(w->ranks[r], 0);
+  for (int r = 0; r < size; r++) {
+    char want[128];
+    snprintf(want, sizeof want, "%s: passed (rank %d of %d", pass_prefix, r, size);
+    char *out = proc_output(w->ranks[r]);
+    int found = strstr(out, want) != NULL;
+    free(out);
+    if (!found) fail_with_dump("%s: output lacks \"%s\"", w->ranks[r]->label, want);
+  }
+  stop_coordinator(w);
+}
+
+/* The first line of p's output that starts with prefix, newline stripped,
+ * into buf. Returns 0 when found. */
+static int find_line(const proc *p, const char *prefix, char *buf, size_t cap) {
+  char *out = proc_output(p);
+  size_t plen = strlen(prefix);
+  int rc = -1;
+  for (char *line = out; line && *line;) {
+    char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    if (len >= plen && strncmp(line, prefix, plen) == 0) {
+      snprintf(buf, cap, "%.*s", (int)len, line);
+      rc = 0;
+      break;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  free(out);
+  return rc;
+}
+
+static void line_or_fail(const proc *p, const char *prefix, char *buf, size_t cap) {
+  if (find_line(p, prefix, buf, cap) != 0)
+    fail_with_dump("%s: no output line starts with \"%s\"", p->label, prefix);
+}
+
+/* Every rank of w printed exactly the line want (found by its prefix). */
+static void expect_same_line(const world *w, const char *prefix, const char *want) {
+  char first[4096] = "";
+  for (int r = 0; r < w->size; r++) {
+    char got[4096];
+    line_or_fail(w->ranks[r], prefix, got, sizeof got);
+    if (r == 0)
+      snprintf(first, sizeof first, "%s", got);
+    else if (strcmp(got, first) != 0)
+      fail_with_dump("ranks disagree on \"%s\":\n  rank 0: %s\n  rank %d: %s", prefix, first, r,
+                     got);
+    if (strcmp(got, want) != 0)
+      fail_with_dump("rank %d:\n  got:      %s\n  expected: %s", r, got, want);
+  }
+}
+
+/* The gs_get_stats deltas a worker printed ("... collectives=C tensors=T
+ * fused=F requests=R hits=H"). */
+typedef struct stats_line {
+  unsigned long long collectives, tensors, fused, requests, hits;
+} stats_line;
+
+static stats_line stats_of(const proc *p, const char *prefix) {
+  char line[1024];
+  line_or_fail(p, prefix, line, sizeof line);
+  stats_line s;
+  const char *at = strstr(line, "collectives=");
+  if (at == NULL || sscanf(at, "collectives=%llu tensors=%llu fused=%llu requests=%llu hits=%llu",
+                           &s.collectives, &s.tensors, &s.fused, &s.requests, &s.hits) != 5)
+    fail_with_dump("%s: cannot parse the stats line \"%s\"", p->label, line);
+  return s;
+}
+
+/* ---- 1. every mismatch: one text on every rank, the job goes on ----------- */
+
+/* The coordinator's wording (engine.c mismatch_message / attr_format): the
+ * first attribute that differs, then each group of ranks, lowest rank first,
+ * with the value it sent. */
+static const struct {
+  const char *mode_case, *text;
+} k_mismatches[] = {
+    {"shape", "tensor 'mm/shape': mismatched shapes: ranks [0,2] sent [3,2], ranks [1] sent [2,3]"},
+    {"shape3", "tensor 'mm/shape3': mismatched shapes: ranks [0] sent [4], ranks [1] sent [5], "
+               "ranks [2] sent [6]"},
+    {"dtype", "tensor 'mm/dtype': mismatched data types: ranks [0,1] sent float32, ranks [2] sent "
+              "float64"},
+    {"reduce",
+     "tensor 'mm/reduce': mismatched reduce ops: ranks [0,2] sent sum, ranks [1] sent max"},
+    {"optype",
+     "tensor 'mm/optype': mismatched operations: ranks [0] sent allreduce, ranks [1] sent "
+     "allgather, ranks [2] sent broadcast"},
+    {"root",
+     "tensor 'mm/root': mismatched broadcast roots: ranks [0,1] sent root 0, ranks [2] sent "
+     "root 1"},
+    {"prescale", "tensor 'mm/prescale': mismatched prescale factors: ranks [0,2] sent 1, ranks [1] "
+                 "sent 0.5"},
+    {"postscale", "tensor 'mm/postscale': mismatched postscale factors: ranks [0] sent 2, ranks "
+                  "[1,2] sent 0.25"},
+    {"gather-trailing", "tensor 'mm/gather-trailing': mismatched shapes: ranks [0,2] sent 2 dims, "
+                        "trailing [3], ranks [1] sent 2 dims, trailing [4]"},
+    {"gather-ndim", "tensor 'mm/gather-ndim': mismatched shapes: ranks [0,1] sent 2 dims, trailing "
+                    "[3], ranks [2] sent 3 dims, trailing [3,1]"},
+};
+
+static void test_mismatch_every_attribute_3(void **state) {
+  (void)state;
+  char *args[] = {"mismatch-all", NULL};
+  world w;
+  run_world(&w, 3, NULL, args, "neg-mismatch");
+  size_t n = sizeof k_mismatches / sizeof k_mismatches[0];
+  for (size_t i = 0; i < n; i++) {
+    char prefix[128], want[1024];
+    snprintf(prefix, sizeof prefix, "neg-mismatch: %s: ", k_mismatches[i].mode_case);
+    snprintf(want, sizeof want, "%sGS_ERR_MISMATCH: %s", prefix, k_mismatches[i].text);
+    expect_same_line(&w, prefix, want);
+    /* After the error, a new tensor and the failed name itself completed
+     * with the right values (checked by the worker). */
+    for (int r = 0; r < 3; r++) {
+      char line[256];
+      snprintf(prefix, sizeof prefix, "neg-mismatch: rank %d: %s: later tensors ok", r,
+               k_mismatches[i].mode_case);
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+    }
+  }
+}
+
+/* ---- 2. fusion -------------------------------------------------------------- */
+
+#define FUSION_TENSORS 200
+#define FUSION_COUNT 4096 /* float32: 16 KiB each, 3.125 MiB per step */
+#define FUSION_STEPS 2    /* the second through the response cache */
+
+/* 200 tensors submitted at once on 2 ranks; the worker checks every value.
+ * Returns nothing; asserts per rank and step: tensors = 200 and
+ * min_collectives <= collectives <= max_collectives.
+ *
+ * The cycle time is raised to 20 ms so that a rank's 200 submissions (well
+ * under a millisecond) are nearly always sent in one batch; a batch split
+ * across two cycles can make the step one collective longer, which the
+ * bound's "+1" allows. */
+static void fusion_world(const char *threshold, const char *policy, unsigned long long min_coll,
+                         unsigned long long max_coll) {
+  char *coord_args[] = {"--fusion-threshold",
+                        (char *)threshold,
+                        "--emit-policy",
+                        (char *)policy,
+                        "--cycle-time-ms",
+                        "20",
+                        NULL};
+  char n[16], count[16], steps[16];
+  snprintf(n, sizeof n, "%d", FUSION_TENSORS);
+  snprintf(count, sizeof count, "%d", FUSION_COUNT);
+  snprintf(steps, sizeof steps, "%d", FUSION_STEPS);
+  char *args[] = {"fusion", n, count, steps, NULL};
+  world w;
+  run_world(&w, 2, coord_args, args, "fusion");
+  for (int r = 0; r < 2; r++)
+    for (int s = 0; s < FUSION_STEPS; s++) {
+      char prefix[64];
+      snprintf(prefix, sizeof prefix, "fusion: rank %d step %d: ", r, s);
+      stats_line st = stats_of(w.ranks[r], prefix);
+      if (st.tensors != FUSION_TENSORS)
+        fail_with_dump("rank %d step %d: %llu tensors completed, expected %d", r, s, st.tensors,
+                       FUSION_TENSORS);
+      if (st.collectives < min_coll || st.collectives > max_coll)
+        fail_with_dump("rank %d step %d (threshold %s, %s): %llu collectives, expected %llu..%llu",
+                       r, s, threshold, policy, st.collectives, min_coll, max_coll);
+      if (s > 0 && st.hits != FUSION_TENSORS)
+        fail_with_dump("rank %d step %d: %llu of %llu requests were cache hits, expected all %d", r,
+                       s, st.hits, st.requests, FUSION_TENSORS);
+    }
+}
+
+static unsigned long long fusion_bound(unsigned long long threshold) {
+  unsigned long long total = (unsigned long long)FUSION_TENSORS * FUSION_COUNT * 4;
+  return (total + threshold - 1) / threshold + 1; /* ceil(total / threshold) + 1 */
+}
+
+static void test_fusion_threshold_1mib(void **state) {
+  (void)state;
+  fusion_world("1048576", "adaptive", 1, fusion_bound(1048576)); /* at most 5 */
+}
+
+static void test_fusion_off(void **state) {
+  (void)state;
+  fusion_world("0", "adaptive", FUSION_TENSORS, FUSION_TENSORS);
+}
+
+static void test_fusion_window_policy(void **state) {
+  (void)state;
+  fusion_world("1048576", "window", 1, fusion_bound(1048576));
+}
+
+/* ---- 3. ResNet-50: values every step, the response cache from step 2 ------- */
+
+static void test_resnet50_cache(void **state) {
+  (void)state;
+  if (access(resnet50_path, R_OK) != 0) {
+    print_message("skipped: workload %s is missing (shared/ must sit beside the clone)\n",
+                  resnet50_path);
+    skip();
+  }
+  char *args[] = {"workload", (char *)resnet50_path, "5", NULL};
+  world w;
+  run_world(&w, 2, NULL, args, "workload");
+  for (int r = 0; r < 2; r++) {
+    char line[512];
+    line_or_fail(w.ranks[r], "workload: passed", line, sizeof line);
+    if (strstr(line, "161 tensors, 25557032 elements x 5 steps") == NULL)
+      fail_with_dump("rank %d did not run the whole ResNet-50 list: %s", r, line);
+    for (int s = 1; s <= 5; s++) {
+      char prefix[64];
+      snprintf(prefix, sizeof prefix, "workload: rank %d step %d: ", r, s);
+      stats_line st = stats_of(w.ranks[r], prefix);
+      if (st.tensors != 161 || st.requests != 161)
+        fail_with_dump("rank %d step %d: %llu tensors completed from %llu requests, expected 161",
+                       r, s, st.tensors, st.requests);
+      /* hits / requests >= 99 % */
+      if (s >= 2 && st.hits * 100 < st.requests * 99)
+        fail_with_dump("rank %d step %d: cache hit rate %llu/%llu is below 99 %%", r, s, st.hits,
+                       st.requests);
+    }
+  }
+}
+
+/* ---- 4. allgather with uneven first dimensions ------------------------------- */
+
+/* Same formula as the worker's ag_dim: 1..3 rows, 0 on one rank per round. */
+static long long ag_dim(int r, int k, int size) {
+  if (r == (size - 1 + k) % size) return 0;
+  return 1 + (r * 2 + k) % 3;
+}
+
+static void dims_text(char *buf, size_t cap, int k, int size, long long *total) {
+  size_t off = (size_t)snprintf(buf, cap, "[");
+  *total = 0;
+  for (int r = 0; r < size; r++) {
+    off += (size_t)snprintf(buf + off, cap - off, "%s%lld", r ? "," : "", ag_dim(r, k, size));
+    *total += ag_dim(r, k, size);
+  }
+  snprintf(buf + off, cap - off, "]");
+}
+
+static void allgather_world(int size) {
+  enum { ROUNDS = 3 };
+  char *args[] = {"allgather", "3", NULL};
+  world w;
+  run_world(&w, size, NULL, args, "allgather");
+  for (int k = 0; k < ROUNDS; k++) {
+    char d3[128], d1[128], prefix[64], want[512];
+    long long t3, t1;
+    dims_text(d3, sizeof d3, k, size, &t3);
+    dims_text(d1, sizeof d1, k + 1, size, &t1);
+    snprintf(prefix, sizeof prefix, "allgather: round %d: ", k);
+    snprintf(want, sizeof want, "%s3d dims %s total %lld; 1d dims %s total %lld", prefix, d3, t3,
+             d1, t1);
+    expect_same_line(&w, prefix, want);
+  }
+}
+
+static void test_allgather_uneven_2(void **state) {
+  (void)state;
+  allgather_world(2);
+}
+
+static void test_allgather_uneven_4(void **state) {
+  (void)state;
+  allgather_world(4);
+}
+
+/* ---- 5. broadcast from root 2 of 3, three barriers ---------------------------- */
+
+static void test_broadcast_root2_and_barriers_3(void **state) {
+  (void)state;
+  char *args[] = {"bcast-barrier", "2", NULL};
+  world w;
+  run_world(&w, 3, NULL, args, "bcast");
+  for (int r = 0; r < 3; r++) {
+    char prefix[64], line[256];
+    snprintf(prefix, sizeof prefix, "bcast: rank %d: float64 and int8 from root 2 ok", r);
+    line_or_fail(w.ranks[r], prefix, line, sizeof line);
+    for (int k = 1; k <= 3; k++) {
+      snprintf(prefix, sizeof prefix, "bcast: rank %d: barrier %d ok", r, k);
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+    }
+  }
+  for (int k = 1; k <= 3; k++)
+    for (int r = 0; r < 3; r++) {
+      char path[700];
+      snprintf(path, sizeof path, "%s/barrier-%d-rank-%d", proc_test_dir(), k, r);
+      unlink(path);
+    }
+}
+
+/* ---- 6. grouped allreduce --------------------------------------------------- */
+
+/* group/a (5 floats), group/b (1000), group/c (70000), 2 rounds (the second
+ * pre- and postscaled); values checked by the worker. */
+static void grouped_world(char *const coord_args[], unsigned long long want_collectives) {
+  char *args[] = {"grouped", "2", NULL};
+  world w;
+  run_world(&w, 2, coord_args, args, "grouped");
+  for (int r = 0; r < 2; r++)
+    for (int k = 0; k < 2; k++) {
+      char prefix[64];
+      snprintf(prefix, sizeof prefix, "grouped: rank %d round %d: ", r, k);
+      stats_line st = stats_of(w.ranks[r], prefix);
+      if (st.tensors != 3 || st.collectives != want_collectives)
+        fail_with_dump("rank %d round %d: the group ran as %llu collectives of %llu tensors, "
+                       "expected %llu of 3",
+                       r, k, st.collectives, st.tensors, want_collectives);
+    }
+}
+
+/* Default threshold (64 MiB): the group is emitted whole and fused into one. */
+static void test_grouped_allreduce(void **state) {
+  (void)state;
+  grouped_world(NULL, 1);
+}
+
+/* 4 KiB: a (20 B) and b (4000 B at offset 64) fit together, c (280000 B)
+ * cannot join them: two collectives, still exact. */
+static void test_grouped_allreduce_low_threshold(void **state) {
+  (void)state;
+  char *coord_args[] = {"--fusion-threshold", "4096", NULL};
+  grouped_world(coord_args, 2);
+}
+
+/* ---- 7. gs_join with uneven data ---------------------------------------------- */
+
+/* The last rank runs 4 of 6 steps and joins. The worker checks each step's
+ * average exactly: the tensor itself while all ranks take part, and
+ * tensor * (size - 1) / size for the two steps after the join (the data are
+ * multiples of size, so every partial sum and the quotient are small
+ * integers, exact in float32: no tolerance needed). */
+static void join_world(int size) {
+  char *args[] = {"join-steps", "6", NULL};
+  world w;
+  run_world(&w, size, NULL, args, "join");
+  const int early = size - 1;
+  int last = -1;
+  for (int r = 0; r < size; r++) {
+    char prefix[64], line[1024];
+    if (r != early) {
+      snprintf(prefix, sizeof prefix, "join: rank %d: step 4 ok (one rank joined)", r);
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+      snprintf(prefix, sizeof prefix, "join: rank %d: step 5 ok (one rank joined)", r);
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+      static const char *const ops[] = {"allgather", "broadcast"};
+      static const char *const names[] = {"join/gather", "join/bcast"};
+      for (int i = 0; i < 2; i++) {
+        char want[256];
+        snprintf(prefix, sizeof prefix, "join: rank %d: %s: ", r, ops[i]);
+        line_or_fail(w.ranks[r], prefix, line, sizeof line);
+        snprintf(want, sizeof want, "%sGS_ERR_INVALID_ARG: tensor '%s': %s while rank %d ", prefix,
+                 names[i], ops[i], early);
+        if (strncmp(line, want, strlen(want)) != 0 || strstr(line, "has joined") == NULL)
+          fail_with_dump("rank %d: %s with a joined rank:\n  got:      %s\n  expected: %s... "
+                         "has joined ...",
+                         r, ops[i], line, want);
+      }
+    }
+    snprintf(prefix, sizeof prefix, "join: rank %d: last joined rank ", r);
+    line_or_fail(w.ranks[r], prefix, line, sizeof line);
+    int l = atoi(line + strlen(prefix));
+    if (r == 0) last = l;
+    if (l != last)
+      fail_with_dump("gs_join: rank 0 says rank %d joined last, rank %d says %d", last, r, l);
+  }
+  /* The early rank joined first; the last one is one of the others. */
+  if (last < 0 || last >= early)
+    fail_with_dump("gs_join named rank %d as the last to join; rank %d joined first, so it must "
+                   "be one of 0..%d",
+                   last, early, early - 1);
+}
+
+static void test_join_2(void **state) {
+  (void)state;
+  join_world(2);
+}
+
+static void test_join_3(void **state) {
+  (void)state;
+  join_world(3);
+}
+
+static void test_join_4(void **state) {
+  (void)state;
+  join_world(4);
+}
+
+/* ---- 8. a name already in flight on a rank ------------------------------------ */
+
+static void test_duplicate_name_3(void **state) {
+  (void)state;
+  char *args[] = {"duplicate", NULL};
+  world w;
+  run_world(&w, 3, NULL, args, "duplicate");
+  static const char *const hows[] = {"allreduce", "allgather", "broadcast", "grouped allreduce"};
+  for (int r = 0; r < 3; r++) {
+    const char *mine = r == 0 ? "dup/b" : "dup/a";
+    for (int i = 0; i < 5; i++) {
+      const char *how = i < 4 ? hows[i] : "group naming it twice";
+      const char *name = i < 4 ? mine : "dup/twice";
+      char prefix[128], want[256], line[1024];
+      snprintf(prefix, sizeof prefix, "duplicate: rank %d: %s: ", r, how);
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+      snprintf(want, sizeof want, "%sGS_ERR_DUPLICATE_NAME: tensor '%s': rank %d ", prefix, name,
+               r);
+      if (strncmp(line, want, strlen(want)) != 0 || strstr(line, "in flight") == NULL)
+        fail_with_dump("rank %d, %s of a name in flight:\n  got:      %s\n  expected: %s... in "
+                       "flight ...",
+                       r, how, line, want);
+    }
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_mismatch_every_attribute_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fusion_threshold_1mib, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fusion_off, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fusion_window_policy, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_resnet50_cache, setup_workload, teardown),
+      cmocka_unit_test_setup_teardown(test_allgather_uneven_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_allgather_uneven_4, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_broadcast_root2_and_barriers_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_grouped_allreduce, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_grouped_allreduce_low_threshold, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_join_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_join_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_join_4, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_duplicate_name_3, setup, teardown),
+  };
+  return cmocka_run_group_tests_name("negotiation", tests, NULL, NULL);
+}
