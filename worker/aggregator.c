@@ -146,20 +146,9 @@ static gs_status entry_get(gs_aggregator *agg, const char *what, const char *nam
 static gs_status completed_handle(gs_ctx *ctx, const char *name, gs_dtype dtype,
                                   const int64_t *shape, int ndim, size_t count, gs_handle **out) {
   struct gs_handle *h;
-  gs_status st = gs__op_new(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, &h);
+  gs_status st = gs__op_new_counted(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, count, &h);
   if (st) return st;
-  if (h->count != count) {
-    char s[256];
-    gs__shape_format(h->req.shape, h->req.ndim, s, sizeof s);
-    size_t holds = h->count;
-    free(h);
-    return gs__set_error(GS_ERR_INVALID_ARG,
-                         "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)",
-                         name, s, count, holds);
-  }
-  atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's only */
-  h->status = GS_OK;
-  atomic_store_explicit(&h->done, 1, memory_order_release);
+  gs__op_complete_unsubmitted(h);
   *out = h;
   return GS_OK;
 }

@@ -467,6 +467,27 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
   return GS_OK;
 }
 
+gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                             const int64_t *shape, int ndim, size_t count,
+                             struct gs_handle **out) {
+  gs_status st = gs__op_new(ctx, name, op, dtype, shape, ndim, out);
+  if (st || (*out)->count == count) return st;
+  char s[256];
+  gs__shape_format((*out)->req.shape, (*out)->req.ndim, s, sizeof s);
+  size_t holds = (*out)->count;
+  free(*out);
+  *out = NULL;
+  return gs__set_error(GS_ERR_INVALID_ARG,
+                       "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)",
+                       name, s, count, holds);
+}
+
+void gs__op_complete_unsubmitted(struct gs_handle *h) {
+  atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's only */
+  h->status = GS_OK;
+  atomic_store_explicit(&h->done, 1, memory_order_release);
+}
+
 gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
   gs_status st = submit(ctx, h);
   if (st) {
@@ -500,17 +521,8 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
   const int64_t *shape = opts && opts->ndim > 0 ? opts->shape : &flat;
   int ndim = opts && opts->ndim > 0 ? opts->ndim : 1;
   struct gs_handle *h;
-  gs_status st = gs__op_new(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, &h);
+  gs_status st = gs__op_new_counted(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, count, &h);
   if (st) return st;
-  if (h->count != count) {
-    char s[256];
-    gs__shape_format(h->req.shape, h->req.ndim, s, sizeof s);
-    size_t holds = h->count;
-    free(h);
-    return gs__set_error(GS_ERR_INVALID_ARG,
-                         "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)",
-                         name, s, count, holds);
-  }
   if (count > 0 && (!send || !recv)) {
     free(h);
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': %s buffer is NULL for %zu elements",
@@ -565,9 +577,7 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
     size_t bytes = count * gs__dtype_size((gs__dtype)dtype);
     if (send != recv && bytes) memcpy(recv, send, bytes);
     if (op == GS_AVERAGE && ctx->scale_local) gs__divide(recv, count, (gs__dtype)dtype, ctx->size);
-    atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's only */
-    h->status = GS_OK;
-    atomic_store_explicit(&h->done, 1, memory_order_release);
+    gs__op_complete_unsubmitted(h);
     pthread_mutex_lock(&ctx->mu);
     ctx->stats.local_ops++;
     pthread_mutex_unlock(&ctx->mu);

@@ -186,9 +186,7 @@ static gs_status complete_local(struct gs_handle *h, size_t nnz, gs_handle **out
     return (gs_status)rc;
   }
   h->send = NULL;
-  atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's only */
-  h->status = GS_OK;
-  atomic_store_explicit(&h->done, 1, memory_order_release);
+  gs__op_complete_unsubmitted(h);
   *out = h;
   return GS_OK;
 }

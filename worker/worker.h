@@ -143,6 +143,13 @@ gs_status gs__set_error(gs_status status, const char *fmt, ...)
  * handle, not yet submitted (free it with free() if you do not submit). */
 gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
                      const int64_t *shape, int ndim, struct gs_handle **out);
+/* gs__op_new, and the shape must hold exactly count elements. */
+gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                             const int64_t *shape, int ndim, size_t count,
+                             struct gs_handle **out);
+/* Completes a handle that is never submitted (a local tensor, a pass that
+ * does not communicate) with GS_OK; the caller holds its only reference. */
+void gs__op_complete_unsubmitted(struct gs_handle *h);
 /* Hands h to the background thread. On failure frees h (and its splits)
  * but not h->data: the caller still owns that. */
 gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out);
