@@ -58,6 +58,7 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
   ctx->sub_head = ctx->sub_tail = NULL;
   struct gs_handle *h, *tmp;
   HASH_ITER(hh, ctx->inflight, h, tmp) complete_locked(ctx, h, ctx->fatal, ctx->fatal_msg);
+  pthread_cond_broadcast(&ctx->cv); /* waits, and the exec thread awaiting a verdict */
   pthread_cond_broadcast(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dtype.h"
 #include "fusion_layout.h"
@@ -457,6 +458,26 @@ static void remember_done(gs_ctx *ctx, uint64_t seq) {
   ctx->done_plans[ctx->ndone++] = seq;
 }
 
+/* A peer's connection broke: the coordinator usually knows why (which rank
+ * died, on which host, with which pid) a moment later. Wait a little for its
+ * verdict so that every rank reports the same cause. */
+#define VERDICT_WAIT_MS 1000
+
+static void await_verdict(gs_ctx *ctx) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += VERDICT_WAIT_MS / 1000;
+  ts.tv_nsec += (long)(VERDICT_WAIT_MS % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&ctx->mu);
+  while (!ctx->fatal && !ctx->stop)
+    if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts) != 0) break;
+  pthread_mutex_unlock(&ctx->mu);
+}
+
 void *gs__executor_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
@@ -472,9 +493,10 @@ void *gs__executor_main(void *arg) {
     /* After a failure the job is over: drop the plans, their ops already
      * failed with it. */
     int rc = failed ? GS__OK : run_plan(ctx, &n->plan, err, sizeof err);
+    if (rc == GS__ERR_DATA_PLANE) await_verdict(ctx);
     if (rc) {
       GS_LOG_ERROR("%s", err);
-      gs__ctx_fail(ctx, (gs_status)rc, err);
+      gs__ctx_fail(ctx, (gs_status)rc, err); /* the coordinator's verdict, if any, wins */
     }
     pthread_mutex_lock(&ctx->mu);
     remember_done(ctx, n->plan.seq);

@@ -162,7 +162,7 @@ static void expect_named_lost(const job *j, const proc *p, int lost) {
   char by_coord[512], by_ring[64];
   snprintf(by_coord, sizeof by_coord, "rank %d (%s, pid %d) was lost", lost, g_host,
            (int)j->ranks[lost]->pid);
-  snprintf(by_ring, sizeof by_ring, "lost its connection to rank %d (", lost);
+  snprintf(by_ring, sizeof by_ring, "connection to rank %d", lost);
   char *out = proc_output(p);
   int coord = strstr(out, "GS_ERR_RANK_LOST") != NULL && strstr(out, by_coord) != NULL;
   int ring = strstr(out, "GS_ERR_DATA_PLANE") != NULL && strstr(out, by_ring) != NULL;
