@@ -468,8 +468,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
 }
 
 gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
-                             const int64_t *shape, int ndim, size_t count,
-                             struct gs_handle **out) {
+                             const int64_t *shape, int ndim, size_t count, struct gs_handle **out) {
   gs_status st = gs__op_new(ctx, name, op, dtype, shape, ndim, out);
   if (st || (*out)->count == count) return st;
   char s[256];
@@ -692,7 +691,16 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
   o.ndim = 0;
   struct gs_handle **hs = calloc(n, sizeof *hs);
   if (!hs) return gs__set_error(GS_ERR_NO_MEMORY, "gs_grouped_allreduce_async: out of memory");
-  uint64_t gid = atomic_fetch_add(&ctx->group_seq, 1) + 1;
+  /* The id follows from the members' names: the same on every rank, and
+   * the same for every call of a repeated group (so it hits the response
+   * cache); the names cannot be in flight twice, so neither can the id. */
+  uint64_t gid = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    for (const char *c = names[i] ? names[i] : ""; *c; c++)
+      gid = (gid ^ (unsigned char)*c) * 1099511628211ull;
+    gid = (gid ^ 0xff) * 1099511628211ull;
+  }
+  if (!gid) gid = 1;
   gs_status st = GS_OK;
   for (size_t i = 0; i < n && !st; i++) {
     st = make_allreduce(ctx, names[i], sends[i], recvs[i], counts[i], dtype, op, &o, &hs[i]);

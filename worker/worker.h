@@ -104,7 +104,6 @@ struct gs_ctx {
   size_t ndone, done_cap;
   gs_stats stats;           /* under mu */
   atomic_ulong barrier_seq; /* names the n-th barrier */
-  atomic_ulong group_seq;   /* numbers grouped ops */
   int joined;               /* in gs_join: contribute zeros (under mu) */
   int scale_local;
   gs__local *locals; /* under mu */
