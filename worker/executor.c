@@ -199,49 +199,112 @@ static int data_plane_error(gs_ctx *ctx, const char *name, int rc, char *err, si
   return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
 }
 
-/* Allgather: the per-rank first dimensions come in the plan; the result is
- * allocated here and handed to the handle. */
+/* Allgather, alone or fused: the per-rank first dimensions come in the
+ * plan. In a fused allgather rank q's block holds, tensor after tensor, the
+ * rows rank q contributes to each, so every rank computes the same block
+ * sizes from the plan alone; the gathered rows are then split per tensor
+ * into buffers the handles own. */
 static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
-  struct gs_handle *h;
-  int rc = lone_op(ctx, r, &h, err, errlen);
-  if (rc || !h) return rc;
-  const gs__plan_tensor *t = &r->tensors[0];
-  if ((int)t->nrank_dims != ctx->size) {
-    snprintf(err, errlen, "internal: allgather plan for '%s' carries %zu sizes for %d ranks",
-             t->name, t->nrank_dims, ctx->size);
-    return GS__ERR_INTERNAL;
+  size_t n = r->ntensors, nr = (size_t)ctx->size, me = (size_t)ctx->rank;
+  struct gs_handle **hs = calloc(n, sizeof *hs);
+  uint64_t *row = calloc(n, sizeof *row);
+  size_t *bytes = calloc(nr, sizeof *bytes);
+  uint8_t *send = NULL, *recv = NULL;
+  int rc = GS__OK;
+  if (!hs || !row || !bytes) {
+    snprintf(err, errlen, "out of memory running an allgather of %zu tensors", n);
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
   }
-  uint64_t row = gs__tensor_bytes(r->dtype, h->req.shape + 1, h->req.ndim - 1);
-  size_t *bytes = malloc((size_t)ctx->size * sizeof *bytes);
-  int64_t *dims = malloc((size_t)ctx->size * sizeof *dims);
   uint64_t total = 0;
-  for (int i = 0; bytes && dims && i < ctx->size; i++) {
-    dims[i] = t->rank_dims[i];
-    bytes[i] = (size_t)(row * (uint64_t)t->rank_dims[i]);
-    total += bytes[i];
+  for (size_t i = 0; i < n; i++) {
+    const gs__plan_tensor *t = &r->tensors[i];
+    if (t->nrank_dims != nr) {
+      snprintf(err, errlen, "internal: allgather plan for '%s' carries %zu sizes for %zu ranks",
+               t->name, t->nrank_dims, nr);
+      rc = GS__ERR_INTERNAL;
+      goto out_free;
+    }
+    hs[i] = find_op(ctx, t->name);
+    if (!hs[i]) {
+      if (!job_failed(ctx)) {
+        snprintf(err, errlen,
+                 "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync "
+                 "bug; please report it with the coordinator's log)",
+                 t->name, ctx->rank);
+        rc = GS__ERR_INTERNAL;
+      }
+      goto out_free;
+    }
+    row[i] = gs__tensor_bytes(r->dtype, t->shape + 1, t->ndim > 0 ? t->ndim - 1 : 0);
+    for (size_t q = 0; q < nr; q++) bytes[q] += (size_t)(row[i] * (uint64_t)t->rank_dims[q]);
   }
-  void *out = bytes && dims ? malloc(total ? total : 1) : NULL;
-  if (!out) {
-    free(bytes);
-    free(dims);
-    snprintf(err, errlen, "tensor '%s': out of memory for an allgather result of %llu bytes",
-             t->name, (unsigned long long)total);
-    return GS__ERR_NO_MEMORY;
+  for (size_t q = 0; q < nr; q++) total += bytes[q];
+  recv = malloc(total ? total : 1);
+  if (n > 1) send = malloc(bytes[me] ? bytes[me] : 1);
+  if (!recv || (n > 1 && !send)) {
+    snprintf(err, errlen, "out of memory for an allgather of %llu bytes",
+             (unsigned long long)total);
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
   }
-  rc = ctx->backend->v->allgatherv(ctx->backend, h->send, out, bytes, err, errlen);
-  free(bytes);
+  if (n > 1) {
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+      size_t b = (size_t)(row[i] * (uint64_t)r->tensors[i].rank_dims[me]);
+      if (b) memcpy(send + at, hs[i]->send, b);
+      at += b;
+    }
+  }
+  rc = ctx->backend->v->allgatherv(ctx->backend, n > 1 ? send : hs[0]->send, recv, bytes, err,
+                                   errlen);
   if (rc) {
-    free(out);
-    free(dims);
-    return data_plane_error(ctx, t->name, rc, err, errlen);
+    rc = data_plane_error(ctx, r->tensors[0].name, rc, err, errlen);
+    goto out_free;
   }
-  h->result = out; /* published to other threads by the completion below */
-  h->result_bytes = (size_t)total;
-  h->rank_dims = dims;
-  h->nrank_dims = (size_t)ctx->size;
-  add_stats(ctx, 1);
-  succeed(ctx, h);
-  return GS__OK;
+  add_stats(ctx, n);
+  for (size_t i = 0; i < n; i++) {
+    const gs__plan_tensor *t = &r->tensors[i];
+    struct gs_handle *h = hs[i];
+    int64_t *dims = malloc(nr * sizeof *dims);
+    uint64_t mine = 0;
+    for (size_t q = 0; q < nr; q++) mine += row[i] * (uint64_t)t->rank_dims[q];
+    void *out = n == 1 ? recv : malloc(mine ? mine : 1);
+    if (!dims || !out) {
+      free(dims);
+      if (out != recv) free(out);
+      gs__handle_complete(ctx, h, GS_ERR_NO_MEMORY, "out of memory for an allgather result");
+      continue;
+    }
+    if (n > 1) {
+      /* Tensor i's rows sit in every rank's block after the tensors before it. */
+      size_t block = 0, at = 0;
+      for (size_t q = 0; q < nr; q++) {
+        size_t within = 0;
+        for (size_t k = 0; k < i; k++)
+          within += (size_t)(row[k] * (uint64_t)r->tensors[k].rank_dims[q]);
+        size_t b = (size_t)(row[i] * (uint64_t)t->rank_dims[q]);
+        if (b) memcpy((uint8_t *)out + at, recv + block + within, b);
+        at += b;
+        block += bytes[q];
+      }
+    } else {
+      recv = NULL; /* handed to the handle */
+    }
+    for (size_t q = 0; q < nr; q++) dims[q] = t->rank_dims[q];
+    h->result = out; /* published to other threads by the completion below */
+    h->result_bytes = (size_t)mine;
+    h->rank_dims = dims;
+    h->nrank_dims = nr;
+    succeed(ctx, h);
+  }
+out_free:
+  free(hs);
+  free(row);
+  free(bytes);
+  free(send);
+  free(recv);
+  return rc;
 }
 
 static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {

@@ -1000,28 +1000,50 @@ static int entry_is_error(const gs__engine *e, const entry *en) {
 /* Whether c may join a fused response that starts with first. */
 static int fusable(const gs__engine *e, const entry *first, const entry *c) {
   const gs__tensor_request *a = &first->variants[0], *b = &c->variants[0];
-  return !entry_is_error(e, c) && a->op == GS__OP_ALLREDUCE && b->op == GS__OP_ALLREDUCE &&
-         a->dtype == b->dtype && a->reduce_op == b->reduce_op && a->device == b->device &&
+  if (entry_is_error(e, c) || a->op != b->op || a->dtype != b->dtype || a->device != b->device)
+    return 0;
+  if (a->op == GS__OP_ALLGATHER) return 1; /* allgathers fuse with allgathers */
+  return a->op == GS__OP_ALLREDUCE && a->reduce_op == b->reduce_op &&
          a->prescale == b->prescale && a->postscale == b->postscale;
 }
 
-static int append_tensor(gs__response *resp, const entry *en) {
+/* Bytes an entry adds to a fused buffer: its own for an allreduce, what
+ * every rank contributes for an allgather. */
+static uint64_t fused_bytes(const gs__engine *e, const entry *en) {
+  const gs__tensor_request *r = &en->variants[0];
+  if (r->op != GS__OP_ALLGATHER) return en->bytes;
+  uint64_t row = r->ndim > 1 ? gs__tensor_bytes(r->dtype, r->shape + 1, r->ndim - 1)
+                             : gs__dtype_size(r->dtype);
+  uint64_t rows = 0;
+  for (int32_t q = 0; q < e->world; q++) rows += (uint64_t)en->first_dims[q];
+  return rows * row;
+}
+
+static int append_tensor(const gs__engine *e, gs__response *resp, const entry *en) {
   gs__plan_tensor *t = realloc(resp->tensors, (resp->ntensors + 1) * sizeof *t);
   if (!t) return GS__ERR_NO_MEMORY;
   resp->tensors = t;
-  t = &resp->tensors[resp->ntensors++];
+  t = &resp->tensors[resp->ntensors];
   memset(t, 0, sizeof *t);
   memcpy(t->name, en->name, sizeof t->name);
   t->ndim = en->variants[0].ndim;
   memcpy(t->shape, en->variants[0].shape, sizeof t->shape);
+  if (en->variants[0].op == GS__OP_ALLGATHER) {
+    t->rank_dims = malloc((size_t)e->world * sizeof *t->rank_dims);
+    if (!t->rank_dims) return GS__ERR_NO_MEMORY;
+    memcpy(t->rank_dims, en->first_dims, (size_t)e->world * sizeof *t->rank_dims);
+    t->nrank_dims = (size_t)e->world;
+  }
+  resp->ntensors++;
   return GS__OK;
 }
 
 /* Emits one plan with every queued entry, in readiness order, fusing
- * compatible allreduces greedily up to the fusion threshold. An entry that
+ * compatible allreduces (and allgathers with allgathers) greedily up to the
+ * fusion threshold. An entry that
  * cannot join the current response is skipped over (look-ahead) while the
  * skipped bytes stay within the threshold; it then starts a later response.
- * Errors, broadcasts, allgathers and barriers are never fused. */
+ * Errors, broadcasts, barriers and the rest are never fused. */
 static void emit_ready(gs__engine *e, gs__outbox *box) {
   if (!e->nready) return;
   gs__out *o = out_push(box, GS__OUT_TO_ALL);
@@ -1053,20 +1075,20 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
       continue;
     }
     e->tensors_planned++;
-    if (!threshold || rp->op != GS__OP_ALLREDUCE) continue;
+    if (!threshold || (rp->op != GS__OP_ALLREDUCE && rp->op != GS__OP_ALLGATHER)) continue;
     size_t align = gs__fusion_align(rp->device);
-    uint64_t end = en->bytes, skipped = 0;
+    uint64_t end = fused_bytes(e, en), skipped = 0;
     for (size_t j = i + 1; j < e->nready; j++) {
       if (taken[j]) continue;
       entry *c = e->ready[j];
-      uint64_t c_end = gs__align_up(end, align) + c->bytes;
-      if (fusable(e, en, c) && c_end <= threshold && append_tensor(rp, c) == GS__OK) {
+      uint64_t cb = fused_bytes(e, c), c_end = gs__align_up(end, align) + cb;
+      if (fusable(e, en, c) && c_end <= threshold && append_tensor(e, rp, c) == GS__OK) {
         taken[j] = 1;
         end = c_end;
         e->tensors_planned++;
         continue;
       }
-      skipped += c->bytes;
+      skipped += cb;
       if (skipped > threshold) break;
     }
   }
