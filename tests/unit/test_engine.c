@@ -1663,6 +1663,155 @@ static void test_tick_deadlock(void **state) {
   assert_int_equal(st.aborted, 1);
 }
 
+/* ---- groups, join, local names, allgather fusion ---------------------------------- */
+
+static gs__tensor_request grouped(const char *name, uint64_t id, uint32_t size) {
+  gs__tensor_request r = ar(name);
+  r.group_id = id;
+  r.group_size = size;
+  return r;
+}
+
+static void test_group_is_emitted_whole(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  /* g/a and g/b complete, g/c still waits for rank 1: nothing goes out,
+   * although an ungrouped tensor does. */
+  send1(f, 0, grouped("g/a", 7, 3));
+  send1(f, 0, grouped("g/b", 7, 3));
+  send1(f, 0, grouped("g/c", 7, 3));
+  send1(f, 1, grouped("g/b", 7, 3));
+  send1(f, 1, grouped("g/a", 7, 3));
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 0, ar("solo"));
+  send1(f, 1, ar("solo"));
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  assert_string_equal(p->responses[0].tensors[0].name, "solo");
+  gs__outbox_clear(&f->box);
+  send1(f, 1, grouped("g/c", 7, 3));
+  p = only_plan(f);
+  size_t n = 0;
+  for (size_t i = 0; i < p->nresponses; i++) n += p->responses[i].ntensors;
+  assert_int_equal(n, 3); /* all three in one plan */
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+static void test_group_size_mismatch_is_an_error(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  send1(f, 0, grouped("g/x", 9, 2));
+  send1(f, 1, grouped("g/x", 9, 3));
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->responses[0].kind, GS__RESP_ERROR);
+  assert_string_equal(p->responses[0].error_message,
+                      "tensor 'g/x': mismatched groups: ranks [0] sent group 9 of 2 tensors, "
+                      "ranks [1] sent group 9 of 3 tensors");
+}
+
+static void test_join_completes_allreduces_and_reports_last(void **state) {
+  fx *f = *state;
+  start_world(f, 3);
+  gs__tensor_request join = req_of("gs.join", GS__OP_JOIN, NULL, 0);
+  send1(f, 2, join); /* rank 2 ran out of data */
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 0, ar("t"));
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 1, ar("t")); /* with rank 2 joined, this completes t */
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->responses[0].kind, GS__RESP_COLLECTIVE);
+  assert_string_equal(p->responses[0].tensors[0].name, "t");
+  gs__outbox_clear(&f->box);
+  /* An allgather while a rank has joined fails, naming it. */
+  static const int64_t rows[] = {2, 3};
+  send1(f, 0, req_of("ag", GS__OP_ALLGATHER, rows, 2));
+  send1(f, 1, req_of("ag", GS__OP_ALLGATHER, rows, 2));
+  p = only_plan(f);
+  assert_int_equal(p->responses[0].kind, GS__RESP_ERROR);
+  assert_int_equal(p->responses[0].error_status, GS__ERR_INVALID_ARG);
+  assert_non_null(strstr(p->responses[0].error_message, "while rank 2 (host-2:1002) has joined"));
+  gs__outbox_clear(&f->box);
+  send1(f, 1, join);
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 0, join);
+  p = only_plan(f);
+  assert_int_equal(p->responses[0].op, GS__OP_JOIN);
+  assert_int_equal(p->responses[0].root_rank, 0); /* the last to join */
+  gs__outbox_clear(&f->box);
+  /* The join round is over: t needs every rank again. */
+  send1(f, 0, ar("t"));
+  send1(f, 1, ar("t"));
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 2, ar("t"));
+  assert_int_equal(only_plan(f)->nresponses, 1);
+}
+
+static void send_register(fx *f, int32_t rank, const char *name) {
+  char names[1][GS__MAX_NAME + 1];
+  snprintf(names[0], sizeof names[0], "%s", name);
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.nreg = 1;
+  m.reg = names;
+  gs__engine_rank_message(f->e, rank, &m, tick(f), &f->box);
+}
+
+static void test_local_conflict_fails_submitters_at_once(void **state) {
+  fx *f = *state;
+  start_world(f, 3);
+  send_register(f, 0, "w");
+  assert_int_equal(stats(f).local_names, 1);
+  send1(f, 1, ar("w"));
+  const gs__out *o = only_msg(f);
+  assert_int_equal(o->kind, GS__OUT_TO_RANK);
+  assert_int_equal(o->rank, 1);
+  assert_int_equal(o->msg.kind, GS__MSG_RANK_ERROR);
+  assert_int_equal(o->msg.status, GS__ERR_MISMATCH);
+  assert_string_equal(
+      o->msg.text, "tensor 'w': registered local (gs_register_local) on ranks [0] but submitted "
+                   "for allreduce by ranks [1]; a model-parallel tensor must be registered local "
+                   "on every rank that holds it and never submitted, or submitted by every rank");
+  gs__outbox_clear(&f->box);
+  send1(f, 2, ar("w"));
+  assert_non_null(strstr(only_msg(f)->msg.text, "submitted for allreduce by ranks [1,2]"));
+  assert_int_equal(stats(f).pending_tensors, 0);
+  gs__outbox_clear(&f->box);
+  /* Registered after others submitted: those fail then. */
+  send1(f, 1, ar("v"));
+  send1(f, 2, ar("v"));
+  send_register(f, 0, "v");
+  assert_int_equal(nmsgs(f), 2);
+  assert_int_equal(msg_at(f, 0)->rank, 1);
+  assert_int_equal(msg_at(f, 1)->rank, 2);
+  assert_non_null(
+      strstr(msg_at(f, 0)->msg.text, "on ranks [0] but submitted for allreduce by ranks [1,2]"));
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+static void test_allgathers_fuse_with_allgathers(void **state) {
+  fx *f = *state;
+  make_engine_ex(f, 2, NULL, 1 << 20, GS__POLICY_ADAPTIVE, 1 << 20, 5000, 0);
+  connect_all(f);
+  static const int64_t r0[] = {1, 8}, r1[] = {3, 8}, v0[] = {5}, v1[] = {0};
+  gs__tensor_request a0 = req_of("ag/a", GS__OP_ALLGATHER, r0, 2);
+  gs__tensor_request a1 = req_of("ag/a", GS__OP_ALLGATHER, r1, 2);
+  gs__tensor_request b0 = req_of("ag/b", GS__OP_ALLGATHER, v0, 1);
+  gs__tensor_request b1 = req_of("ag/b", GS__OP_ALLGATHER, v1, 1);
+  gs__tensor_request both0[2] = {a0, b0}, both1[2] = {a1, b1};
+  send_reqs(f, 0, both0, 2);
+  send_reqs(f, 1, both1, 2);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  const gs__response *rp = &p->responses[0];
+  assert_int_equal(rp->op, GS__OP_ALLGATHER);
+  assert_int_equal(rp->ntensors, 2);
+  assert_int_equal(rp->tensors[0].nrank_dims, 2);
+  assert_int_equal(rp->tensors[0].rank_dims[0], 1);
+  assert_int_equal(rp->tensors[0].rank_dims[1], 3);
+  assert_int_equal(rp->tensors[1].rank_dims[0], 5);
+  assert_int_equal(rp->tensors[1].rank_dims[1], 0);
+}
+
 /* An engine of n connected ranks with the given check settings. */
 static void start_world_checks(fx *f, int32_t n, uint32_t stall_warning_s,
                                uint32_t stall_shutdown_s, uint32_t deadlock_ms, int warn_only) {
@@ -1868,6 +2017,11 @@ int main(void) {
       T(test_tick_silent_rank_is_lost),
       T(test_tick_stall_report),
       T(test_tick_deadlock),
+      T(test_group_is_emitted_whole),
+      T(test_group_size_mismatch_is_an_error),
+      T(test_join_completes_allreduces_and_reports_last),
+      T(test_local_conflict_fails_submitters_at_once),
+      T(test_allgathers_fuse_with_allgathers),
       T(test_stall_report_cuts_at_six_names),
       T(test_stall_shutdown_aborts_with_report),
       T(test_deadlock_window_restarts_on_new_request),
