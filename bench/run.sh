@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# bench/run.sh — gradsync's side-by-side benchmark comparisons (docs/benchmarks.md).
+#
+#   bench/run.sh [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
+#
+# Runs every configuration of every comparison once per round, rounds
+# interleaved (so that drift on a shared machine hits all configurations
+# alike), each run under gradsync-run with its coordinator flags; every run
+# prints the medians over its steps (of the slowest rank). The tables show
+# the median over rounds and the ratios. Raw RESULT lines go to --out.
+#
+# Not part of the test suite: timings are noisy on shared machines and are
+# never pass/fail. Budget: about 4-5 minutes on 2 vCPUs with the defaults
+# (--rounds 3, --np "2 4"; np=4 runs one round, BERT scaled by 4 there, and
+# skips the data-plane-bound policy runs).
+# shellcheck disable=SC2086 # flag lists are split into words on purpose
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=${GRADSYNC_BUILD:-$root/build-bench}
+rounds=3
+nps="2 4"
+out=""
+quick=0
+workloads=${GRADSYNC_WORKLOADS:-$root/../shared/workloads}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --build) build=$2; shift 2 ;;
+  --rounds) rounds=$2; shift 2 ;;
+  --np) nps=$2; shift 2 ;;
+  --out) out=$2; shift 2 ;;
+  --workloads) workloads=$2; shift 2 ;;
+  --quick) quick=1; rounds=1; shift ;;
+  -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+run=$build/bin/gradsync-run
+bin=$build/bin/gradsync-bench
+for f in "$run" "$bin" "$build/bin/gradsyncd"; do
+  [ -x "$f" ] || { echo "run.sh: $f not found; build first:" \
+    "cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench" >&2; exit 1; }
+done
+resnet=$workloads/resnet50.txt
+bert=$workloads/bert_base.txt
+for f in "$resnet" "$bert"; do
+  [ -r "$f" ] || { echo "run.sh: workload $f not found (--workloads DIR)" >&2; exit 1; }
+done
+[ -n "$out" ] || out=$(mktemp /tmp/gradsync-bench.XXXXXX)
+: >"$out"
+start=$(date +%s)
+
+# The tag names the coordinator settings in effect (defaults filled in).
+tag_of() {
+  local fusion=67108864 policy=adaptive cache=1024 cycle=1 mpif=2
+  while [ $# -gt 1 ]; do
+    case "$1" in
+    --fusion-threshold) fusion=$2 ;;
+    --emit-policy) policy=$2 ;;
+    --cache-capacity) cache=$2 ;;
+    --cycle-time-ms) cycle=$2 ;;
+    --max-plans-in-flight) mpif=$2 ;;
+    esac
+    shift 2
+  done
+  echo "fusion=$fusion policy=$policy cache=$cache cycle_ms=$cycle mpif=$mpif"
+}
+
+# one CASE ROUND NP "COORD FLAGS" BENCH-ARGS...
+one() {
+  local name=$1 round=$2 np=$3 flags=$4
+  shift 4
+  local ca=() f
+  for f in $flags; do ca+=(--coord-arg "$f"); done
+  local tag
+  tag=$(tag_of $flags)
+  local line rc=0
+  "$run" -np "$np" "${ca[@]}" --timeout 150 "$bin" "$@" --tag "$tag" >"$out.log" 2>"$out.err" ||
+    rc=$?
+  line=$(sed -n 's/^\[0\] RESULT //p' "$out.log")
+  if [ "$rc" != 0 ] || [ -z "$line" ]; then
+    echo "run.sh: case $name (np=$np round $round) failed (exit $rc); its stderr:" >&2
+    tail -5 "$out.err" >&2
+    echo "CASE $name round=$round FAILED" >>"$out"
+    return
+  fi
+  echo "CASE $name round=$round $line" >>"$out"
+}
+
+# bytes_of CASE ROUND NP: total bytes of that run (for the raw baseline).
+bytes_of() {
+  awk -v c="$1" -v r="round=$2" -v np="np=$3" '$2 == c && $3 == r && $5 == np {
+    for (i = 6; i <= NF; i++) if ($i ~ /^bytes=/) { sub(/^bytes=/, "", $i); print $i; exit } }' "$out"
+}
+
+# The configurations, per np. Step counts keep every run to a few seconds.
+cases() {
+  local np=$1 round=$2
+  local g="--gap-us 100 --scale 32" # control-plane bound: comm hides behind "backward"
+  local s="--steps 12 --warmup 2"
+  local bscale=1 bs="--steps 5 --warmup 1"
+  if [ "$np" -gt 2 ]; then bscale=4; fi # BERT at np=4: 4 copies of 418 MiB on 2 cores
+  # fusion: 200 x 16 KiB one by one vs fused, and the control-plane floor
+  one u200.f0 "$round" "$np" "--fusion-threshold 0" --uniform 200x16384 --steps 30 --warmup 3
+  one u200.fused "$round" "$np" "" --uniform 200x16384 --steps 30 --warmup 3
+  one u200.f1m "$round" "$np" "--fusion-threshold 1048576" --uniform 200x16384 --steps 30 \
+    --warmup 3
+  one u200.raw "$round" "$np" "" --raw-allreduce 3276800 --steps 30 --warmup 3
+  one u200.tiny "$round" "$np" "" --uniform 200x4 --steps 30 --warmup 3
+  one raw4 "$round" "$np" "" --raw-allreduce 4 --steps 30 --warmup 3
+  # an isolated submission at a random phase of the worker's cycle (jitter)
+  one floor.raw4 "$round" "$np" "" --raw-allreduce 4 --steps 30 --warmup 3 --jitter-us 10000
+  one floor.raw4c5 "$round" "$np" "--cycle-time-ms 5" --raw-allreduce 4 --steps 30 --warmup 3 \
+    --jitter-us 10000
+  # real gradient sets vs one raw allreduce of the same bytes; fusion threshold sweep
+  one rn.fused "$round" "$np" "" --workload "$resnet" $s
+  one rn.raw "$round" "$np" "" --raw-allreduce "$(bytes_of rn.fused "$round" "$np")" $s
+  one rn.f0 "$round" "$np" "--fusion-threshold 0" --workload "$resnet" $s
+  one rn.f1m "$round" "$np" "--fusion-threshold 1048576" --workload "$resnet" $s
+  one rn.f4m "$round" "$np" "--fusion-threshold 4194304" --workload "$resnet" $s
+  one rn.f16m "$round" "$np" "--fusion-threshold 16777216" --workload "$resnet" $s
+  one bert.fused "$round" "$np" "" --workload "$bert" --scale $bscale $bs
+  one bert.raw "$round" "$np" "" --raw-allreduce "$(bytes_of bert.fused "$round" "$np")" $bs
+  one bert.f0 "$round" "$np" "--fusion-threshold 0" --workload "$bert" --scale $bscale $bs
+  one bert.f1m "$round" "$np" "--fusion-threshold 1048576" --workload "$bert" --scale $bscale $bs
+  one bert.f4m "$round" "$np" "--fusion-threshold 4194304" --workload "$bert" --scale $bscale $bs
+  one bert.f16m "$round" "$np" "--fusion-threshold 16777216" --workload "$bert" --scale $bscale $bs
+  [ "$quick" = 1 ] && return
+  # emission policy, control-plane bound (ResNet-50 / 32, 100 us "backward" gaps)
+  one pol.a2 "$round" "$np" "" --workload "$resnet" $g $s
+  one pol.a1 "$round" "$np" "--max-plans-in-flight 1" --workload "$resnet" $g $s
+  one pol.a4 "$round" "$np" "--max-plans-in-flight 4" --workload "$resnet" $g $s
+  one pol.w1 "$round" "$np" "--emit-policy window" --workload "$resnet" $g $s
+  one pol.a2c5 "$round" "$np" "--cycle-time-ms 5" --workload "$resnet" $g $s
+  one pol.w5 "$round" "$np" "--emit-policy window --cycle-time-ms 5" --workload "$resnet" $g $s
+  one pol.f0 "$round" "$np" "--fusion-threshold 0" --workload "$resnet" $g $s
+  if [ "$np" -le 2 ]; then
+    # emission policy, data-plane bound (full ResNet-50, same gaps)
+    one dpol.a2 "$round" "$np" "" --workload "$resnet" --gap-us 100 $s
+    one dpol.a1 "$round" "$np" "--max-plans-in-flight 1" --workload "$resnet" --gap-us 100 $s
+    one dpol.a4 "$round" "$np" "--max-plans-in-flight 4" --workload "$resnet" --gap-us 100 $s
+    one dpol.w1 "$round" "$np" "--emit-policy window" --workload "$resnet" --gap-us 100 $s
+    one dpol.w5 "$round" "$np" "--emit-policy window --cycle-time-ms 5" --workload "$resnet" \
+      --gap-us 100 $s
+  fi
+  # response cache: upstream bytes per step
+  one cache.off "$round" "$np" "--cache-capacity 0" --workload "$resnet" $g $s
+  one cache.on "$round" "$np" "" --workload "$resnet" $g $s
+  one cache.bert.off "$round" "$np" "--cache-capacity 0" --workload "$bert" --scale 64 $s
+  one cache.bert.on "$round" "$np" "" --workload "$bert" --scale 64 $s
+  one cache.c128 "$round" "$np" "--cache-capacity 128" --workload "$resnet" $g $s
+}
+
+for np in $nps; do
+  r=1
+  n=$rounds
+  [ "$np" -gt 2 ] && n=1 # oversubscribed: one round keeps the budget
+  while [ "$r" -le "$n" ]; do
+    echo "run.sh: np=$np round $r/$n ($(($(date +%s) - start)) s so far)" >&2
+    cases "$np" "$r"
+    r=$((r + 1))
+  done
+done
+rm -f "$out.err" "$out.log"
+
+# ---- report -----------------------------------------------------------------
+# med CASE KEY NP: median over rounds of KEY in the RESULT lines of CASE.
+med() {
+  awk -v c="$1" -v k="$2" -v np="$3" '
+    $1 == "CASE" && $2 == c {
+      ok = 0; v = ""
+      for (i = 3; i <= NF; i++) {
+        split($i, kv, "=")
+        if (kv[1] == "np" && kv[2] == np) ok = 1
+        if (kv[1] == k) v = kv[2]
+      }
+      if (ok && v != "") a[n++] = v + 0
+    }
+    END {
+      if (!n) { print "nan"; exit }
+      for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2
+    }' "$out"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+has() { grep -q "^CASE $1 .* np=$2 " "$out"; }
+
+row() { # CASE NP LABEL
+  local c=$1 np=$2
+  has "$c" "$np" || return 0
+  printf "| %-15s | %2s | %-46s | %8s | %8s | %8s | %8s | %6s | %6s | %9s | %5s | %7s |\n" "$c" \
+    "$np" "$3" "$(med "$c" step_ms "$np")" "$(med "$c" crit_ms "$np")" "$(med "$c" step_q1 "$np")" \
+    "$(med "$c" step_q3 "$np")" "$(med "$c" collectives "$np")" "$(med "$c" tensors_per_op "$np")" \
+    "$(med "$c" up_bytes "$np")" "$(med "$c" hit_rate "$np")" "$(med "$c" barrier_ms "$np")"
+}
+
+echo
+echo "gradsync benchmarks — $(nproc) CPUs, loopback, rounds=$rounds, $(date -u +%Y-%m-%dT%H:%MZ), raw lines: $out"
+echo
+echo "| case            | np | setting                                        |  step ms |  crit ms |  step q1 |  step q3 |  colls |  t/op  | up B/step |  hits | barrier |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+for np in $nps; do
+  row u200.f0 "$np" "200x16KiB, fusion 0 (one by one)"
+  row u200.fused "$np" "200x16KiB, fusion 64 MiB"
+  row u200.f1m "$np" "200x16KiB, fusion 1 MiB"
+  row u200.raw "$np" "one raw allreduce of 3.125 MiB"
+  row u200.tiny "$np" "200 x 4 B, fused (control cost per tensor)"
+  row raw4 "$np" "one allreduce of 4 B, right after the barrier"
+  row floor.raw4 "$np" "one allreduce of 4 B, random phase, cycle 1 ms"
+  row floor.raw4c5 "$np" "one allreduce of 4 B, random phase, cycle 5 ms"
+  row rn.fused "$np" "ResNet-50, defaults (fusion 64 MiB)"
+  row rn.raw "$np" "one raw allreduce of the same bytes"
+  row rn.f0 "$np" "ResNet-50, fusion 0"
+  row rn.f1m "$np" "ResNet-50, fusion 1 MiB"
+  row rn.f4m "$np" "ResNet-50, fusion 4 MiB"
+  row rn.f16m "$np" "ResNet-50, fusion 16 MiB"
+  row bert.fused "$np" "BERT-base$([ "$np" -gt 2 ] && echo /4), defaults (fusion 64 MiB)"
+  row bert.raw "$np" "one raw allreduce of the same bytes"
+  row bert.f0 "$np" "BERT-base$([ "$np" -gt 2 ] && echo /4), fusion 0"
+  row bert.f1m "$np" "BERT-base$([ "$np" -gt 2 ] && echo /4), fusion 1 MiB"
+  row bert.f4m "$np" "BERT-base$([ "$np" -gt 2 ] && echo /4), fusion 4 MiB"
+  row bert.f16m "$np" "BERT-base$([ "$np" -gt 2 ] && echo /4), fusion 16 MiB"
+  row pol.a2 "$np" "ResNet/32 +gaps: adaptive, 2 in flight, 1 ms"
+  row pol.a1 "$np" "ResNet/32 +gaps: adaptive, 1 in flight"
+  row pol.a4 "$np" "ResNet/32 +gaps: adaptive, 4 in flight"
+  row pol.a2c5 "$np" "ResNet/32 +gaps: adaptive, 2, cycle 5 ms"
+  row pol.w1 "$np" "ResNet/32 +gaps: window, cycle 1 ms"
+  row pol.w5 "$np" "ResNet/32 +gaps: window, cycle 5 ms"
+  row pol.f0 "$np" "ResNet/32 +gaps: fusion 0"
+  row dpol.a2 "$np" "ResNet +gaps: adaptive, 2 in flight"
+  row dpol.a1 "$np" "ResNet +gaps: adaptive, 1 in flight"
+  row dpol.a4 "$np" "ResNet +gaps: adaptive, 4 in flight"
+  row dpol.w1 "$np" "ResNet +gaps: window, cycle 1 ms"
+  row dpol.w5 "$np" "ResNet +gaps: window, cycle 5 ms"
+  row cache.off "$np" "ResNet/32 +gaps: cache 0"
+  row cache.on "$np" "ResNet/32 +gaps: cache 1024"
+  row cache.bert.off "$np" "BERT/64: cache 0"
+  row cache.bert.on "$np" "BERT/64: cache 1024"
+  row cache.c128 "$np" "ResNet/32 +gaps: cache 128 (< 161 tensors)"
+done
+
+echo
+echo "| ratio | np | value |"
+echo "|---|---|---|"
+rr() { # LABEL NP CASE-A KEY-A CASE-B KEY-B
+  has "$3" "$2" && has "$5" "$2" || return 0
+  printf "| %-62s | %s | %s |\n" "$1" "$2" "$(ratio "$(med "$3" "$4" "$2")" "$(med "$5" "$6" "$2")")"
+}
+for np in $nps; do
+  rr "200x16KiB step: one by one / fused" "$np" u200.f0 step_ms u200.fused step_ms
+  rr "200x16KiB step: fusion 1 MiB / fusion 64 MiB" "$np" u200.f1m step_ms u200.fused step_ms
+  rr "200x16KiB step: fused / one raw allreduce of 3.125 MiB" "$np" u200.fused step_ms u200.raw step_ms
+  rr "ResNet-50 step: defaults / one raw allreduce of the same bytes" "$np" rn.fused step_ms rn.raw step_ms
+  rr "ResNet-50 step: fusion 0 / fusion 64 MiB" "$np" rn.f0 step_ms rn.fused step_ms
+  rr "ResNet-50 step: fusion 1 MiB / one raw allreduce" "$np" rn.f1m step_ms rn.raw step_ms
+  rr "ResNet-50 step: fusion 4 MiB / one raw allreduce" "$np" rn.f4m step_ms rn.raw step_ms
+  rr "ResNet-50 step: fusion 16 MiB / one raw allreduce" "$np" rn.f16m step_ms rn.raw step_ms
+  rr "BERT-base step: defaults / one raw allreduce of the same bytes" "$np" bert.fused step_ms bert.raw step_ms
+  rr "BERT-base step: fusion 0 / fusion 64 MiB" "$np" bert.f0 step_ms bert.fused step_ms
+  rr "BERT-base step: fusion 1 MiB / one raw allreduce" "$np" bert.f1m step_ms bert.raw step_ms
+  rr "BERT-base step: fusion 4 MiB / one raw allreduce" "$np" bert.f4m step_ms bert.raw step_ms
+  rr "BERT-base step: fusion 16 MiB / one raw allreduce" "$np" bert.f16m step_ms bert.raw step_ms
+  rr "200 x 4 B fused / one 4 B allreduce (per-tensor control cost)" "$np" u200.tiny step_ms raw4 step_ms
+  rr "4 B allreduce at random phase: cycle 5 ms / 1 ms" "$np" floor.raw4c5 step_ms floor.raw4 step_ms
+  rr "ResNet/32 crit: window 1 ms / adaptive 2" "$np" pol.w1 crit_ms pol.a2 crit_ms
+  rr "ResNet/32 crit: window 5 ms / adaptive 2 (cycle 5 ms)" "$np" pol.w5 crit_ms pol.a2c5 crit_ms
+  rr "ResNet/32 crit: adaptive 1 in flight / 2" "$np" pol.a1 crit_ms pol.a2 crit_ms
+  rr "ResNet/32 crit: adaptive 4 in flight / 2" "$np" pol.a4 crit_ms pol.a2 crit_ms
+  rr "ResNet/32 crit: adaptive cycle 5 ms / 1 ms" "$np" pol.a2c5 crit_ms pol.a2 crit_ms
+  rr "ResNet/32 crit: fusion 0 / adaptive 2" "$np" pol.f0 crit_ms pol.a2 crit_ms
+  rr "ResNet crit: window 1 ms / adaptive 2" "$np" dpol.w1 crit_ms dpol.a2 crit_ms
+  rr "ResNet crit: window 5 ms / adaptive 2" "$np" dpol.w5 crit_ms dpol.a2 crit_ms
+  rr "ResNet crit: adaptive 1 in flight / 2" "$np" dpol.a1 crit_ms dpol.a2 crit_ms
+  rr "ResNet crit: adaptive 4 in flight / 2" "$np" dpol.a4 crit_ms dpol.a2 crit_ms
+  rr "ResNet/32 upstream bytes/step: cache 0 / cache 1024" "$np" cache.off up_bytes cache.on up_bytes
+  rr "BERT/64 upstream bytes/step: cache 0 / cache 1024" "$np" cache.bert.off up_bytes cache.bert.on up_bytes
+  rr "ResNet/32 crit: cache 0 / cache 1024" "$np" cache.off crit_ms cache.on crit_ms
+done
+echo
+echo "run.sh: done in $(($(date +%s) - start)) s" >&2
