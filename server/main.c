@@ -25,7 +25,7 @@ static void usage(FILE *f) {
           "                            (env GRADSYNC_JOB_TOKEN)\n"
           "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
           "                            HOROVOD_CYCLE_TIME)\n"
-          "  --fusion-threshold BYTES  fuse allreduces up to this many bytes (default 67108864;\n"
+          "  --fusion-threshold BYTES  fuse allreduces up to this many bytes (default 1048576;\n"
           "                            0 = off; env GRADSYNC_FUSION_THRESHOLD, HOROVOD_FUSION_THRESHOLD)\n"
           "  --emit-policy P           adaptive (default: emit at once while fewer than\n"
           "                            --max-plans-in-flight plans are unfinished, else fuse) or\n"
@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
                                           NULL};
   if (gs__env_int(cache_env, 1024, 0, 1 << 24, &v, err, sizeof err)) goto bad_env;
   o.job.cache_capacity = (uint32_t)v;
-  if (gs__env_int(fusion_env, 64 << 20, 0, (int64_t)1 << 40, &v, err, sizeof err)) goto bad_env;
+  if (gs__env_int(fusion_env, 1 << 20, 0, (int64_t)1 << 40, &v, err, sizeof err)) goto bad_env;
   o.job.fusion_threshold_bytes = (uint64_t)v;
   if (gs__env_int(inflight_env, 2, 1, 1024, &v, err, sizeof err)) goto bad_env;
   o.max_plans_in_flight = (int)v;
