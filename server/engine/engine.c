@@ -81,6 +81,7 @@ typedef struct group {
  * id a rank sent before it heard of the eviction still resolves. */
 typedef struct cache_item {
   uint32_t id;
+  uint64_t last_seq; /* the plan that last used it */
   gs__tensor_request req;
   UT_hash_handle hh_name, hh_id;
   struct cache_item *prev, *next; /* LRU (live) or FIFO (tombstones) */
@@ -126,6 +127,7 @@ struct gs__engine {
   uint32_t *evicted; /* ids to announce in the next plan */
   size_t nevicted, evicted_cap;
   uint64_t cache_hits, full_requests;
+  int cache_thrash_warned, thrash_pending;
   recent_plan recent[RECENT_PLANS];
 };
 
@@ -725,14 +727,24 @@ static uint32_t cache_assign(gs__engine *e, const gs__tensor_request *r) {
   if (c && gs__tensor_request_equal(&c->req, r)) {
     lru_unlink(&e->lru_head, &e->lru_tail, c);
     lru_push_front(&e->lru_head, &e->lru_tail, c);
+    c->last_seq = e->next_plan_seq - 1;
     return c->id;
   }
   if (c) cache_retire(e, c);
-  if (e->ncache >= e->cfg.job.cache_capacity) cache_retire(e, e->lru_tail);
+  if (e->ncache >= e->cfg.job.cache_capacity) {
+    /* Evicting what the last plans used means the cache is smaller than a
+     * step's tensors: it will miss every time. */
+    if (e->lru_tail->last_seq + 2 >= e->next_plan_seq && !e->cache_thrash_warned) {
+      e->cache_thrash_warned = 1;
+      e->thrash_pending = 1;
+    }
+    cache_retire(e, e->lru_tail);
+  }
   c = calloc(1, sizeof *c);
   if (!c) return 0;
   c->id = e->next_cache_id++;
   if (!e->next_cache_id) e->next_cache_id = 1; /* 0 means "none" */
+  c->last_seq = e->next_plan_seq - 1;
   c->req = *r;
   HASH_ADD(hh_name, e->cache_by_name, req.name, strlen(c->req.name), c);
   HASH_ADD(hh_id, e->cache_by_id, id, sizeof c->id, c);
@@ -1003,8 +1015,8 @@ static int fusable(const gs__engine *e, const entry *first, const entry *c) {
   if (entry_is_error(e, c) || a->op != b->op || a->dtype != b->dtype || a->device != b->device)
     return 0;
   if (a->op == GS__OP_ALLGATHER) return 1; /* allgathers fuse with allgathers */
-  return a->op == GS__OP_ALLREDUCE && a->reduce_op == b->reduce_op &&
-         a->prescale == b->prescale && a->postscale == b->postscale;
+  return a->op == GS__OP_ALLREDUCE && a->reduce_op == b->reduce_op && a->prescale == b->prescale &&
+         a->postscale == b->postscale;
 }
 
 /* Bytes an entry adds to a fused buffer: its own for an allreduce, what
@@ -1108,6 +1120,14 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
     for (size_t k = 0; k < resps[i].ntensors; k++)
       append(rp_rec->names, sizeof rp_rec->names, "%s%s", rp_rec->names[0] ? ", " : "",
              resps[i].tensors[k].name);
+  if (e->thrash_pending) {
+    e->thrash_pending = 0;
+    out_log(box, GS__LOG_WARN,
+            "the response cache (--cache-capacity %u) is smaller than the tensors of one step: "
+            "it evicts entries the last plans used and will keep missing; raise "
+            "--cache-capacity above the number of tensors per step",
+            e->cfg.job.cache_capacity);
+  }
   if (e->nevicted) {
     o->msg.plan.evicted = e->evicted;
     o->msg.plan.nevicted = e->nevicted;
