@@ -15,6 +15,18 @@
  * parameters stay bit-identical: the end of the run checks that with an
  * allreduce (min and max) of a checksum of the parameters.
  *
+ * --towers gives every rank a private first layer, its "tower" (tower/fc0,
+ * initialised from seed + rank), under the shared layers: the tower's
+ * gradients go through the same gs_allreduce_async calls, but the names are
+ * registered local (gs_register_local), so they never leave the rank (an
+ * average only scales them by 1/size, as Horovod's scale_local_gradients).
+ * --embedding adds a categorical input feature (one of 1000 categories,
+ * telling the class for most samples) looked up in a shared 1000 x 8
+ * embedding table: its gradient is sparse (the rows the batch used), reduced
+ * with gs_sparse_allreduce_async and applied row by row (repeated rows add
+ * up). The end of the run then checks that the shared parameters, the table
+ * included, are bit-identical on all ranks and that the towers differ.
+ *
  * Rank 0 logs the loss and accuracy averaged over all ranks (one more
  * allreduce per log line). Single-threaded; every gradsync error ends the
  * process with status 1 after gs_shutdown, with the library's message.
@@ -46,7 +58,14 @@
 #define CENTRE_SPREAD 1.25f /* std of the centres' coordinates */
 #define NOISE 1.0f          /* std of the points around their centre */
 #define HIDDEN 64
-#define N_LAYERS 3
+#define N_LAYERS 3                /* shared layers fc1..fc3 */
+#define MAX_LAYERS (N_LAYERS + 1) /* and a tower below them (--towers) */
+#define TOWER_WIDTH 32            /* outputs of a tower */
+#define EMBED_ROWS 1000           /* categories of the extra feature (--embedding) */
+#define EMBED_DIM 8               /* width of an embedding row */
+#define EMBED_INIT 0.5f           /* std of the initial embedding values */
+#define EMBED_SIGNAL 0.75         /* share of samples whose category tells the class */
+#define EMBED_NAME "embed/table"
 #define WAIT_MS 120000 /* generous: a hang guard, not a performance bound */
 
 /* Fault injection: which rank misbehaves and when. Ranks and steps are -1
@@ -64,6 +83,8 @@ typedef struct options {
   int batch;
   float lr;
   int log_every; /* 0 = choose */
+  int towers;    /* a private first layer per rank, registered local */
+  int embedding; /* a categorical feature through a shared embedding table */
   faults fault;
 } options;
 
@@ -109,7 +130,8 @@ static float rng_gauss(rng *r) { /* Box-Muller */
 typedef struct dataset {
   float x[N_SAMPLES][N_FEATURES];
   int y[N_SAMPLES];
-  int *shard; /* indices i with i % size == rank */
+  int cat[N_SAMPLES]; /* the categorical feature (used with --embedding) */
+  int *shard;         /* indices i with i % size == rank */
   int shard_len;
 } dataset;
 
@@ -122,6 +144,17 @@ static void dataset_generate(dataset *d, uint64_t seed) {
     int c = (int)(rng_next(&r) % (N_CLASSES * CENTRES_PER_CLASS));
     d->y[i] = c % N_CLASSES;
     for (int f = 0; f < N_FEATURES; f++) d->x[i][f] = centre[c][f] + NOISE * rng_gauss(&r);
+  }
+  /* From a stream of its own, so the points are the same with or without
+   * --embedding: most categories fall in the class's quarter of the table,
+   * the others anywhere. */
+  rng rc = rng_make(seed, 5);
+  for (int i = 0; i < N_SAMPLES; i++) {
+    int per_class = EMBED_ROWS / N_CLASSES;
+    if (rng_uniform(&rc) < EMBED_SIGNAL)
+      d->cat[i] = d->y[i] * per_class + (int)(rng_next(&rc) % (uint64_t)per_class);
+    else
+      d->cat[i] = (int)(rng_next(&rc) % EMBED_ROWS);
   }
 }
 
@@ -150,58 +183,98 @@ static void shuffle(int *a, int n, uint64_t seed, int rank, int epoch) {
 typedef struct layer {
   char wname[32], bname[32]; /* "fc1/weight", "fc1/bias" */
   int in, out;
+  int local;      /* a tower's layer: registered local, never leaves this rank */
   float *w, *b;   /* w[out][in] */
   float *gw, *gb; /* gradients, averaged in place by gradsync */
 } layer;
 
-/* Activations of one batch: act[0] is the input, act[l+1] the output of
- * layer l (after ReLU for the hidden layers, the logits for the last). */
+/* Layers fc[0..nl): the tower (with --towers), then the shared fc1..fc3.
+ * Activations of one batch: act[0] is the input (the features, then the
+ * looked-up embedding row with --embedding), act[l+1] the output of layer l
+ * (after ReLU for the hidden layers, the logits for the last). */
 typedef struct mlp {
-  layer fc[N_LAYERS];
-  float *act[N_LAYERS + 1];
-  float *delta[N_LAYERS + 1]; /* d loss / d pre-activation of each layer's output */
+  int nl;
+  int in; /* width of the input */
+  layer fc[MAX_LAYERS];
+  float *act[MAX_LAYERS + 1];
+  float *delta[MAX_LAYERS + 1]; /* d loss / d pre-activation of each layer's output */
   int batch_cap;
+  float *embed;        /* EMBED_ROWS x EMBED_DIM, shared; NULL without --embedding */
+  int64_t *embed_rows; /* the table row (category) of each sample of the batch */
+  float *embed_grad;   /* batch x EMBED_DIM: d loss / d each looked-up row */
 } mlp;
 
-static int mlp_init(mlp *m, uint64_t seed, int batch_cap) {
-  static const int width[N_LAYERS + 1] = {N_FEATURES, HIDDEN, HIDDEN, N_CLASSES};
-  rng r = rng_make(seed, 2);
+/* Allocates layer L (prefix "fc1" -> "fc1/weight", "fc1/bias") with He
+ * initialisation from r and zero biases. */
+static int layer_init(layer *L, const char *prefix, int in, int out, int local, rng *r) {
+  L->in = in;
+  L->out = out;
+  L->local = local;
+  snprintf(L->wname, sizeof L->wname, "%s/weight", prefix);
+  snprintf(L->bname, sizeof L->bname, "%s/bias", prefix);
+  size_t nw = (size_t)in * (size_t)out;
+  L->w = malloc(nw * sizeof(float));
+  L->gw = malloc(nw * sizeof(float));
+  L->b = calloc((size_t)out, sizeof(float));
+  L->gb = calloc((size_t)out, sizeof(float));
+  if (!L->w || !L->gw || !L->b || !L->gb) return -1;
+  float scale = sqrtf(2.0f / (float)in); /* He initialisation for ReLU */
+  for (size_t i = 0; i < nw; i++) L->w[i] = scale * rng_gauss(r);
+  return 0;
+}
+
+/* The shared layers and the embedding table come from the seed alone (the
+ * same on every rank); a tower from seed + rank (its own on each rank). */
+static int mlp_init(mlp *m, const options *o, int rank, int batch_cap) {
+  static const int width[N_LAYERS] = {HIDDEN, HIDDEN, N_CLASSES};
+  rng shared = rng_make(o->seed, 2);
   memset(m, 0, sizeof *m);
   m->batch_cap = batch_cap;
-  for (int l = 0; l < N_LAYERS; l++) {
-    layer *L = &m->fc[l];
-    L->in = width[l];
-    L->out = width[l + 1];
-    snprintf(L->wname, sizeof L->wname, "fc%d/weight", l + 1);
-    snprintf(L->bname, sizeof L->bname, "fc%d/bias", l + 1);
-    size_t nw = (size_t)L->in * (size_t)L->out;
-    L->w = malloc(nw * sizeof(float));
-    L->gw = malloc(nw * sizeof(float));
-    L->b = calloc((size_t)L->out, sizeof(float));
-    L->gb = calloc((size_t)L->out, sizeof(float));
-    if (!L->w || !L->gw || !L->b || !L->gb) return -1;
-    float scale = sqrtf(2.0f / (float)L->in); /* He initialisation for ReLU */
-    for (size_t i = 0; i < nw; i++) L->w[i] = scale * rng_gauss(&r);
+  m->in = N_FEATURES + (o->embedding ? EMBED_DIM : 0);
+  int in = m->in;
+  if (o->towers) {
+    rng tower = rng_make(o->seed + (uint64_t)rank, 3);
+    if (layer_init(&m->fc[m->nl++], "tower/fc0", in, TOWER_WIDTH, 1, &tower) != 0) return -1;
+    in = TOWER_WIDTH;
   }
-  for (int l = 0; l <= N_LAYERS; l++) {
-    m->act[l] = malloc(sizeof(float) * (size_t)batch_cap * (size_t)width[l]);
-    m->delta[l] = malloc(sizeof(float) * (size_t)batch_cap * (size_t)width[l]);
+  for (int k = 0; k < N_LAYERS; k++) {
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "fc%d", k + 1);
+    if (layer_init(&m->fc[m->nl++], prefix, in, width[k], 0, &shared) != 0) return -1;
+    in = width[k];
+  }
+  for (int l = 0; l <= m->nl; l++) {
+    int w = l == 0 ? m->in : m->fc[l - 1].out;
+    m->act[l] = malloc(sizeof(float) * (size_t)batch_cap * (size_t)w);
+    m->delta[l] = malloc(sizeof(float) * (size_t)batch_cap * (size_t)w);
     if (!m->act[l] || !m->delta[l]) return -1;
+  }
+  if (o->embedding) {
+    rng r = rng_make(o->seed, 4);
+    m->embed = malloc(sizeof(float) * EMBED_ROWS * EMBED_DIM);
+    m->embed_rows = malloc(sizeof(int64_t) * (size_t)batch_cap);
+    m->embed_grad = malloc(sizeof(float) * (size_t)batch_cap * EMBED_DIM);
+    if (!m->embed || !m->embed_rows || !m->embed_grad) return -1;
+    for (size_t i = 0; i < (size_t)EMBED_ROWS * EMBED_DIM; i++)
+      m->embed[i] = EMBED_INIT * rng_gauss(&r);
   }
   return 0;
 }
 
 static void mlp_free(mlp *m) {
-  for (int l = 0; l < N_LAYERS; l++) {
+  for (int l = 0; l < m->nl; l++) {
     free(m->fc[l].w);
     free(m->fc[l].gw);
     free(m->fc[l].b);
     free(m->fc[l].gb);
   }
-  for (int l = 0; l <= N_LAYERS; l++) {
+  for (int l = 0; l <= m->nl; l++) {
     free(m->act[l]);
     free(m->delta[l]);
   }
+  free(m->embed);
+  free(m->embed_rows);
+  free(m->embed_grad);
 }
 
 static void layer_forward(const layer *L, const float *x, float *y, int n, int relu) {
@@ -216,17 +289,26 @@ static void layer_forward(const layer *L, const float *x, float *y, int n, int r
   }
 }
 
-/* Forward pass over samples idx[0..n). Fills act[]; returns the summed loss
- * and adds the number of correct predictions to *correct. When delta_out is
- * set, also writes d(mean loss)/d(logits) into m->delta[N_LAYERS]. */
+/* Forward pass over samples idx[0..n). Fills act[] (and, with an embedding,
+ * the rows the batch looks up); returns the summed loss and adds the number
+ * of correct predictions to *correct. When delta_out is set, also writes
+ * d(mean loss)/d(logits) into m->delta[nl]. */
 static double mlp_forward(mlp *m, const dataset *d, const int *idx, int n, int *correct,
                           int delta_out) {
-  for (int s = 0; s < n; s++) memcpy(m->act[0] + s * N_FEATURES, d->x[idx[s]], sizeof d->x[0]);
-  for (int l = 0; l < N_LAYERS; l++)
-    layer_forward(&m->fc[l], m->act[l], m->act[l + 1], n, l < N_LAYERS - 1);
+  for (int s = 0; s < n; s++) {
+    float *in = m->act[0] + (size_t)s * m->in;
+    memcpy(in, d->x[idx[s]], sizeof d->x[0]);
+    if (m->embed) {
+      m->embed_rows[s] = d->cat[idx[s]];
+      memcpy(in + N_FEATURES, m->embed + (size_t)m->embed_rows[s] * EMBED_DIM,
+             sizeof(float) * EMBED_DIM);
+    }
+  }
+  for (int l = 0; l < m->nl; l++)
+    layer_forward(&m->fc[l], m->act[l], m->act[l + 1], n, l < m->nl - 1);
   double loss = 0.0;
   for (int s = 0; s < n; s++) {
-    const float *z = m->act[N_LAYERS] + s * N_CLASSES;
+    const float *z = m->act[m->nl] + s * N_CLASSES;
     int y = d->y[idx[s]], best = 0;
     float zmax = z[0];
     for (int k = 1; k < N_CLASSES; k++)
@@ -237,13 +319,15 @@ static double mlp_forward(mlp *m, const dataset *d, const int *idx, int n, int *
     *correct += best == y;
     if (delta_out)
       for (int k = 0; k < N_CLASSES; k++)
-        m->delta[N_LAYERS][s * N_CLASSES + k] = (float)((p[k] / sum - (k == y)) / n);
+        m->delta[m->nl][s * N_CLASSES + k] = (float)((p[k] / sum - (k == y)) / n);
   }
   return loss;
 }
 
 /* Gradients of layer l from delta[l+1] (its output's error) and act[l] (its
- * input); then, unless l is the first layer, delta[l] for the layer below. */
+ * input); then delta[l] for the layer below, or, for the first layer with an
+ * embedding, the gradient of each sample's looked-up row (the input's last
+ * EMBED_DIM columns, which no ReLU precedes). */
 static void layer_backward(mlp *m, int l, int n) {
   layer *L = &m->fc[l];
   const float *dy = m->delta[l + 1], *x = m->act[l];
@@ -258,20 +342,23 @@ static void layer_backward(mlp *m, int l, int n) {
       for (int i = 0; i < L->in; i++) gwo[i] += g * x[s * L->in + i];
     }
   }
-  if (l == 0) return;
-  float *dx = m->delta[l];
+  if (l == 0 && !m->embed) return;
+  int first = l == 0 ? N_FEATURES : 0;
   for (int s = 0; s < n; s++) {
-    for (int i = 0; i < L->in; i++) {
+    for (int i = first; i < L->in; i++) {
       float g = 0.0f;
-      if (x[s * L->in + i] > 0.0f) /* ReLU of the layer below */
+      if (l == 0 || x[s * L->in + i] > 0.0f) /* ReLU of the layer below */
         for (int o = 0; o < L->out; o++) g += dy[s * L->out + o] * L->w[(size_t)o * L->in + i];
-      dx[s * L->in + i] = g;
+      if (l == 0)
+        m->embed_grad[s * EMBED_DIM + (i - N_FEATURES)] = g;
+      else
+        m->delta[l][s * L->in + i] = g;
     }
   }
 }
 
 static void sgd_update(mlp *m, float lr) {
-  for (int l = 0; l < N_LAYERS; l++) {
+  for (int l = 0; l < m->nl; l++) {
     layer *L = &m->fc[l];
     size_t nw = (size_t)L->in * (size_t)L->out;
     for (size_t i = 0; i < nw; i++) L->w[i] -= lr * L->gw[i];
@@ -279,17 +366,24 @@ static void sgd_update(mlp *m, float lr) {
   }
 }
 
-/* FNV-1a over every parameter byte, masked to 62 bits (a positive int64). */
-static int64_t mlp_checksum(const mlp *m) {
+static uint64_t fnv1a(uint64_t h, const void *p, size_t len) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* FNV-1a over every parameter byte of the shared layers (local = 0: and the
+ * embedding table) or of the tower (local = 1), masked to 62 bits (a
+ * positive int64). */
+static int64_t mlp_checksum(const mlp *m, int local) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (int l = 0; l < N_LAYERS; l++) {
+  for (int l = 0; l < m->nl; l++) {
     const layer *L = &m->fc[l];
-    const unsigned char *parts[2] = {(const unsigned char *)L->w, (const unsigned char *)L->b};
-    size_t lens[2] = {sizeof(float) * (size_t)L->in * (size_t)L->out,
-                      sizeof(float) * (size_t)L->out};
-    for (int p = 0; p < 2; p++)
-      for (size_t i = 0; i < lens[p]; i++) h = (h ^ parts[p][i]) * 0x100000001b3ull;
+    if (L->local != local) continue;
+    h = fnv1a(h, L->w, sizeof(float) * (size_t)L->in * (size_t)L->out);
+    h = fnv1a(h, L->b, sizeof(float) * (size_t)L->out);
   }
+  if (!local && m->embed) h = fnv1a(h, m->embed, sizeof(float) * EMBED_ROWS * EMBED_DIM);
   return (int64_t)(h & ((1ull << 62) - 1));
 }
 
@@ -338,6 +432,49 @@ static void allreduce_now(job *j, const char *name, void *buf, size_t count, gs_
   wait_and_free(j, h, name);
 }
 
+/* Starts the average of the embedding table's sparse gradient: the n rows
+ * the batch looked up (rows[s], grad row s; repeats allowed). */
+static gs_handle *start_sparse_average(job *j, const char *name, const int64_t *rows,
+                                       const float *grad, int n) {
+  gs_handle *h = NULL;
+  gs_status st = gs_sparse_allreduce_async(j->ctx, name, rows, grad, (size_t)n, EMBED_DIM,
+                                           GS_FLOAT32, GS_AVERAGE, NULL, &h);
+  if (st != GS_OK) fail(j, NULL, "sparse allreduce", name, st);
+  return h;
+}
+
+/* Waits for the sparse average and applies every gathered row (already
+ * divided by size) to the table with SGD; a row gathered several times gets
+ * each contribution. The rows come in rank order on every rank, so the
+ * table stays bit-identical. */
+static void embed_update(job *j, mlp *m, gs_handle *h, const char *name, float lr) {
+  gs_status st = gs_wait(h, WAIT_MS);
+  if (st != GS_OK) fail(j, h, "sparse allreduce", name, st);
+  const int64_t *rows;
+  const void *values;
+  size_t nnz;
+  st = gs_sparse_result(h, &rows, &values, &nnz);
+  if (st != GS_OK) {
+    gs_handle_free(h);
+    fail(j, NULL, "gs_sparse_result", name, st);
+  }
+  const float *v = values;
+  for (size_t i = 0; i < nnz; i++) {
+    if (rows[i] < 0 || rows[i] >= EMBED_ROWS) {
+      fprintf(stderr,
+              "rank %d: sparse allreduce of '%s' returned row index %" PRId64
+              " (gathered row %zu of %zu), outside the table's %d rows; this is a gradsync bug\n",
+              j->rank, name, rows[i], i, nnz, EMBED_ROWS);
+      gs_handle_free(h);
+      gs_shutdown(j->ctx);
+      exit(1);
+    }
+    float *e = m->embed + (size_t)rows[i] * EMBED_DIM;
+    for (int k = 0; k < EMBED_DIM; k++) e[k] -= lr * v[i * EMBED_DIM + (size_t)k];
+  }
+  gs_handle_free(h);
+}
+
 /* --hang-rank: like a process stuck in I/O, in a driver or on a lock of its
  * own, this one never comes back; gradsync-run (or the operator) has to
  * kill it. */
@@ -364,12 +501,14 @@ static void crash_now(const job *j, int step, gs_handle *reduced) {
 
 /* One training step (step counts from 1) on this rank's minibatch
  * idx[0..n); the gradients are averaged over all ranks, layer by layer as
- * backward produces them. The fault flags act here. */
+ * backward produces them (a tower's are local: gradsync only scales them),
+ * then the embedding's sparse gradient. The fault flags act here. */
 static double train_step(job *j, const options *o, int step, mlp *m, const dataset *d,
                          const int *idx, int n, int *correct) {
   const faults *f = &o->fault;
-  gs_handle *pending[2 * N_LAYERS];
-  char names[2 * N_LAYERS][sizeof m->fc[0].wname + sizeof DESYNC_SUFFIX];
+  gs_handle *pending[2 * MAX_LAYERS];
+  char names[2 * MAX_LAYERS][sizeof m->fc[0].wname + sizeof DESYNC_SUFFIX];
+  char embed_name[sizeof EMBED_NAME + sizeof DESYNC_SUFFIX];
   int np = 0;
   if (j->rank == f->hang_rank && step == f->hang_step) hang_forever(j, step);
   int desync = j->rank == f->desync_rank && step == f->desync_step;
@@ -380,22 +519,28 @@ static double train_step(job *j, const options *o, int step, mlp *m, const datas
             j->rank, j->rank, step, step, DESYNC_SUFFIX);
   double loss = mlp_forward(m, d, idx, n, correct, 1);
   if (j->rank == f->slow_rank) sleep_ms(f->slow_ms);
-  for (int l = N_LAYERS - 1; l >= 0; l--) {
+  for (int l = m->nl - 1; l >= 0; l--) {
     layer *L = &m->fc[l];
     layer_backward(m, l, n);
     int64_t wshape[2] = {L->out, L->in}, bshape[1] = {L->out};
-    const char *sfx = desync ? DESYNC_SUFFIX : "";
+    const char *sfx = desync && !L->local ? DESYNC_SUFFIX : "";
     snprintf(names[np], sizeof names[np], "%s%s", L->wname, sfx);
     pending[np] = start_average(j, names[np], L->gw, wshape, 2);
     np++;
     snprintf(names[np], sizeof names[np], "%s%s", L->bname, sfx);
     pending[np] = start_average(j, names[np], L->gb, bshape, 1);
     np++;
-    if (l == N_LAYERS - 2 && j->rank == f->crash_rank && step == f->crash_step)
+    if (l == m->nl - 2 && j->rank == f->crash_rank && step == f->crash_step)
       crash_now(j, step, pending[0]);
+  }
+  gs_handle *embed = NULL;
+  if (m->embed) {
+    snprintf(embed_name, sizeof embed_name, "%s%s", EMBED_NAME, desync ? DESYNC_SUFFIX : "");
+    embed = start_sparse_average(j, embed_name, m->embed_rows, m->embed_grad, n);
   }
   for (int i = 0; i < np; i++) wait_and_free(j, pending[i], names[i]);
   sgd_update(m, o->lr);
+  if (embed) embed_update(j, m, embed, embed_name, o->lr);
   return loss;
 }
 
@@ -403,6 +548,7 @@ static double train_step(job *j, const options *o, int step, mlp *m, const datas
 
 static void usage(FILE *f) {
   fputs("usage: gradsync-train [--steps N] [--seed S] [--batch B] [--lr X] [--log-every K]\n"
+        "                      [--towers] [--embedding]\n"
         "\n"
         "The gradsync demo job: data-parallel SGD of an MLP 16-64-64-4 on a synthetic\n"
         "4-class data set of 4096 points, sharded over the ranks. Run it under\n"
@@ -413,7 +559,18 @@ static void usage(FILE *f) {
         "  --batch B      minibatch per rank (default 32)\n"
         "  --lr X         SGD learning rate (default 0.1)\n"
         "  --log-every K  log every K steps (default: every epoch, at most 10 lines)\n"
+        "  --towers       give every rank a private first layer (tower/fc0, 32 outputs,\n"
+        "                 initialised from seed + rank) under the shared layers; its names\n"
+        "                 are registered local (gs_register_local): never reduced, the\n"
+        "                 average only scales them by 1/size (GRADSYNC_SCALE_LOCAL=0: not)\n"
+        "  --embedding    add a categorical feature (one of 1000) looked up in a shared\n"
+        "                 1000 x 8 embedding table (embed/table) whose sparse gradient is\n"
+        "                 averaged with gs_sparse_allreduce_async\n"
         "  -h, --help     show this help\n"
+        "\n"
+        "The run ends by checking that the shared parameters (the embedding table\n"
+        "included) are bit-identical on all ranks and, with --towers, that the towers\n"
+        "differ; it exits 1 otherwise.\n"
         "\n"
         "Fault injection, to reproduce failures (see docs/troubleshooting.md); steps count\n"
         "from 1, as in the log lines:\n"
@@ -504,6 +661,19 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     const char *eq = strchr(a, '=');
     size_t klen = eq ? (size_t)(eq - a) : strlen(a);
+    static const struct {
+      const char *key;
+      size_t offset; /* of the int field in options set to 1 */
+    } switches[] = {{"--towers", offsetof(options, towers)},
+                    {"--embedding", offsetof(options, embedding)}};
+    int is_switch = 0;
+    for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++) {
+      if (strlen(switches[k].key) != klen || strncmp(a, switches[k].key, klen) != 0) continue;
+      if (eq) return bad_usage("%s takes no value, got '%s'", switches[k].key, a);
+      *(int *)((char *)o + switches[k].offset) = 1;
+      is_switch = 1;
+    }
+    if (is_switch) continue;
     const char *key = NULL;
     const int_flag *iflag = NULL;
     static const char *const other[] = {"--seed", "--lr"};
@@ -570,17 +740,23 @@ static void evaluate(job *j, mlp *m, const dataset *d) {
            sums[0] / N_SAMPLES, N_SAMPLES);
 }
 
-/* Returns 0 if the parameters are bit-identical on every rank. If not, the
- * ranks that differ from the majority say so: min and max of the checksums
- * tell whether they differ, a count of the ranks holding each tells who. */
+/* Returns 0 if the shared parameters (the embedding table included) are
+ * bit-identical on every rank. If not, the ranks that differ from the
+ * majority say so: min and max of the checksums tell whether they differ, a
+ * count of the ranks holding each tells who. */
 static int check_identical(job *j, const mlp *m) {
-  int64_t mine = mlp_checksum(m), lo = mine, hi = mine;
+  int64_t mine = mlp_checksum(m, 0), lo = mine, hi = mine;
   allreduce_now(j, "checksum/min", &lo, 1, GS_INT64, GS_MIN);
   allreduce_now(j, "checksum/max", &hi, 1, GS_INT64, GS_MAX);
   if (lo == hi) {
+    const char *what = m->embed
+                           ? (m->fc[0].local ? ": shared layers and embedding table; the "
+                                               "towers are per rank"
+                                             : ": layers and embedding table")
+                           : (m->fc[0].local ? ": shared layers; the towers are per rank" : "");
     if (j->rank == 0)
-      printf("parameters identical on all %d ranks (checksum 0x%" PRIx64 ")\n", j->size,
-             (uint64_t)mine);
+      printf("parameters identical on all %d ranks (checksum 0x%" PRIx64 "%s)\n", j->size,
+             (uint64_t)mine, what);
     return 0;
   }
   int64_t votes[2] = {mine == lo, mine == hi};
@@ -604,6 +780,86 @@ static int check_identical(job *j, const mlp *m) {
   return -1;
 }
 
+/* With towers: returns 0 if every rank's tower differs from every other's
+ * and each rank kept its tower's gradients local (2 local ops per step).
+ * Every rank gathers every rank's tower checksum and local op count, so all
+ * of them reach the same verdict; rank 0 tells it. */
+static int check_towers(job *j, const mlp *m, int steps) {
+  if (!m->fc[0].local) return 0;
+  gs_stats stats;
+  gs_status st = gs_get_stats(j->ctx, &stats);
+  if (st != GS_OK) fail(j, NULL, "gs_get_stats", "tower", st);
+  int64_t mine[2] = {mlp_checksum(m, 1), (int64_t)stats.local_ops}, shape[2] = {1, 2};
+  const char *name = "checksum/towers";
+  gs_handle *h = NULL;
+  st = gs_allgather_async(j->ctx, name, mine, shape, 2, GS_INT64, &h);
+  if (st != GS_OK) fail(j, NULL, "allgather", name, st);
+  st = gs_wait(h, WAIT_MS);
+  if (st != GS_OK) fail(j, h, "allgather", name, st);
+  const void *data;
+  size_t bytes;
+  st = gs_handle_result(h, &data, &bytes);
+  if (st != GS_OK || bytes != sizeof(int64_t) * 2 * (size_t)j->size) {
+    gs_handle_free(h);
+    if (st == GS_OK) {
+      fprintf(stderr, "rank %d: the allgather of '%s' returned %zu bytes, expected %zu\n", j->rank,
+              name, bytes, sizeof(int64_t) * 2 * (size_t)j->size);
+      gs_shutdown(j->ctx);
+      exit(1);
+    }
+    fail(j, NULL, "gs_handle_result", name, st);
+  }
+  const int64_t *all = data;
+  int64_t want_local = 2 * (int64_t)steps; /* tower/fc0/weight and tower/fc0/bias */
+  int bad = 0;
+  for (int r = 0; r < j->size; r++) {
+    if (all[2 * r + 1] != want_local) {
+      bad = 1;
+      if (j->rank == 0)
+        fprintf(stderr,
+                "rank 0: rank %d ran %" PRId64 " ops on local tensors, expected %" PRId64
+                " (the tower's weight and bias, every step): its tower was not kept local\n",
+                r, all[2 * r + 1], want_local);
+    }
+    for (int q = 0; q < r; q++)
+      if (all[2 * q] == all[2 * r]) {
+        bad = 1;
+        if (j->rank == 0)
+          fprintf(stderr,
+                  "rank 0: ranks %d and %d hold the same tower (checksum 0x%" PRIx64
+                  "): towers must stay private to each rank\n",
+                  q, r, (uint64_t)all[2 * r]);
+      }
+  }
+  if (!bad && j->rank == 0) {
+    if (j->size > 1)
+      printf("towers differ on all %d ranks (%d distinct checksums; %" PRId64
+             " local ops per rank, never sent)\n",
+             j->size, j->size, want_local);
+    else
+      printf("towers: only 1 rank, nothing to compare (checksum 0x%" PRIx64 "; %" PRId64
+             " local ops, never sent)\n",
+             (uint64_t)all[0], want_local);
+  }
+  gs_handle_free(h);
+  return bad ? -1 : 0;
+}
+
+/* "MLP 16-64-64-4", or with --towers / --embedding the whole picture. */
+static void describe_model(const mlp *m, char *buf, size_t cap) {
+  int towers = m->fc[0].local;
+  char input[96] = "", tower[64] = "";
+  if (m->embed)
+    snprintf(input, sizeof input, "input %d + embedding %d (table %dx%d, sparse) -> ", N_FEATURES,
+             EMBED_DIM, EMBED_ROWS, EMBED_DIM);
+  else if (towers)
+    snprintf(input, sizeof input, "input %d -> ", N_FEATURES);
+  if (towers)
+    snprintf(tower, sizeof tower, "tower %d (local to each rank) -> shared ", m->fc[0].out);
+  snprintf(buf, cap, "%s%sMLP %d-%d-%d-%d", input, tower, m->fc[towers].in, HIDDEN, HIDDEN,
+           N_CLASSES);
+}
+
 static void train(job *j, const options *o, mlp *m, dataset *d) {
   int steps_per_epoch = (N_SAMPLES / j->size) / o->batch;
   if (steps_per_epoch < 1) steps_per_epoch = 1;
@@ -612,11 +868,13 @@ static void train(job *j, const options *o, mlp *m, dataset *d) {
     log_every = (o->steps + 9) / 10;
     if (log_every > steps_per_epoch) log_every = steps_per_epoch;
   }
+  char model[160];
+  describe_model(m, model, sizeof model);
   if (j->rank == 0)
-    printf("gradsync-train: %d ranks, %d samples (%d per rank), MLP %d-%d-%d-%d, batch %d per "
-           "rank, lr %g, %d steps (%d per epoch)\n",
-           j->size, N_SAMPLES, N_SAMPLES / j->size, N_FEATURES, HIDDEN, HIDDEN, N_CLASSES, o->batch,
-           (double)o->lr, o->steps, steps_per_epoch);
+    printf("gradsync-train: %d ranks, %d samples (%d per rank), %s, batch %d per rank, lr %g, %d "
+           "steps (%d per epoch)\n",
+           j->size, N_SAMPLES, N_SAMPLES / j->size, model, o->batch, (double)o->lr, o->steps,
+           steps_per_epoch);
   int *batch = malloc(sizeof(int) * (size_t)o->batch);
   if (!batch) {
     fprintf(stderr, "rank %d: out of memory\n", j->rank);
@@ -694,14 +952,24 @@ int main(int argc, char **argv) {
   static dataset d;
   mlp m;
   dataset_generate(&d, o.seed);
-  if (dataset_shard(&d, j.rank, j.size) != 0 || mlp_init(&m, o.seed, o.batch) != 0) {
+  if (dataset_shard(&d, j.rank, j.size) != 0 || mlp_init(&m, &o, j.rank, o.batch) != 0) {
     fprintf(stderr, "rank %d: out of memory\n", j.rank);
     gs_shutdown(j.ctx);
     return 1;
   }
+  /* Model parallelism: the tower's gradients stay on this rank. */
+  for (int l = 0; l < m.nl; l++) {
+    const char *names[2] = {m.fc[l].wname, m.fc[l].bname};
+    for (int k = 0; k < 2 && m.fc[l].local; k++) {
+      st = gs_register_local(j.ctx, names[k]);
+      if (st != GS_OK) fail(&j, NULL, "gs_register_local", names[k], st);
+    }
+  }
   train(&j, &o, &m, &d);
   evaluate(&j, &m, &d);
-  rc = check_identical(&j, &m) == 0 ? 0 : 1;
+  int same = check_identical(&j, &m);
+  int towers = check_towers(&j, &m, o.steps); /* collective: every rank runs both */
+  rc = same == 0 && towers == 0 ? 0 : 1;
 
   st = gs_shutdown(j.ctx);
   if (st != GS_OK && rc == 0) {
