@@ -18,11 +18,9 @@ int gs__encode_join_response(const gs__join_response *m, uint8_t **out, size_t *
 int gs__decode_join_response(const uint8_t *buf, size_t len, gs__join_response *m, char *err,
                              size_t errlen);
 int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len);
-int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *err,
-                        size_t errlen);
+int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *err, size_t errlen);
 int gs__encode_plan_msg(const gs__plan_msg *m, uint8_t **out, size_t *len);
-int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *err,
-                        size_t errlen);
+int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *err, size_t errlen);
 
 /* Key/value rendezvous messages. Strings and values are malloc'd. */
 typedef struct gs__kv_msg {

@@ -24,8 +24,8 @@ int gs__parse_int(const char *text, const char *what, int64_t min, int64_t max, 
   errno = 0;
   long long v = strtoll(text, &end, 10);
   if (errno || end == text || *end != 0 || v < min || v > max) {
-    snprintf(err, errlen, "%s='%s' is not valid: expected an integer from %lld to %lld", what,
-             text, (long long)min, (long long)max);
+    snprintf(err, errlen, "%s='%s' is not valid: expected an integer from %lld to %lld", what, text,
+             (long long)min, (long long)max);
     return GS__ERR_INVALID_ARG;
   }
   *out = v;

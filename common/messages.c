@@ -61,9 +61,9 @@ void gs__tensor_request_init(gs__tensor_request *r) {
 
 int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b) {
   if (strcmp(a->name, b->name) || a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
-      a->reduce_op != b->reduce_op || a->prescale != b->prescale ||
-      a->postscale != b->postscale || a->root_rank != b->root_rank || a->device != b->device ||
-      a->group_id != b->group_id || a->group_size != b->group_size)
+      a->reduce_op != b->reduce_op || a->prescale != b->prescale || a->postscale != b->postscale ||
+      a->root_rank != b->root_rank || a->device != b->device || a->group_id != b->group_id ||
+      a->group_size != b->group_size)
     return 0;
   for (int i = 0; i < a->ndim; i++)
     if (a->shape[i] != b->shape[i]) return 0;
@@ -86,6 +86,7 @@ void gs__shape_format(const int64_t *shape, int ndim, char *out, size_t outlen) 
   out[0] = 0;
   used += (size_t)snprintf(out, outlen, "[");
   for (int i = 0; i < ndim && used < outlen; i++)
-    used += (size_t)snprintf(out + used, outlen - used, "%s%lld", i ? "," : "", (long long)shape[i]);
+    used +=
+        (size_t)snprintf(out + used, outlen - used, "%s%lld", i ? "," : "", (long long)shape[i]);
   if (used < outlen) snprintf(out + used, outlen - used, "]");
 }

@@ -13,12 +13,12 @@
 
 #include "types.h"
 
-#define GS__MAX_NAME 255       /* bytes in a tensor name, without the NUL */
-#define GS__MAX_DIMS 16        /* dimensions of a tensor */
-#define GS__MAX_HOST 255       /* bytes of a host name */
-#define GS__MAX_JOB_ID 127     /* bytes of a job id */
-#define GS__MAX_WORLD 65536    /* ranks in one job */
-#define GS__MAX_TEXT 4096      /* bytes of an error message or reason */
+#define GS__MAX_NAME 255    /* bytes in a tensor name, without the NUL */
+#define GS__MAX_DIMS 16     /* dimensions of a tensor */
+#define GS__MAX_HOST 255    /* bytes of a host name */
+#define GS__MAX_JOB_ID 127  /* bytes of a job id */
+#define GS__MAX_WORLD 65536 /* ranks in one job */
+#define GS__MAX_TEXT 4096   /* bytes of an error message or reason */
 
 typedef struct gs__join_request {
   char job_id[GS__MAX_JOB_ID + 1];
@@ -54,7 +54,7 @@ typedef struct gs__tensor_request {
   double prescale, postscale; /* 1.0 = none */
   int32_t root_rank;
   gs__device device;
-  uint64_t group_id;   /* 0 = not grouped */
+  uint64_t group_id; /* 0 = not grouped */
   uint32_t group_size;
 } gs__tensor_request;
 
@@ -74,7 +74,7 @@ typedef struct gs__rank_msg {
   size_t nblocked;
   char (*blocked_on)[GS__MAX_NAME + 1]; /* nblocked names */
   size_t ncached;
-  uint32_t *cached; /* cache ids standing for requests */
+  uint32_t *cached;    /* cache ids standing for requests */
   size_t nreg, nunreg; /* local registrations */
   char (*reg)[GS__MAX_NAME + 1];
   char (*unreg)[GS__MAX_NAME + 1];
@@ -104,9 +104,9 @@ typedef struct gs__plan_tensor {
   char name[GS__MAX_NAME + 1];
   int ndim;
   int64_t shape[GS__MAX_DIMS];
-  size_t nrank_dims;  /* allgather: one first dimension per rank */
+  size_t nrank_dims; /* allgather: one first dimension per rank */
   int64_t *rank_dims;
-  uint32_t cache_id;  /* 0 = none */
+  uint32_t cache_id; /* 0 = none */
 } gs__plan_tensor;
 
 typedef enum gs__response_kind { GS__RESP_COLLECTIVE = 0, GS__RESP_ERROR = 1 } gs__response_kind;
@@ -147,8 +147,8 @@ typedef struct gs__plan_msg {
   gs__plan_msg_kind kind;
   gs__world_status world;
   gs__plan plan;
-  int32_t status;             /* ABORT, RANK_ERROR */
-  char *text;                 /* ABORT reason / RANK_ERROR message */
+  int32_t status;              /* ABORT, RANK_ERROR */
+  char *text;                  /* ABORT reason / RANK_ERROR message */
   char name[GS__MAX_NAME + 1]; /* RANK_ERROR: the tensor */
 } gs__plan_msg;
 

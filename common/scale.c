@@ -20,12 +20,14 @@ void gs__scale(void *buf, size_t n, gs__dtype dt, double factor) {
   }
   case GS__FLOAT16: {
     uint16_t *p = buf;
-    for (size_t i = 0; i < n; i++) p[i] = gs__float_to_half(gs__half_to_float(p[i]) * (float)factor);
+    for (size_t i = 0; i < n; i++)
+      p[i] = gs__float_to_half(gs__half_to_float(p[i]) * (float)factor);
     break;
   }
   case GS__BFLOAT16: {
     uint16_t *p = buf;
-    for (size_t i = 0; i < n; i++) p[i] = gs__float_to_bf16(gs__bf16_to_float(p[i]) * (float)factor);
+    for (size_t i = 0; i < n; i++)
+      p[i] = gs__float_to_bf16(gs__bf16_to_float(p[i]) * (float)factor);
     break;
   }
   case GS__INT32: {
@@ -48,6 +50,7 @@ void gs__scale(void *buf, size_t n, gs__dtype dt, double factor) {
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)llround((double)p[i] * factor);
     break;
   }
-  default: break;
+  default:
+    break;
   }
 }

@@ -14,42 +14,47 @@
 #include "transport.h"
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: gradsyncd [options]\n"
-          "  --listen HOST:PORT        address to serve on (default 127.0.0.1:0 = a free port;\n"
-          "                            env GRADSYNC_LISTEN)\n"
-          "  --world-size N            ranks in the job (default: the size the first rank gives;\n"
-          "                            env GRADSYNC_WORLD_SIZE)\n"
-          "  --job-id ID               accept only ranks of this job (env GRADSYNC_JOB_ID)\n"
-          "  --token TOKEN             require 'authorization: Bearer TOKEN' from ranks\n"
-          "                            (env GRADSYNC_JOB_TOKEN)\n"
-          "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
-          "                            HOROVOD_CYCLE_TIME)\n"
-          "  --fusion-threshold BYTES  fuse allreduces up to this many bytes (default 1048576;\n"
-          "                            0 = off; env GRADSYNC_FUSION_THRESHOLD, HOROVOD_FUSION_THRESHOLD)\n"
-          "  --emit-policy P           adaptive (default: emit at once while fewer than\n"
-          "                            --max-plans-in-flight plans are unfinished, else fuse) or\n"
-          "                            window (emit every cycle time, like Horovod)\n"
-          "                            (env GRADSYNC_EMIT_POLICY)\n"
-          "  --max-plans-in-flight N   adaptive policy depth (default 2; env\n"
-          "                            GRADSYNC_MAX_PLANS_IN_FLIGHT)\n"
-          "  --cache-capacity N        response cache entries (default 1024; 0 = off; env\n"
-          "                            GRADSYNC_CACHE_CAPACITY, HOROVOD_CACHE_CAPACITY)\n"
-          "  --stall-warning-s S       report tensors waiting on some ranks for S seconds, checked\n"
-          "                            every S seconds (default 60; 0 = off; env\n"
-          "                            GRADSYNC_STALL_CHECK_TIME_SECONDS, HOROVOD_STALL_CHECK_TIME_SECONDS)\n"
-          "  --stall-shutdown-s S      abort the job when a tensor waits S seconds (default 0 = never;\n"
-          "                            env GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS,\n"
-          "                            HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)\n"
-          "  --deadlock-time-ms MS     every rank blocked and nothing new for MS = deadlock\n"
-          "                            (default 5000; 0 = off; env GRADSYNC_DEADLOCK_TIME_MS)\n"
-          "  --deadlock-action A       abort (default) or warn (env GRADSYNC_DEADLOCK_ACTION)\n"
-          "  --rank-timeout-ms MS      a rank silent this long is lost (default 10000; 0 = off;\n"
-          "                            env GRADSYNC_RANK_TIMEOUT_MS)\n"
-          "  --heartbeat-ms MS         rank heartbeat period (default 1000; env GRADSYNC_HEARTBEAT_MS)\n"
-          "  --log-level LEVEL         error, warn, info (default) or debug (env GRADSYNC_LOG_LEVEL)\n"
-          "  -h, --help                this text\n"
-          "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n");
+  fprintf(
+      f,
+      "usage: gradsyncd [options]\n"
+      "  --listen HOST:PORT        address to serve on (default 127.0.0.1:0 = a free port;\n"
+      "                            env GRADSYNC_LISTEN)\n"
+      "  --world-size N            ranks in the job (default: the size the first rank gives;\n"
+      "                            env GRADSYNC_WORLD_SIZE)\n"
+      "  --job-id ID               accept only ranks of this job (env GRADSYNC_JOB_ID)\n"
+      "  --token TOKEN             require 'authorization: Bearer TOKEN' from ranks\n"
+      "                            (env GRADSYNC_JOB_TOKEN)\n"
+      "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
+      "                            HOROVOD_CYCLE_TIME)\n"
+      "  --fusion-threshold BYTES  fuse allreduces up to this many bytes (default 1048576;\n"
+      "                            0 = off; env GRADSYNC_FUSION_THRESHOLD, "
+      "HOROVOD_FUSION_THRESHOLD)\n"
+      "  --emit-policy P           adaptive (default: emit at once while fewer than\n"
+      "                            --max-plans-in-flight plans are unfinished, else fuse) or\n"
+      "                            window (emit every cycle time, like Horovod)\n"
+      "                            (env GRADSYNC_EMIT_POLICY)\n"
+      "  --max-plans-in-flight N   adaptive policy depth (default 2; env\n"
+      "                            GRADSYNC_MAX_PLANS_IN_FLIGHT)\n"
+      "  --cache-capacity N        response cache entries (default 1024; 0 = off; env\n"
+      "                            GRADSYNC_CACHE_CAPACITY, HOROVOD_CACHE_CAPACITY)\n"
+      "  --stall-warning-s S       report tensors waiting on some ranks for S seconds, checked\n"
+      "                            every S seconds (default 60; 0 = off; env\n"
+      "                            GRADSYNC_STALL_CHECK_TIME_SECONDS, "
+      "HOROVOD_STALL_CHECK_TIME_SECONDS)\n"
+      "  --stall-shutdown-s S      abort the job when a tensor waits S seconds (default 0 = "
+      "never;\n"
+      "                            env GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS,\n"
+      "                            HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)\n"
+      "  --deadlock-time-ms MS     every rank blocked and nothing new for MS = deadlock\n"
+      "                            (default 5000; 0 = off; env GRADSYNC_DEADLOCK_TIME_MS)\n"
+      "  --deadlock-action A       abort (default) or warn (env GRADSYNC_DEADLOCK_ACTION)\n"
+      "  --rank-timeout-ms MS      a rank silent this long is lost (default 10000; 0 = off;\n"
+      "                            env GRADSYNC_RANK_TIMEOUT_MS)\n"
+      "  --heartbeat-ms MS         rank heartbeat period (default 1000; env "
+      "GRADSYNC_HEARTBEAT_MS)\n"
+      "  --log-level LEVEL         error, warn, info (default) or debug (env GRADSYNC_LOG_LEVEL)\n"
+      "  -h, --help                this text\n"
+      "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n");
 }
 
 static int should_stop(void *arg) {
@@ -73,8 +78,10 @@ static int flag_int(const char *flag, const char *val, int64_t min, int64_t max,
 }
 
 static int parse_policy(const char *val, int *window) {
-  if (!strcmp(val, "adaptive")) *window = 0;
-  else if (!strcmp(val, "window")) *window = 1;
+  if (!strcmp(val, "adaptive"))
+    *window = 0;
+  else if (!strcmp(val, "window"))
+    *window = 1;
   else {
     fprintf(stderr, "gradsyncd: emit policy '%s': expected adaptive or window\n", val);
     return -1;
@@ -83,8 +90,10 @@ static int parse_policy(const char *val, int *window) {
 }
 
 static int parse_action(const char *val, int *warn_only) {
-  if (!strcmp(val, "abort")) *warn_only = 0;
-  else if (!strcmp(val, "warn")) *warn_only = 1;
+  if (!strcmp(val, "abort"))
+    *warn_only = 0;
+  else if (!strcmp(val, "warn"))
+    *warn_only = 1;
   else {
     fprintf(stderr, "gradsyncd: deadlock action '%s': expected abort or warn\n", val);
     return -1;
@@ -97,7 +106,7 @@ int main(int argc, char **argv) {
   gs__server_opts o;
   memset(&o, 0, sizeof o);
   o.listen = getenv("GRADSYNC_LISTEN") && *getenv("GRADSYNC_LISTEN") ? getenv("GRADSYNC_LISTEN")
-                                                                      : "127.0.0.1:0";
+                                                                     : "127.0.0.1:0";
   o.token = getenv("GRADSYNC_JOB_TOKEN");
   o.job_id = getenv("GRADSYNC_JOB_ID");
   o.shutdown_grace_ms = 2000;
@@ -122,8 +131,8 @@ int main(int argc, char **argv) {
   o.job.rank_timeout_ms = (uint32_t)v;
   if (gs__env_int(hb_env, 1000, 10, 60000, &v, err, sizeof err)) goto bad_env;
   o.job.heartbeat_ms = (uint32_t)v;
-  static const char *const fusion_env[] = {"GRADSYNC_FUSION_THRESHOLD",
-                                           "HOROVOD_FUSION_THRESHOLD", NULL};
+  static const char *const fusion_env[] = {"GRADSYNC_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD",
+                                           NULL};
   static const char *const inflight_env[] = {"GRADSYNC_MAX_PLANS_IN_FLIGHT", NULL};
   static const char *const cache_env[] = {"GRADSYNC_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY",
                                           NULL};

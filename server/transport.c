@@ -155,8 +155,10 @@ static void queue_drop(rpc *r) {
 }
 
 static void list_remove(rpc **head, rpc *r) {
-  if (r->prev) r->prev->next = r->next;
-  else if (*head == r) *head = r->next;
+  if (r->prev)
+    r->prev->next = r->next;
+  else if (*head == r)
+    *head = r->next;
   if (r->next) r->next->prev = r->prev;
   r->prev = r->next = NULL;
 }
@@ -234,12 +236,18 @@ static void unary_reply_bytes(rpc *r, uint8_t *buf, size_t len, int rc) {
 
 static grpc_status_code grpc_code_of(int status) {
   switch (status) {
-  case GS__ERR_INVALID_ARG: return GRPC_STATUS_INVALID_ARGUMENT;
-  case GS__ERR_ALREADY_JOINED: return GRPC_STATUS_ALREADY_EXISTS;
-  case GS__ERR_ABORTED: return GRPC_STATUS_ABORTED;
-  case GS__ERR_NO_MEMORY: return GRPC_STATUS_RESOURCE_EXHAUSTED;
-  case GS__ERR_UNAUTHENTICATED: return GRPC_STATUS_UNAUTHENTICATED;
-  default: return GRPC_STATUS_INTERNAL;
+  case GS__ERR_INVALID_ARG:
+    return GRPC_STATUS_INVALID_ARGUMENT;
+  case GS__ERR_ALREADY_JOINED:
+    return GRPC_STATUS_ALREADY_EXISTS;
+  case GS__ERR_ABORTED:
+    return GRPC_STATUS_ABORTED;
+  case GS__ERR_NO_MEMORY:
+    return GRPC_STATUS_RESOURCE_EXHAUSTED;
+  case GS__ERR_UNAUTHENTICATED:
+    return GRPC_STATUS_UNAUTHENTICATED;
+  default:
+    return GRPC_STATUS_INTERNAL;
   }
 }
 
@@ -425,8 +433,10 @@ static void stream_send(rpc *r, grpc_byte_buffer *bb) {
   n->bb = bb;
   n->bytes = bytes;
   n->next = NULL;
-  if (r->q_tail) r->q_tail->next = n;
-  else r->q_head = n;
+  if (r->q_tail)
+    r->q_tail->next = n;
+  else
+    r->q_head = n;
   r->q_tail = n;
   r->q_bytes += bytes;
 }
@@ -475,8 +485,10 @@ static void flush_outbox(gs__server *s) {
     free(buf);
     if (o->kind == GS__OUT_TO_RANK) {
       rpc *r = session_of_rank(s, o->rank);
-      if (r) stream_send(r, bb);
-      else grpc_byte_buffer_destroy(bb);
+      if (r)
+        stream_send(r, bb);
+      else
+        grpc_byte_buffer_destroy(bb);
       continue;
     }
     for (rpc *r = s->sessions; r; r = r->next)
@@ -519,8 +531,9 @@ static void session_on_msg(rpc *r, const uint8_t *buf, size_t len) {
     rc = gs__engine_session_open(s->engine, m.hello_rank, gs__now_ms(), &s->box, err, sizeof err);
     if (rc) {
       GS_LOG_WARN("session refused: %s", err);
-      stream_finish(r, rc == GS__ERR_ALREADY_JOINED ? GRPC_STATUS_ALREADY_EXISTS
-                                                    : GRPC_STATUS_FAILED_PRECONDITION,
+      stream_finish(r,
+                    rc == GS__ERR_ALREADY_JOINED ? GRPC_STATUS_ALREADY_EXISTS
+                                                 : GRPC_STATUS_FAILED_PRECONDITION,
                     err);
       goto out_free_msg;
     }
@@ -567,9 +580,15 @@ static void on_new_call(rpc *r) {
     unary_finish(r, NULL, GRPC_STATUS_UNIMPLEMENTED, "method not implemented by gradsyncd");
     break;
   }
-  case M_JOIN: handle_join(r); break;
-  case M_SESSION: stream_begin(r); break;
-  default: handle_kv(r); break;
+  case M_JOIN:
+    handle_join(r);
+    break;
+  case M_SESSION:
+    stream_begin(r);
+    break;
+  default:
+    handle_kv(r);
+    break;
   }
   (void)s;
 }
@@ -638,7 +657,8 @@ static void on_event(gs__server *s, tag *t, int ok) {
                                    "failed)"
                                  : "its session ended without a leave message");
     break;
-  case T_SHUTDOWN: break;
+  case T_SHUTDOWN:
+    break;
   }
   rpc_maybe_free(r);
 }
@@ -656,10 +676,9 @@ static void rpc_request(gs__server *s, int method) {
     e = grpc_server_request_call(s->server, &r->call, &r->details, &r->req_md, s->cq, s->cq,
                                  &r->t_new);
   } else {
-    e = grpc_server_request_registered_call(s->server, s->mh[method], &r->call, &r->deadline,
-                                            &r->req_md,
-                                            k_methods[method].streaming ? NULL : &r->payload, s->cq,
-                                            s->cq, &r->t_new);
+    e = grpc_server_request_registered_call(
+        s->server, s->mh[method], &r->call, &r->deadline, &r->req_md,
+        k_methods[method].streaming ? NULL : &r->payload, s->cq, s->cq, &r->t_new);
   }
   if (e != GRPC_CALL_OK) {
     GS_LOG_ERROR("internal: request call failed: %s", grpc_call_error_to_string(e));
@@ -731,11 +750,10 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
   for (int m = 0; m < M_COUNT; m++)
-    s->mh[m] = grpc_server_register_method(s->server, k_methods[m].path, NULL,
-                                           k_methods[m].streaming
-                                               ? GRPC_SRM_PAYLOAD_NONE
-                                               : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
-                                           0);
+    s->mh[m] = grpc_server_register_method(
+        s->server, k_methods[m].path, NULL,
+        k_methods[m].streaming ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+        0);
   grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
   s->port = grpc_server_add_http2_port(s->server, o->listen, creds);
   grpc_server_credentials_release(creds);
@@ -785,7 +803,8 @@ int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg) {
                   "gradsyncd is shutting down (SIGTERM/SIGINT); the job cannot continue");
   tick(s); /* answers waiting KvGets */
   grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
-  uint64_t grace_end = gs__now_ms() + (uint64_t)(s->o.shutdown_grace_ms > 0 ? s->o.shutdown_grace_ms : 2000);
+  uint64_t grace_end =
+      gs__now_ms() + (uint64_t)(s->o.shutdown_grace_ms > 0 ? s->o.shutdown_grace_ms : 2000);
   int cancelled = 0;
   while (!s->shutdown_done || s->live_rpcs > 0) {
     if (!cancelled && gs__now_ms() >= grace_end) {

@@ -13,11 +13,11 @@
 typedef struct gs__server gs__server;
 
 typedef struct gs__server_opts {
-  const char *listen;  /* "host:port"; port 0 = any free port */
-  int32_t world_size;  /* 0 = taken from the first rank */
-  const char *job_id;  /* NULL or "" = any */
-  const char *token;   /* NULL = no token required */
-  gs__job_config job;  /* imposed on every rank; the engine's check times */
+  const char *listen;     /* "host:port"; port 0 = any free port */
+  int32_t world_size;     /* 0 = taken from the first rank */
+  const char *job_id;     /* NULL or "" = any */
+  const char *token;      /* NULL = no token required */
+  gs__job_config job;     /* imposed on every rank; the engine's check times */
   int deadlock_warn_only; /* --deadlock-action warn */
   int window_policy;      /* --emit-policy window */
   int max_plans_in_flight;

@@ -42,7 +42,7 @@ struct gs_handle {
   size_t result_bytes;
   int64_t *rank_dims;
   size_t nrank_dims;
-  int join_last; /* join: the rank that joined last (valid once done) */
+  int join_last;   /* join: the rank that joined last (valid once done) */
   int64_t *splits; /* alltoall: rows this rank sends to each rank (size entries) */
   /* Optional step run by the exec thread when the collective succeeded,
    * before the handle completes (e.g. unpacking a sparse result); a
@@ -144,8 +144,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
                      const int64_t *shape, int ndim, struct gs_handle **out);
 /* gs__op_new, and the shape must hold exactly count elements. */
 gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
-                             const int64_t *shape, int ndim, size_t count,
-                             struct gs_handle **out);
+                             const int64_t *shape, int ndim, size_t count, struct gs_handle **out);
 /* Completes a handle that is never submitted (a local tensor, a pass that
  * does not communicate) with GS_OK; the caller holds its only reference. */
 void gs__op_complete_unsubmitted(struct gs_handle *h);

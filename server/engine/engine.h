@@ -21,29 +21,29 @@ typedef struct gs__engine gs__engine;
 typedef enum gs__emit_policy { GS__POLICY_ADAPTIVE = 0, GS__POLICY_WINDOW = 1 } gs__emit_policy;
 
 typedef struct gs__engine_config {
-  int32_t world_size;            /* 0 = taken from the first rank that joins */
+  int32_t world_size;              /* 0 = taken from the first rank that joins */
   char job_id[GS__MAX_JOB_ID + 1]; /* "" = accept any job id */
-  gs__job_config job;            /* handed to every rank in JoinResponse; also
-                                    the engine's stall, deadlock and liveness
-                                    times (0 turns a check off) */
-  int deadlock_warn_only;        /* 1: log a deadlock, do not abort */
-  gs__emit_policy policy;        /* when ready tensors are emitted */
-  int max_plans_in_flight;       /* adaptive policy (0 = 1) */
+  gs__job_config job;              /* handed to every rank in JoinResponse; also
+                                      the engine's stall, deadlock and liveness
+                                      times (0 turns a check off) */
+  int deadlock_warn_only;          /* 1: log a deadlock, do not abort */
+  gs__emit_policy policy;          /* when ready tensors are emitted */
+  int max_plans_in_flight;         /* adaptive policy (0 = 1) */
 } gs__engine_config;
 
 typedef enum gs__out_kind {
-  GS__OUT_TO_ALL,    /* msg to every rank whose session is open */
-  GS__OUT_TO_RANK,   /* msg to one rank */
-  GS__OUT_LOG,       /* text for the coordinator's log at level */
+  GS__OUT_TO_ALL,     /* msg to every rank whose session is open */
+  GS__OUT_TO_RANK,    /* msg to one rank */
+  GS__OUT_LOG,        /* text for the coordinator's log at level */
   GS__OUT_CLOSE_RANK, /* end rank's session (it was declared lost); text says why */
 } gs__out_kind;
 
 typedef struct gs__out {
   gs__out_kind kind;
-  int32_t rank;    /* TO_RANK */
+  int32_t rank;     /* TO_RANK */
   gs__plan_msg msg; /* TO_ALL, TO_RANK: owned by the outbox */
-  int level;       /* LOG: a gs__log_level */
-  char *text;      /* LOG: owned by the outbox */
+  int level;        /* LOG: a gs__log_level */
+  char *text;       /* LOG: owned by the outbox */
 } gs__out;
 
 typedef struct gs__outbox {
@@ -75,8 +75,8 @@ int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__ou
 
 /* A message on rank's session (hello already consumed). Emits plans, errors
  * and aborts. */
-void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg,
-                             uint64_t now_ms, gs__outbox *box);
+void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg, uint64_t now_ms,
+                             gs__outbox *box);
 
 /* rank's session ended (after a leave: a clean exit; otherwise the rank is
  * lost and every other rank is told). detail describes how it ended. */

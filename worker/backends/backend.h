@@ -36,8 +36,8 @@ typedef struct gs__backend_vtbl {
   /* recv receives the concatenation in rank order of every rank's block;
    * rank r's block is bytes[r] bytes long; send is this rank's block
    * (bytes[rank] bytes) and may alias recv at this rank's offset. */
-  int (*allgatherv)(gs__backend *b, const void *send, void *recv, const size_t *bytes,
-                    char *err, size_t errlen);
+  int (*allgatherv)(gs__backend *b, const void *send, void *recv, const size_t *bytes, char *err,
+                    size_t errlen);
   /* buf (len bytes) is copied from root to every rank. */
   int (*broadcast)(gs__backend *b, void *buf, size_t len, int root, char *err, size_t errlen);
   /* buf holds the full tensor (sum of counts[] elements, the same on every
@@ -83,7 +83,6 @@ typedef struct gs__tcp_ring_opts {
  * key, reads its left and right neighbours' keys and connects the ring.
  * Returns when both neighbours are connected, or fails after
  * connect_timeout_ms naming the rank(s) not reached. size 1 needs no peer. */
-int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *err,
-                        size_t errlen);
+int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *err, size_t errlen);
 
 #endif

@@ -36,24 +36,24 @@ extern "C" {
 /* Status codes. Explicit numbers, append only. */
 typedef enum gs_status {
   GS_OK = 0,
-  GS_ERR_INVALID_ARG = 1,       /* a bad argument; the message names it */
+  GS_ERR_INVALID_ARG = 1, /* a bad argument; the message names it */
   GS_ERR_NO_MEMORY = 2,
-  GS_ERR_TIMEOUT = 3,           /* gs_wait timed out; the op is still pending */
-  GS_ERR_MISMATCH = 4,          /* ranks submitted the tensor differently */
-  GS_ERR_DUPLICATE_NAME = 5,    /* the name is already in flight on this rank */
-  GS_ERR_JOIN_REFUSED = 6,      /* coordinator refused the join (rank/size) */
-  GS_ERR_JOIN_TIMEOUT = 7,      /* some ranks never joined; they are named */
-  GS_ERR_COORDINATOR_LOST = 8,  /* the coordinator went away */
-  GS_ERR_RANK_LOST = 9,         /* another rank died or disconnected */
-  GS_ERR_DATA_PLANE = 10,       /* the backend failed (peer closed, timeout) */
-  GS_ERR_ABORTED = 11,          /* the job was aborted; the reason is given */
-  GS_ERR_SHUTDOWN = 12,         /* gs_shutdown was called */
+  GS_ERR_TIMEOUT = 3,          /* gs_wait timed out; the op is still pending */
+  GS_ERR_MISMATCH = 4,         /* ranks submitted the tensor differently */
+  GS_ERR_DUPLICATE_NAME = 5,   /* the name is already in flight on this rank */
+  GS_ERR_JOIN_REFUSED = 6,     /* coordinator refused the join (rank/size) */
+  GS_ERR_JOIN_TIMEOUT = 7,     /* some ranks never joined; they are named */
+  GS_ERR_COORDINATOR_LOST = 8, /* the coordinator went away */
+  GS_ERR_RANK_LOST = 9,        /* another rank died or disconnected */
+  GS_ERR_DATA_PLANE = 10,      /* the backend failed (peer closed, timeout) */
+  GS_ERR_ABORTED = 11,         /* the job was aborted; the reason is given */
+  GS_ERR_SHUTDOWN = 12,        /* gs_shutdown was called */
   GS_ERR_DEADLOCK = 13,
   GS_ERR_STALL = 14,
   GS_ERR_UNSUPPORTED = 15,
   GS_ERR_INTERNAL = 16,
-  GS_ERR_UNAUTHENTICATED = 17,  /* wrong or missing GRADSYNC_JOB_TOKEN */
-  GS_ERR_ALREADY_JOINED = 18,   /* another process joined as this rank */
+  GS_ERR_UNAUTHENTICATED = 17, /* wrong or missing GRADSYNC_JOB_TOKEN */
+  GS_ERR_ALREADY_JOINED = 18,  /* another process joined as this rank */
 } gs_status;
 
 typedef enum gs_dtype {
@@ -132,12 +132,12 @@ typedef enum gs_compression {
 
 /* Optional settings of one allreduce; NULL = defaults. */
 typedef struct gs_allreduce_opts {
-  const int64_t *shape; /* optional logical shape (product must equal count);
-                           used in checks and error messages */
-  int ndim;             /* entries of shape; 0 = the 1-D shape [count] */
-  double prescale;      /* multiply the input by this before reducing (0 = 1) */
-  double postscale;     /* multiply the result by this (0 = 1) */
-  gs_compression compression; /* float32 only */
+  const int64_t *shape;             /* optional logical shape (product must equal count);
+                                       used in checks and error messages */
+  int ndim;                         /* entries of shape; 0 = the 1-D shape [count] */
+  double prescale;                  /* multiply the input by this before reducing (0 = 1) */
+  double postscale;                 /* multiply the result by this (0 = 1) */
+  gs_compression compression;       /* float32 only */
   double gradient_predivide_factor; /* f: prescale 1/f, postscale f (0 = off);
                                        combines with prescale/postscale */
 } gs_allreduce_opts;
@@ -183,8 +183,8 @@ GS_API gs_status gs_sparse_allreduce_async(gs_ctx *ctx, const char *name, const 
                                            gs_dtype dtype, gs_reduce_op op,
                                            const gs_sparse_opts *opts, gs_handle **out);
 /* The gathered rows of a completed sparse op, borrowed from the handle. */
-GS_API gs_status gs_sparse_result(const gs_handle *h, const int64_t **indices,
-                                  const void **values, size_t *nnz);
+GS_API gs_status gs_sparse_result(const gs_handle *h, const int64_t **indices, const void **values,
+                                  size_t *nnz);
 
 /* ---- gradient aggregation (backward_passes_per_step) ---- */
 typedef struct gs_aggregator gs_aggregator;
@@ -240,9 +240,8 @@ GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *s
  * order of calls. handles receives n new handles (all or none). */
 GS_API gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
                                             const void *const *sends, void *const *recvs,
-                                            const size_t *counts, gs_dtype dtype,
-                                            gs_reduce_op op, const gs_allreduce_opts *opts,
-                                            gs_handle **handles);
+                                            const size_t *counts, gs_dtype dtype, gs_reduce_op op,
+                                            const gs_allreduce_opts *opts, gs_handle **handles);
 
 /* For uneven data: this rank has run out of data. Blocks until every rank
  * has joined; meanwhile this rank takes part in the other ranks' allreduces
@@ -326,7 +325,7 @@ typedef struct gs_stats {
   uint64_t cache_hits;           /* of those, sent as a response-cache id */
   uint64_t bytes_to_coordinator; /* encoded bytes of every message sent to it */
   uint64_t messages_to_coordinator;
-  uint64_t local_ops;            /* ops on local tensors (never sent) */
+  uint64_t local_ops; /* ops on local tensors (never sent) */
 } gs_stats;
 
 /* Fills *out with ctx's counters. Any thread. */
