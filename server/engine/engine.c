@@ -1387,7 +1387,10 @@ static void check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   uint64_t warn_ms = (uint64_t)e->cfg.job.stall_warning_s * 1000u;
   uint64_t shut_ms = (uint64_t)e->cfg.job.stall_shutdown_s * 1000u;
   if (!e->world_ready || e->aborted) return;
-  if (shut_ms) {
+  /* The table keeps arrival order, so its head is the oldest entry: a cheap
+   * test before building any report on every tick. */
+  uint64_t oldest = e->table ? now_ms - e->table->first_ms : 0;
+  if (shut_ms && oldest >= shut_ms) {
     char *report = stall_report(e, now_ms, shut_ms);
     if (report) {
       char *text = malloc(strlen(report) + 256);
@@ -1406,6 +1409,7 @@ static void check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   }
   if (!warn_ms || now_ms < e->next_stall_check_ms) return;
   e->next_stall_check_ms = now_ms + warn_ms;
+  if (oldest < warn_ms) return;
   char *report = stall_report(e, now_ms, warn_ms);
   if (!report) return;
   out_log(box, GS__LOG_WARN, "%s", report);
