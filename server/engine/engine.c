@@ -1356,7 +1356,7 @@ static char *stall_report(const gs__engine *e, uint64_t now_ms, uint64_t age_ms)
   char *text = malloc(GS__MAX_TEXT * 4);
   if (!old || !names || !text) goto out_free;
   for (const entry *en = e->table; en; en = en->hh.next)
-    if (now_ms - en->first_ms >= age_ms) old[nold++] = en;
+    if (now_ms - en->first_ms >= age_ms && !en->queued && !en->in_group) old[nold++] = en;
   if (!nold) goto out_free;
   text[0] = 0;
   append(text, GS__MAX_TEXT * 4,
