@@ -392,6 +392,10 @@ static int build_plan(const gs__plan *p, Gradsync__V1__Plan *pb, plan_scratch *s
   pb->seq = p->seq;
   pb->n_evicted = p->nevicted;
   pb->evicted = p->evicted;
+  pb->template_id = p->template_id;
+  pb->replay_of = p->replay_of;
+  pb->n_forget_templates = p->nforget;
+  pb->forget_templates = p->forget_templates;
   s->nresp = p->nresponses;
   if (!p->nresponses) return GS__OK;
   s->resp = calloc(p->nresponses, sizeof *s->resp);
@@ -506,6 +510,15 @@ out_free:
 
 static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, size_t errlen) {
   p->seq = pb->seq;
+  p->template_id = pb->template_id;
+  p->replay_of = pb->replay_of;
+  if (pb->n_forget_templates) {
+    p->forget_templates = malloc(pb->n_forget_templates * sizeof *p->forget_templates);
+    if (!p->forget_templates) return GS__ERR_NO_MEMORY;
+    memcpy(p->forget_templates, pb->forget_templates,
+           pb->n_forget_templates * sizeof *p->forget_templates);
+    p->nforget = pb->n_forget_templates;
+  }
   if (pb->n_evicted) {
     p->evicted = malloc(pb->n_evicted * sizeof *p->evicted);
     if (!p->evicted) return GS__ERR_NO_MEMORY;

@@ -38,6 +38,7 @@ void gs__plan_free(gs__plan *p) {
   for (size_t i = 0; i < p->nresponses; i++) gs__response_free(&p->responses[i]);
   free(p->responses);
   free(p->evicted);
+  free(p->forget_templates);
   memset(p, 0, sizeof *p);
 }
 
@@ -89,4 +90,72 @@ void gs__shape_format(const int64_t *shape, int ndim, char *out, size_t outlen) 
     used +=
         (size_t)snprintf(out + used, outlen - used, "%s%lld", i ? "," : "", (long long)shape[i]);
   if (used < outlen) snprintf(out + used, outlen - used, "]");
+}
+
+int gs__plan_copy_responses(const gs__plan *src, gs__plan *dst) {
+  memset(dst, 0, sizeof *dst);
+  if (!src->nresponses) return 0;
+  dst->responses = calloc(src->nresponses, sizeof *dst->responses);
+  if (!dst->responses) return 2;
+  dst->nresponses = src->nresponses;
+  for (size_t i = 0; i < src->nresponses; i++) {
+    const gs__response *a = &src->responses[i];
+    gs__response *b = &dst->responses[i];
+    *b = *a;
+    b->tensors = NULL;
+    b->ntensors = 0;
+    b->error_message = NULL;
+    if (a->error_message && !(b->error_message = strdup(a->error_message))) goto out_fail;
+    if (a->ntensors) {
+      b->tensors = calloc(a->ntensors, sizeof *b->tensors);
+      if (!b->tensors) goto out_fail;
+      b->ntensors = a->ntensors;
+      for (size_t k = 0; k < a->ntensors; k++) {
+        b->tensors[k] = a->tensors[k];
+        b->tensors[k].rank_dims = NULL;
+        if (a->tensors[k].nrank_dims) {
+          size_t bytes = a->tensors[k].nrank_dims * sizeof(int64_t);
+          b->tensors[k].rank_dims = malloc(bytes);
+          if (!b->tensors[k].rank_dims) {
+            b->tensors[k].nrank_dims = 0;
+            goto out_fail;
+          }
+          memcpy(b->tensors[k].rank_dims, a->tensors[k].rank_dims, bytes);
+        }
+      }
+    }
+  }
+  return 0;
+out_fail:
+  gs__plan_free(dst);
+  return 2; /* GS__ERR_NO_MEMORY */
+}
+
+static int tensor_equal(const gs__plan_tensor *a, const gs__plan_tensor *b) {
+  if (strcmp(a->name, b->name) || a->ndim != b->ndim || a->nrank_dims != b->nrank_dims ||
+      a->cache_id != b->cache_id)
+    return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  for (size_t q = 0; q < a->nrank_dims; q++)
+    if (a->rank_dims[q] != b->rank_dims[q]) return 0;
+  return 1;
+}
+
+int gs__plan_responses_equal(const gs__plan *a, const gs__plan *b) {
+  if (a->nresponses != b->nresponses) return 0;
+  for (size_t i = 0; i < a->nresponses; i++) {
+    const gs__response *x = &a->responses[i], *y = &b->responses[i];
+    if (x->kind != y->kind || x->op != y->op || x->dtype != y->dtype ||
+        x->reduce_op != y->reduce_op || x->prescale != y->prescale ||
+        x->postscale != y->postscale || x->root_rank != y->root_rank || x->device != y->device ||
+        x->ntensors != y->ntensors || x->error_status != y->error_status)
+      return 0;
+    if ((x->error_message || y->error_message) &&
+        (!x->error_message || !y->error_message || strcmp(x->error_message, y->error_message)))
+      return 0;
+    for (size_t k = 0; k < x->ntensors; k++)
+      if (!tensor_equal(&x->tensors[k], &y->tensors[k])) return 0;
+  }
+  return 1;
 }

@@ -131,6 +131,10 @@ typedef struct gs__plan {
   gs__response *responses;
   size_t nevicted;
   uint32_t *evicted;
+  uint32_t template_id; /* defines a template with these responses */
+  uint32_t replay_of;   /* responses are those of this template */
+  size_t nforget;
+  uint32_t *forget_templates;
 } gs__plan;
 
 typedef enum gs__plan_msg_kind {
@@ -157,6 +161,12 @@ void gs__world_status_free(gs__world_status *w);
 void gs__response_free(gs__response *r);
 void gs__plan_free(gs__plan *p);
 void gs__plan_msg_free(gs__plan_msg *m);
+/* Deep copy of src's responses into dst (dst's other fields zeroed).
+ * GS__OK or GS__ERR_NO_MEMORY (dst then empty). */
+int gs__plan_copy_responses(const gs__plan *src, gs__plan *dst);
+/* 1 when two plans have the same responses (everything but seq and the
+ * cache and template bookkeeping). */
+int gs__plan_responses_equal(const gs__plan *a, const gs__plan *b);
 
 /* 1 when a and b are the same request in every field (name included). */
 int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b);

@@ -91,15 +91,67 @@ static void cache_put(gs_ctx *ctx, uint32_t id, const gs__tensor_request *req) {
   HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
 }
 
+static void template_drop(gs_ctx *ctx, gs__wtemplate *t) {
+  HASH_DEL(ctx->templates, t);
+  gs__plan_free(&t->plan);
+  free(t);
+}
+
 void gs__cache_clear(gs_ctx *ctx) {
   gs__wcache *c, *tmp;
   HASH_ITER(hh_id, ctx->cache_by_id, c, tmp) cache_drop(ctx, c);
+  gs__wtemplate *t, *ttmp;
+  HASH_ITER(hh, ctx->templates, t, ttmp) template_drop(ctx, t);
+}
+
+/* Applies the plan-template bookkeeping of a plan: forgets, fills in a
+ * replayed plan's responses, remembers a new template. Returns non-zero
+ * when a replay names a template this rank does not have. */
+static int apply_templates(gs_ctx *ctx, gs__plan *plan) {
+  for (size_t i = 0; i < plan->nforget; i++) {
+    gs__wtemplate *t = NULL;
+    HASH_FIND(hh, ctx->templates, &plan->forget_templates[i], sizeof(uint32_t), t);
+    if (t) template_drop(ctx, t);
+  }
+  if (plan->replay_of) {
+    pthread_mutex_lock(&ctx->mu);
+    ctx->stats.plans_replayed++;
+    pthread_mutex_unlock(&ctx->mu);
+    gs__wtemplate *t = NULL;
+    HASH_FIND(hh, ctx->templates, &plan->replay_of, sizeof plan->replay_of, t);
+    gs__plan copy;
+    if (!t || gs__plan_copy_responses(&t->plan, &copy) != 0) return -1;
+    plan->responses = copy.responses;
+    plan->nresponses = copy.nresponses;
+  }
+  if (plan->template_id) {
+    gs__wtemplate *t = NULL;
+    HASH_FIND(hh, ctx->templates, &plan->template_id, sizeof plan->template_id, t);
+    if (t) template_drop(ctx, t);
+    t = calloc(1, sizeof *t);
+    if (t && gs__plan_copy_responses(plan, &t->plan) == 0) {
+      t->id = plan->template_id;
+      HASH_ADD(hh, ctx->templates, id, sizeof t->id, t);
+    } else {
+      free(t); /* a later replay of it then fails the job clearly */
+    }
+  }
+  return 0;
 }
 
 /* Queues a plan for the exec thread; marks the ops it names as planned so
  * waits on them no longer count as blocked, and learns the cache ids the
  * coordinator assigned or withdrew. */
 static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
+  if (apply_templates(ctx, plan)) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "internal: plan %llu replays template %u, which rank %d does not hold (a gradsync "
+             "bug or out of memory; report it with the coordinator's log)",
+             (unsigned long long)plan->seq, plan->replay_of, ctx->rank);
+    fail_job(ctx, GS_ERR_INTERNAL, msg);
+    return;
+  }
   plan_node *n = calloc(1, sizeof *n);
   if (!n) {
     fail_job(ctx, GS_ERR_NO_MEMORY, "out of memory queueing a plan");

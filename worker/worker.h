@@ -68,6 +68,13 @@ typedef struct gs__wcache {
   UT_hash_handle hh_name, hh_id;
 } gs__wcache;
 
+/* A plan template the coordinator defined (comm thread). */
+typedef struct gs__wtemplate {
+  uint32_t id;
+  gs__plan plan; /* responses only */
+  UT_hash_handle hh;
+} gs__wtemplate;
+
 /* A name registered local on this rank (under mu). */
 typedef struct gs__local {
   char name[GS__MAX_NAME + 1];
@@ -118,6 +125,7 @@ struct gs_ctx {
   uint64_t last_send_ms;
   uint64_t blocked_sig; /* the blocked-on set last reported */
   gs__wcache *cache_by_name, *cache_by_id;
+  gs__wtemplate *templates;
   /* exec thread (executor.c): the backend */
   pthread_t exec_thread;
   int exec_started;

@@ -87,6 +87,18 @@ typedef struct cache_item {
   struct cache_item *prev, *next; /* LRU (live) or FIFO (tombstones) */
 } cache_item;
 
+/* Plan templates: a plan whose responses repeat an earlier one's (the same
+ * fused groups step after step) is sent as the template's id. LRU, with
+ * evictions announced to the ranks in the next plan. */
+#define PLAN_TEMPLATES 256
+typedef struct plan_template {
+  uint32_t id;
+  uint64_t hash;
+  gs__plan plan; /* responses only */
+  UT_hash_handle hh;
+  struct plan_template *prev, *next;
+} plan_template;
+
 /* The last plans emitted, for naming what a lost rank left unfinished. */
 #define RECENT_PLANS 32
 typedef struct recent_plan {
@@ -128,6 +140,12 @@ struct gs__engine {
   size_t nevicted, evicted_cap;
   uint64_t cache_hits, full_requests;
   int cache_thrash_warned, thrash_pending;
+  plan_template *templates, *tmpl_head, *tmpl_tail; /* by hash; LRU list */
+  size_t ntemplates;
+  uint32_t next_template_id;
+  uint32_t *forget; /* template ids to announce in the next plan */
+  size_t nforget, forget_cap;
+  uint64_t plans_replayed;
   recent_plan recent[RECENT_PLANS];
 };
 
@@ -230,6 +248,7 @@ int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
   e->left_rank = -1;
   e->last_joined = -1;
   e->next_cache_id = 1;
+  e->next_template_id = 1;
   if (cfg->world_size > 0 && set_world(e, cfg->world_size) != GS__OK) {
     free(e);
     return GS__ERR_NO_MEMORY;
@@ -282,6 +301,13 @@ void gs__engine_destroy(gs__engine *e) {
     free(ci);
   }
   free(e->evicted);
+  plan_template *pt, *pttmp;
+  HASH_ITER(hh, e->templates, pt, pttmp) {
+    HASH_DEL(e->templates, pt);
+    gs__plan_free(&pt->plan);
+    free(pt);
+  }
+  free(e->forget);
   free(e);
 }
 
@@ -714,6 +740,26 @@ static void cache_retire(gs__engine *e, cache_item *c) {
   }
 }
 
+static void lru_unlink_t(gs__engine *e, plan_template *t) {
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    e->tmpl_head = t->next;
+  if (t->next)
+    t->next->prev = t->prev;
+  else
+    e->tmpl_tail = t->prev;
+  t->prev = t->next = NULL;
+}
+
+static void lru_push_t(gs__engine *e, plan_template *t) {
+  t->prev = NULL;
+  t->next = e->tmpl_head;
+  if (e->tmpl_head) e->tmpl_head->prev = t;
+  e->tmpl_head = t;
+  if (!e->tmpl_tail) e->tmpl_tail = t;
+}
+
 static int cacheable(const gs__tensor_request *r) {
   /* allgather and alltoall first dimensions vary by rank and step */
   return r->op == GS__OP_ALLREDUCE || r->op == GS__OP_BROADCAST || r->op == GS__OP_REDUCESCATTER;
@@ -1050,6 +1096,93 @@ static int append_tensor(const gs__engine *e, gs__response *resp, const entry *e
   return GS__OK;
 }
 
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+/* A hash of what makes two plans' responses equal (see
+ * gs__plan_responses_equal, which decides). */
+static uint64_t plan_hash(const gs__plan *p) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < p->nresponses; i++) {
+    const gs__response *r = &p->responses[i];
+    int f[6] = {(int)r->kind,      (int)r->op,   (int)r->dtype,
+                (int)r->reduce_op, r->root_rank, (int)r->device};
+    h = fnv(h, f, sizeof f);
+    for (size_t k = 0; k < r->ntensors; k++) {
+      const gs__plan_tensor *t = &r->tensors[k];
+      h = fnv(h, t->name, strlen(t->name) + 1);
+      h = fnv(h, t->shape, (size_t)t->ndim * sizeof *t->shape);
+      h = fnv(h, &t->cache_id, sizeof t->cache_id);
+      if (t->nrank_dims) h = fnv(h, t->rank_dims, t->nrank_dims * sizeof *t->rank_dims);
+    }
+  }
+  return h;
+}
+
+static void template_retire(gs__engine *e, plan_template *t) {
+  HASH_DEL(e->templates, t);
+  lru_unlink_t(e, t);
+  e->ntemplates--;
+  if (e->nforget == e->forget_cap) {
+    size_t cap = e->forget_cap ? e->forget_cap * 2 : 8;
+    uint32_t *f = realloc(e->forget, cap * sizeof *f);
+    if (f) {
+      e->forget = f;
+      e->forget_cap = cap;
+    }
+  }
+  /* Without room to announce it the ranks keep a stale template they are
+   * never sent again: harmless. */
+  if (e->nforget < e->forget_cap) e->forget[e->nforget++] = t->id;
+  gs__plan_free(&t->plan);
+  free(t);
+}
+
+/* Sends plan as a replay of a template when its responses repeat one, or
+ * defines a new template from it. Only plans without errors. */
+static void template_apply(gs__engine *e, gs__plan *plan) {
+  if (!e->cfg.job.cache_capacity || !plan->nresponses) return;
+  /* Only plans of cached tensors repeat (barriers, allgathers and errors
+   * change from plan to plan). */
+  for (size_t i = 0; i < plan->nresponses; i++) {
+    const gs__response *r = &plan->responses[i];
+    if (r->kind != GS__RESP_COLLECTIVE) return;
+    for (size_t k = 0; k < r->ntensors; k++)
+      if (!r->tensors[k].cache_id) return;
+  }
+  uint64_t h = plan_hash(plan);
+  plan_template *t = NULL;
+  HASH_FIND(hh, e->templates, &h, sizeof h, t);
+  if (t && gs__plan_responses_equal(&t->plan, plan)) {
+    lru_unlink_t(e, t);
+    lru_push_t(e, t);
+    for (size_t i = 0; i < plan->nresponses; i++) gs__response_free(&plan->responses[i]);
+    free(plan->responses);
+    plan->responses = NULL;
+    plan->nresponses = 0;
+    plan->replay_of = t->id;
+    e->plans_replayed++;
+    return;
+  }
+  if (t) template_retire(e, t);
+  if (e->ntemplates >= PLAN_TEMPLATES) template_retire(e, e->tmpl_tail);
+  t = calloc(1, sizeof *t);
+  if (!t || gs__plan_copy_responses(plan, &t->plan) != 0) {
+    free(t);
+    return; /* out of memory: send it in full, no template */
+  }
+  t->id = e->next_template_id++;
+  if (!e->next_template_id) e->next_template_id = 1;
+  t->hash = h;
+  HASH_ADD(hh, e->templates, hash, sizeof t->hash, t);
+  lru_push_t(e, t);
+  e->ntemplates++;
+  plan->template_id = t->id;
+}
+
 /* Emits one plan with every queued entry, in readiness order, fusing
  * compatible allreduces (and allgathers with allgathers) greedily up to the
  * fusion threshold. An entry that
@@ -1133,6 +1266,13 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
     o->msg.plan.nevicted = e->nevicted;
     e->evicted = NULL;
     e->nevicted = e->evicted_cap = 0;
+  }
+  template_apply(e, &o->msg.plan);
+  if (e->nforget) {
+    o->msg.plan.forget_templates = e->forget;
+    o->msg.plan.nforget = e->nforget;
+    e->forget = NULL;
+    e->nforget = e->forget_cap = 0;
   }
   for (size_t i = 0; i < e->nready; i++) {
     HASH_DEL(e->table, e->ready[i]);
@@ -1544,6 +1684,7 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->cache_hits = e->cache_hits;
   out->full_requests = e->full_requests;
   out->cache_entries = e->ncache;
+  out->plans_replayed = e->plans_replayed;
   for (const local_name *ln = e->locals; ln; ln = ln->hh.next)
     if (ln->n > 0) out->local_names++;
 }

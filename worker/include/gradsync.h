@@ -325,7 +325,8 @@ typedef struct gs_stats {
   uint64_t cache_hits;           /* of those, sent as a response-cache id */
   uint64_t bytes_to_coordinator; /* encoded bytes of every message sent to it */
   uint64_t messages_to_coordinator;
-  uint64_t local_ops; /* ops on local tensors (never sent) */
+  uint64_t local_ops;      /* ops on local tensors (never sent) */
+  uint64_t plans_replayed; /* plans the coordinator sent as a template id */
 } gs_stats;
 
 /* Fills *out with ctx's counters. Any thread. */
