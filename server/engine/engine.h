@@ -107,7 +107,7 @@ typedef struct gs__engine_stats {
   uint64_t cache_hits;    /* requests received as cache ids */
   uint64_t full_requests; /* requests received in full */
   size_t cache_entries;
-  size_t local_names; /* names registered local on some rank */
+  size_t local_names;      /* names registered local on some rank */
   uint64_t plans_replayed; /* plans sent as a template id */
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
