@@ -27,10 +27,9 @@
 
 #include <cmocka.h>
 
-#include "proc.h"
+#include "job.h"
 
 #define GUARD_MS 60000 /* per test: catches hangs, never a timing check */
-#define MAX_RANKS 4
 
 static const char train_path[] = GS_BIN_DIR "/gradsync-train";
 static const char run_path[] = GS_BIN_DIR "/gradsync-run";
@@ -39,113 +38,28 @@ static const char worker_path[] = GS_BIN_DIR "/gs-test-worker";
 /* What the ranks report as their host (gethostname, as the library does). */
 static char g_host[64];
 
-/* A job started by hand: one gradsyncd and the ranks of one program. */
-typedef struct job {
-  proc *coord;
-  char addr[128];
-  int size;
-  proc *ranks[MAX_RANKS];
-} job;
-
-static void fail_with_dump(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  proc_dump_all();
-  fail_msg("%s", msg);
-}
-
 static int setup(void **state) {
   (void)state;
   return proc_test_begin("fault", GUARD_MS);
 }
 
-static int teardown(void **state) {
-  (void)state;
-  proc_test_end();
-  return 0;
-}
-
 /* ---- starting and checking processes ------------------------------------ */
-
-/* gradsyncd for a job of `size` ranks, with extra flags (NULL-terminated,
- * may be NULL). */
-static void start_coordinator(job *j, int size, char *const coord_args[]) {
-  memset(j, 0, sizeof *j);
-  j->size = size;
-  j->coord = proc_start_gradsyncd(GS_BIN_DIR, size, coord_args, j->addr, sizeof j->addr);
-  if (j->coord == NULL) fail_with_dump("gradsyncd did not start (see its output above)");
-}
-
-/* Starts argv (argv[0] a path) as rank `rank` of j with the environment
- * gradsync-run gives a rank, plus env_extra (may be NULL; later wins). */
-static proc *start_rank(job *j, int rank, char *const argv[], char *const env_extra[]) {
-  char coord[160], r[32], s[32], lr[40], ls[40];
-  snprintf(coord, sizeof coord, "GRADSYNC_COORDINATOR=%s", j->addr);
-  snprintf(r, sizeof r, "GRADSYNC_RANK=%d", rank);
-  snprintf(s, sizeof s, "GRADSYNC_SIZE=%d", j->size);
-  snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", rank);
-  snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", j->size);
-  /* A join that goes wrong fails well inside the hang guard. */
-  char *env[16] = {coord, r, s, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000"};
-  size_t n = 6;
-  for (size_t i = 0; env_extra && env_extra[i] && n < 15; i++) env[n++] = env_extra[i];
-  env[n] = NULL;
-  char label[32];
-  snprintf(label, sizeof label, "rank %d", rank);
-  proc *p = proc_spawn(label, argv, env);
-  if (p == NULL) fail_with_dump("could not start %s as rank %d", argv[0], rank);
-  return p;
-}
 
 /* gradsyncd [coord_args] and every rank of gradsync-train [train_args]. */
 static void start_train_job(job *j, int size, char *const coord_args[], char *const train_args[]) {
-  start_coordinator(j, size, coord_args);
-  char *argv[32] = {(char *)train_path};
-  size_t argc = 1;
-  for (size_t i = 0; train_args && train_args[i] && argc < 31; i++) argv[argc++] = train_args[i];
-  argv[argc] = NULL;
-  for (int r = 0; r < size; r++) j->ranks[r] = start_rank(j, r, argv, NULL);
-}
-
-static void expect_exit(proc *p, int code) {
-  if (proc_wait(p, GUARD_MS) != 0)
-    fail_with_dump("%s (pid %d) hung; killed by the hang guard", p->label, (int)p->pid);
-  if (proc_exit_code(p) != code)
-    fail_with_dump("%s exited with %d, expected %d", p->label, proc_exit_code(p), code);
-}
-
-static void expect_output(const proc *p, const char *needle) {
-  char *out = proc_output(p);
-  int found = out != NULL && strstr(out, needle) != NULL;
-  free(out);
-  if (!found) fail_with_dump("%s: output lacks \"%s\"", p->label, needle);
-}
-
-static void expect_no_output(const proc *p, const char *needle, int ignore_case) {
-  char *out = proc_output(p);
-  int found = out != NULL && (ignore_case ? strcasestr(out, needle) : strstr(out, needle)) != NULL;
-  free(out);
-  if (found) fail_with_dump("%s: output contains \"%s\"", p->label, needle);
+  job_start_coordinator(j, size, coord_args);
+  for (int r = 0; r < size; r++) j->ranks[r] = job_start_rank(j, r, train_path, train_args, NULL);
 }
 
 /* Waits (bounded by the guard) until p printed needle. */
 static void wait_for_output(proc *p, const char *needle) {
   if (proc_wait_for_output(p, needle, GUARD_MS) != 0)
-    fail_with_dump("%s never printed \"%s\"", p->label, needle);
-}
-
-/* The coordinator outlived the job's failure: SIGTERM makes it exit 0. */
-static void stop_coordinator(job *j) {
-  proc_signal(j->coord, SIGTERM);
-  expect_exit(j->coord, 0);
+    job_fail("%s never printed \"%s\"", p->label, needle);
 }
 
 static void expect_no_strays(void) {
   size_t left = proc_strays(5000);
-  if (left != 0) fail_with_dump("%zu process(es) left running", left);
+  if (left != 0) job_fail("%zu process(es) left running", left);
 }
 
 /* Ranks of a long run are surely training once rank 0 logged step 20. */
@@ -168,8 +82,8 @@ static void expect_named_lost(const job *j, const proc *p, int lost) {
   int ring = strstr(out, "GS_ERR_DATA_PLANE") != NULL && strstr(out, by_ring) != NULL;
   free(out);
   if (!coord && !ring)
-    fail_with_dump("%s: no GS_ERR_RANK_LOST naming \"%s\" nor GS_ERR_DATA_PLANE naming \"%s\"",
-                   p->label, by_coord, by_ring);
+    job_fail("%s: no GS_ERR_RANK_LOST naming \"%s\" nor GS_ERR_DATA_PLANE naming \"%s\"", p->label,
+             by_coord, by_ring);
 }
 
 /* ---- desync: another tensor name on one rank -> deadlock report ---------- */
@@ -183,7 +97,7 @@ static void test_desync_deadlock(void **state) {
   char *train_args[] = {"--steps", "20", "--desync-rank", "1", "--desync-step", "3", NULL};
   job j;
   start_train_job(&j, 3, coord_args, train_args);
-  for (int r = 0; r < 3; r++) expect_exit(j.ranks[r], 1);
+  for (int r = 0; r < 3; r++) job_expect_exit(j.ranks[r], 1);
 
   char waits[3][512];
   snprintf(waits[0], sizeof waits[0], "rank 0 (%s:%d) waits on [fc3/weight] (missing from rank 1)",
@@ -197,13 +111,14 @@ static void test_desync_deadlock(void **state) {
     char want[128];
     snprintf(want, sizeof want, "rank %d: allreduce of '%s' failed: GS_ERR_DEADLOCK", r,
              r == 1 ? "fc3/weight.desync" : "fc3/weight");
-    expect_output(j.ranks[r], want);
-    for (int k = 0; k < 3; k++) expect_output(j.ranks[r], waits[k]);
+    job_expect_output(j.ranks[r], want);
+    for (int k = 0; k < 3; k++) job_expect_output(j.ranks[r], waits[k]);
   }
-  expect_output(j.ranks[1], "rank 1: --desync-rank 1 --desync-step 3: submitting the gradients");
-  expect_output(j.coord, "aborting the job: deadlock: ");
-  for (int k = 0; k < 3; k++) expect_output(j.coord, waits[k]);
-  stop_coordinator(&j);
+  job_expect_output(j.ranks[1],
+                    "rank 1: --desync-rank 1 --desync-step 3: submitting the gradients");
+  job_expect_output(j.coord, "aborting the job: deadlock: ");
+  for (int k = 0; k < 3; k++) job_expect_output(j.coord, waits[k]);
+  job_stop_coordinator(&j);
   expect_no_strays();
 }
 
@@ -225,12 +140,12 @@ static void test_desync_gradsync_run(void **state) {
                   "3",
                   NULL};
   proc *p = proc_spawn("gradsync-run", argv, NULL);
-  if (p == NULL) fail_with_dump("could not start gradsync-run");
-  expect_exit(p, 1);
-  expect_output(p, ": allreduce of 'fc3/weight");
-  expect_output(p, "' failed: GS_ERR_DEADLOCK: ");
-  expect_output(p, "waits on [fc3/weight] (missing from rank 1)");
-  expect_output(p, "waits on [fc3/weight.desync] (missing from ranks [0,2])");
+  if (p == NULL) job_fail("could not start gradsync-run");
+  job_expect_exit(p, 1);
+  job_expect_output(p, ": allreduce of 'fc3/weight");
+  job_expect_output(p, "' failed: GS_ERR_DEADLOCK: ");
+  job_expect_output(p, "waits on [fc3/weight] (missing from rank 1)");
+  job_expect_output(p, "waits on [fc3/weight.desync] (missing from ranks [0,2])");
   expect_no_strays();
 }
 
@@ -244,23 +159,23 @@ static void test_crash_rank(void **state) {
   char *train_args[] = {"--steps", "20", "--crash-rank", "2", "--crash-step", "5", NULL};
   job j;
   start_train_job(&j, 3, NULL, train_args);
-  expect_exit(j.ranks[2], 3);
-  expect_output(j.ranks[2], "rank 2: --crash-rank 2 --crash-step 5: exiting with status 3 in "
-                            "the middle of step 5");
+  job_expect_exit(j.ranks[2], 3);
+  job_expect_output(j.ranks[2], "rank 2: --crash-rank 2 --crash-step 5: exiting with status 3 in "
+                                "the middle of step 5");
   for (int r = 0; r < 2; r++) {
-    expect_exit(j.ranks[r], 1);
+    job_expect_exit(j.ranks[r], 1);
     expect_named_lost(&j, j.ranks[r], 2);
   }
 
   char *join[] = {(char *)worker_path, "join", NULL};
   char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=10000", NULL};
-  proc *late = start_rank(&j, 2, join, env);
+  proc *late = job_start_rank(&j, 2, join[0], join + 1, env);
   snprintf(late->label, sizeof late->label, "rank 2 (restarted)");
-  expect_exit(late, 3);
-  expect_output(late, "join: gs_init failed: GS_ERR_ABORTED: ");
-  expect_output(late, "cannot join: the job was aborted; restart the whole job");
+  job_expect_exit(late, 3);
+  job_expect_output(late, "join: gs_init failed: GS_ERR_ABORTED: ");
+  job_expect_output(late, "cannot join: the job was aborted; restart the whole job");
 
-  stop_coordinator(&j);
+  job_stop_coordinator(&j);
   expect_no_strays();
 }
 
@@ -271,12 +186,12 @@ static void test_sigkill_rank(void **state) {
   start_train_job(&j, 3, NULL, long_run);
   wait_training(&j);
   proc_signal(j.ranks[2], SIGKILL);
-  expect_exit(j.ranks[2], 128 + SIGKILL);
+  job_expect_exit(j.ranks[2], 128 + SIGKILL);
   for (int r = 0; r < 2; r++) {
-    expect_exit(j.ranks[r], 1);
+    job_expect_exit(j.ranks[r], 1);
     expect_named_lost(&j, j.ranks[r], 2);
   }
-  stop_coordinator(&j);
+  job_stop_coordinator(&j);
   expect_no_strays();
 }
 
@@ -297,13 +212,14 @@ static void test_hang_stall_warning(void **state) {
            "fc3/weight]\n",
            g_host, (int)j.ranks[1]->pid);
   wait_for_output(j.coord, missing);
-  expect_output(j.coord, "One or more tensors were submitted to be reduced, gathered or "
-                         "broadcasted by subset of ranks and are waiting for remainder of ranks "
-                         "for more than 2 seconds.");
-  expect_no_output(j.coord, "Missing ranks:\n0 (", 0);
-  expect_no_output(j.coord, "]\n2 (", 0);
-  expect_no_output(j.coord, "deadlock", 1);
-  expect_output(j.ranks[1], "rank 1: --hang-rank 1 --hang-step 3: hanging forever");
+  job_expect_output(j.coord,
+                    "One or more tensors were submitted to be reduced, gathered or "
+                    "broadcasted by subset of ranks and are waiting for remainder of ranks "
+                    "for more than 2 seconds.");
+  job_expect_no_output(j.coord, "Missing ranks:\n0 (", 0);
+  job_expect_no_output(j.coord, "]\n2 (", 0);
+  job_expect_no_output(j.coord, "deadlock", 1);
+  job_expect_output(j.ranks[1], "rank 1: --hang-rank 1 --hang-step 3: hanging forever");
   /* The teardown kills the hung job. */
 }
 
@@ -326,20 +242,20 @@ static void test_hang_stall_shutdown(void **state) {
            g_host, (int)j.ranks[1]->pid);
   for (int r = 0; r < 3; r += 2) {
     char want[128];
-    expect_exit(j.ranks[r], 1);
+    job_expect_exit(j.ranks[r], 1);
     snprintf(want, sizeof want, "rank %d: allreduce of 'fc3/weight' failed: GS_ERR_STALL: ", r);
-    expect_output(j.ranks[r], want);
-    expect_output(j.ranks[r], stall);
-    expect_output(j.ranks[r], missing);
+    job_expect_output(j.ranks[r], want);
+    job_expect_output(j.ranks[r], stall);
+    job_expect_output(j.ranks[r], missing);
   }
   wait_for_output(j.ranks[1], "gradsync[rank 1] ERROR the coordinator aborted the job: One or "
                               "more tensors were submitted");
-  expect_output(j.ranks[1], missing);
+  job_expect_output(j.ranks[1], missing);
   proc_signal(j.ranks[1], SIGKILL);
-  expect_exit(j.ranks[1], 128 + SIGKILL);
-  expect_output(j.coord, "aborting the job: One or more tensors were submitted");
-  expect_output(j.coord, missing);
-  stop_coordinator(&j);
+  job_expect_exit(j.ranks[1], 128 + SIGKILL);
+  job_expect_output(j.coord, "aborting the job: One or more tensors were submitted");
+  job_expect_output(j.coord, missing);
+  job_stop_coordinator(&j);
   expect_no_strays();
 }
 
@@ -360,17 +276,17 @@ static void test_stopped_rank(void **state) {
            (int)j.ranks[1]->pid);
   for (int r = 0; r < 3; r += 2) {
     char want[64];
-    expect_exit(j.ranks[r], 1);
+    job_expect_exit(j.ranks[r], 1);
     snprintf(want, sizeof want, "rank %d: allreduce of '", r);
-    expect_output(j.ranks[r], want);
-    expect_output(j.ranks[r], "' failed: GS_ERR_RANK_LOST: ");
-    expect_output(j.ranks[r], lost);
+    job_expect_output(j.ranks[r], want);
+    job_expect_output(j.ranks[r], "' failed: GS_ERR_RANK_LOST: ");
+    job_expect_output(j.ranks[r], lost);
   }
   proc_signal(j.ranks[1], SIGCONT);
-  expect_exit(j.ranks[1], 1);
-  expect_output(j.ranks[1], "rank 1: allreduce of '");
-  expect_output(j.ranks[1], "the coordinator declared this rank lost: it was silent for ");
-  stop_coordinator(&j);
+  job_expect_exit(j.ranks[1], 1);
+  job_expect_output(j.ranks[1], "rank 1: allreduce of '");
+  job_expect_output(j.ranks[1], "the coordinator declared this rank lost: it was silent for ");
+  job_stop_coordinator(&j);
   expect_no_strays();
 }
 
@@ -393,14 +309,14 @@ static void straggler(const char *slow_ms, const char *steps) {
                   (char *)steps,
                   NULL};
   proc *p = proc_spawn("gradsync-run", argv, NULL);
-  if (p == NULL) fail_with_dump("could not start gradsync-run");
-  expect_exit(p, 0);
+  if (p == NULL) job_fail("could not start gradsync-run");
+  job_expect_exit(p, 0);
   char want[128];
   snprintf(want, sizeof want, "[1] rank 1: --slow-rank 1 --slow-ms %s: sleeping", slow_ms);
-  expect_output(p, want);
-  expect_output(p, "[0] parameters identical on all 3 ranks");
-  expect_no_output(p, "deadlock", 1);
-  expect_no_output(p, "ERROR", 0);
+  job_expect_output(p, want);
+  job_expect_output(p, "[0] parameters identical on all 3 ranks");
+  job_expect_no_output(p, "deadlock", 1);
+  job_expect_no_output(p, "ERROR", 0);
   expect_no_strays();
 }
 
@@ -425,16 +341,16 @@ static void test_coordinator_killed(void **state) {
   start_train_job(&j, 3, NULL, long_run);
   wait_training(&j);
   proc_signal(j.coord, SIGKILL);
-  expect_exit(j.coord, 128 + SIGKILL);
+  job_expect_exit(j.coord, 128 + SIGKILL);
   char lost[512];
   snprintf(lost, sizeof lost, "lost the coordinator at %s: ", j.addr);
   for (int r = 0; r < 3; r++) {
     char want[64];
-    expect_exit(j.ranks[r], 1);
+    job_expect_exit(j.ranks[r], 1);
     snprintf(want, sizeof want, "rank %d: allreduce of '", r);
-    expect_output(j.ranks[r], want);
-    expect_output(j.ranks[r], "' failed: GS_ERR_COORDINATOR_LOST: ");
-    expect_output(j.ranks[r], lost);
+    job_expect_output(j.ranks[r], want);
+    job_expect_output(j.ranks[r], "' failed: GS_ERR_COORDINATOR_LOST: ");
+    job_expect_output(j.ranks[r], lost);
   }
   expect_no_strays();
 }
@@ -451,20 +367,20 @@ static void test_never_joined(void **state) {
   char *argv[] = {(char *)train_path, NULL};
   char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=2000", NULL};
   job j;
-  start_coordinator(&j, 3, NULL);
-  j.ranks[0] = start_rank(&j, 0, argv, env);
-  j.ranks[1] = start_rank(&j, 1, argv, env);
+  job_start_coordinator(&j, 3, NULL);
+  j.ranks[0] = job_start_rank(&j, 0, argv[0], argv + 1, env);
+  j.ranks[1] = job_start_rank(&j, 1, argv[0], argv + 1, env);
   for (int r = 0; r < 2; r++) {
     char want[512];
-    expect_exit(j.ranks[r], 1);
-    expect_output(j.ranks[r], "gradsync-train: cannot join the job: GS_ERR_JOIN_TIMEOUT: ");
+    job_expect_exit(j.ranks[r], 1);
+    job_expect_output(j.ranks[r], "gradsync-train: cannot join the job: GS_ERR_JOIN_TIMEOUT: ");
     snprintf(want, sizeof want,
              "gs_init (rank %d): timed out after 2000 ms waiting for ranks [2] to join the job "
              "at coordinator %s",
              r, j.addr);
-    expect_output(j.ranks[r], want);
+    job_expect_output(j.ranks[r], want);
   }
-  stop_coordinator(&j);
+  job_stop_coordinator(&j);
   expect_no_strays();
 }
 
@@ -472,17 +388,18 @@ int main(void) {
   if (gethostname(g_host, sizeof g_host) != 0) snprintf(g_host, sizeof g_host, "?");
   g_host[sizeof g_host - 1] = '\0';
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_desync_deadlock, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_crash_rank, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hang_stall_warning, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hang_stall_shutdown, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_stopped_rank, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_straggler, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_straggler_slower_than_deadlock_time, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_coordinator_killed, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_never_joined, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_desync_deadlock, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_crash_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_hang_stall_warning, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_hang_stall_shutdown, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_stopped_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_straggler, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_straggler_slower_than_deadlock_time, setup,
+                                      job_teardown),
+      cmocka_unit_test_setup_teardown(test_coordinator_killed, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_never_joined, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("fault", tests, NULL, NULL);
 }

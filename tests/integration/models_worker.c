@@ -43,6 +43,7 @@
  *
  * Single-threaded: the main thread submits and waits. */
 #include "gradsync.h"
+#include "worker_util.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -58,23 +59,8 @@
 #define AT_ONCE_MS 5000 /* "at once": the driver sets deadlock detection to 60 s */
 #define MAX_RANKS 16
 
-static int g_rank = -1;
-static int g_size = 0;
-static const char *g_mode = "?";
 static unsigned g_checks = 0;
 static unsigned g_failed = 0;
-
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stdout, "rank %d: FAIL: %s: ", g_rank, g_mode);
-  vfprintf(stdout, fmt, ap);
-  fputc('\n', stdout);
-  va_end(ap);
-  fflush(stdout);
-  fflush(stderr);
-  _exit(1); /* a broken job must not be waited on in gs_shutdown */
-}
 
 /* Counts a check; a failed one is printed (and fails the mode at the end)
  * but the scenario goes on. Returns ok. */
@@ -92,12 +78,6 @@ static int check(int ok, const char *fmt, ...) {
   return 0;
 }
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size ? size : 1);
-  if (!p) die("out of memory (%zu x %zu bytes)", n, size);
-  return p;
-}
-
 static double now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -106,85 +86,38 @@ static double now_ms(void) {
 
 /* ---- deterministic data --------------------------------------------------- */
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-static uint64_t hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
-}
-
 /* An integer in [-64, 64]: sums over ranks are exact in every dtype, in any
  * order. */
 static int ival(int r, unsigned id, int step, size_t i) {
-  return (int)(hash4((uint64_t)r + 1, id, (uint64_t)step, i) % 129) - 64;
+  return (int)(wu_hash4((uint64_t)r + 1, id, (uint64_t)step, i) % 129) - 64;
 }
 
 /* A float32 in +-[0.01, 4] with a full mantissa: rounding to 16 bits loses
  * something for almost every value. */
 static float fval(int r, unsigned id, size_t i) {
-  uint64_t h = hash4((uint64_t)r + 1, id, 77, i);
+  uint64_t h = wu_hash4((uint64_t)r + 1, id, 77, i);
   double u = (double)(h >> 11) / 9007199254740992.0;
   double v = 0.01 + 3.99 * u;
   return (float)((h & 1) ? -v : v);
 }
 
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 /* ---- common helpers ------------------------------------------------------- */
-
-static const char *status_name(gs_status s) {
-  static const char *const names[] = {
-      "GS_OK",
-      "GS_ERR_INVALID_ARG",
-      "GS_ERR_NO_MEMORY",
-      "GS_ERR_TIMEOUT",
-      "GS_ERR_MISMATCH",
-      "GS_ERR_DUPLICATE_NAME",
-      "GS_ERR_JOIN_REFUSED",
-      "GS_ERR_JOIN_TIMEOUT",
-      "GS_ERR_COORDINATOR_LOST",
-      "GS_ERR_RANK_LOST",
-      "GS_ERR_DATA_PLANE",
-      "GS_ERR_ABORTED",
-      "GS_ERR_SHUTDOWN",
-      "GS_ERR_DEADLOCK",
-      "GS_ERR_STALL",
-      "GS_ERR_UNSUPPORTED",
-      "GS_ERR_INTERNAL",
-      "GS_ERR_UNAUTHENTICATED",
-      "GS_ERR_ALREADY_JOINED",
-  };
-  if ((unsigned)s < sizeof names / sizeof names[0]) return names[s];
-  return "GS_ERR_<unknown>";
-}
-
-static void must(gs_status s, const char *what, const char *name) {
-  if (s != GS_OK) die("tensor '%s': %s: %s: %s", name, what, status_name(s), gs_last_error(NULL));
-}
 
 static void barrier(gs_ctx *ctx) {
   gs_status s = gs_barrier(ctx);
-  if (s != GS_OK) die("gs_barrier: %s: %s", status_name(s), gs_last_error(ctx));
+  if (s != GS_OK) wu_die("gs_barrier: %s: %s", wu_status_name(s), gs_last_error(ctx));
 }
 
 static gs_stats stats(gs_ctx *ctx) {
   gs_stats st;
-  must(gs_get_stats(ctx, &st), "gs_get_stats", "-");
+  wu_must(gs_get_stats(ctx, &st), "gs_get_stats", "-");
   return st;
 }
 
 /* Waits for h; a failure is a failed check (the text says which tensor). */
 static int wait_ok(gs_handle *h, const char *name) {
   gs_status s = gs_wait(h, WAIT_MS);
-  return check(s == GS_OK, "tensor '%s': gs_wait: %s: %s", name, status_name(s),
+  return check(s == GS_OK, "tensor '%s': gs_wait: %s: %s", name, wu_status_name(s),
                gs_handle_error(h));
 }
 
@@ -202,9 +135,9 @@ static void format_ranks(int from, int to, char *buf, size_t cap) {
  * NULL-terminated texts. Prints "<mode>: <what>: <status>: <message>". */
 static void expect_error(const char *what, gs_status got, const char *msg, gs_status want, ...) {
   if (!msg) msg = "";
-  printf("%s: %s: %s: %s\n", g_mode, what, status_name(got), msg);
-  check(got == want, "%s: got %s (%s), expected %s", what, status_name(got), msg,
-        status_name(want));
+  printf("%s: %s: %s: %s\n", g_mode, what, wu_status_name(got), msg);
+  check(got == want, "%s: got %s (%s), expected %s", what, wu_status_name(got), msg,
+        wu_status_name(want));
   va_list ap;
   va_start(ap, want);
   for (const char *t = va_arg(ap, const char *); t; t = va_arg(ap, const char *))
@@ -217,7 +150,7 @@ static void expect_error(const char *what, gs_status got, const char *msg, gs_st
 static void expect_f32(const char *name, const float *got, const float *want, size_t n) {
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < n; i++)
-    if (f32_bits(got[i]) != f32_bits(want[i]) && !bad++) first = i;
+    if (wu_f32_bits(got[i]) != wu_f32_bits(want[i]) && !bad++) first = i;
   check(!bad, "tensor '%s': %zu of %zu elements differ, first [%zu] = %.9g, expected %.9g", name,
         bad, n, first, bad ? (double)got[first] : 0.0, bad ? (double)want[first] : 0.0);
 }
@@ -251,7 +184,7 @@ static int allreduce_f32(gs_ctx *ctx, const char *name, float *buf, size_t n, gs
                          const gs_allreduce_opts *opts) {
   gs_handle *h = NULL;
   gs_status s = gs_allreduce_async(ctx, name, buf, buf, n, GS_FLOAT32, op, opts, &h);
-  if (!check(s == GS_OK, "tensor '%s': gs_allreduce_async: %s: %s", name, status_name(s),
+  if (!check(s == GS_OK, "tensor '%s': gs_allreduce_async: %s: %s", name, wu_status_name(s),
              gs_last_error(ctx)))
     return 0;
   int ok = wait_ok(h, name);
@@ -344,11 +277,11 @@ static void tw_registration_checks(gs_ctx *ctx) {
   s = gs_register_local(NULL, "x");
   expect_error("register without a context", s, gs_last_error(NULL), GS_ERR_INVALID_ARG,
                "gs_register_local: ctx is NULL", (const char *)NULL);
-  must(gs_register_local(ctx, "tmp/local"), "gs_register_local", "tmp/local");
+  wu_must(gs_register_local(ctx, "tmp/local"), "gs_register_local", "tmp/local");
   check(gs_is_local(ctx, "tmp/local"), "'tmp/local' is not local after gs_register_local");
-  must(gs_unregister_local(ctx, "tmp/local"), "gs_unregister_local", "tmp/local");
+  wu_must(gs_unregister_local(ctx, "tmp/local"), "gs_unregister_local", "tmp/local");
   check(!gs_is_local(ctx, "tmp/local"), "'tmp/local' is still local after gs_unregister_local");
-  must(gs_unregister_local(ctx, "never/registered"), "gs_unregister_local", "never/registered");
+  wu_must(gs_unregister_local(ctx, "never/registered"), "gs_unregister_local", "never/registered");
 }
 
 static int mode_towers(gs_ctx *ctx, int scale_local) {
@@ -358,9 +291,9 @@ static int mode_towers(gs_ctx *ctx, int scale_local) {
   for (size_t k = 0; k < n; k++) {
     if (!t[k].local) continue;
     nlocal++;
-    must(gs_register_local(ctx, t[k].name), "gs_register_local", t[k].name);
+    wu_must(gs_register_local(ctx, t[k].name), "gs_register_local", t[k].name);
     /* Registering twice is harmless. */
-    must(gs_register_local(ctx, t[k].name), "gs_register_local (again)", t[k].name);
+    wu_must(gs_register_local(ctx, t[k].name), "gs_register_local (again)", t[k].name);
   }
   for (size_t k = 0; k < n; k++)
     check(gs_is_local(ctx, t[k].name) == t[k].local, "gs_is_local('%s') = %d, expected %d",
@@ -373,9 +306,9 @@ static int mode_towers(gs_ctx *ctx, int scale_local) {
   void *send[16], *recv[16], *want[16];
   for (size_t k = 0; k < n; k++) {
     size_t bytes = t[k].count * gs_dtype_size(t[k].dtype);
-    send[k] = xcalloc(1, bytes);
-    recv[k] = t[k].out_of_place ? xcalloc(1, bytes) : send[k];
-    want[k] = xcalloc(1, bytes);
+    send[k] = wu_xcalloc(1, bytes);
+    recv[k] = t[k].out_of_place ? wu_xcalloc(1, bytes) : send[k];
+    want[k] = wu_xcalloc(1, bytes);
   }
   for (int step = 0; step < TW_STEPS; step++) {
     gs_handle *h[16] = {0};
@@ -384,16 +317,16 @@ static int mode_towers(gs_ctx *ctx, int scale_local) {
       gs_status s = gs_allreduce_async(ctx, t[k].name, send[k], recv[k], t[k].count, t[k].dtype,
                                        t[k].op, NULL, &h[k]);
       if (s != GS_OK)
-        die("tensor '%s': gs_allreduce_async: %s: %s", t[k].name, status_name(s),
-            gs_last_error(ctx));
+        wu_die("tensor '%s': gs_allreduce_async: %s: %s", t[k].name, wu_status_name(s),
+               gs_last_error(ctx));
       if (t[k].local) {
         /* A local op never waits for anybody: it is complete on return. */
         int done = 0;
-        must(gs_test(h[k], &done), "gs_test", t[k].name);
+        wu_must(gs_test(h[k], &done), "gs_test", t[k].name);
         if (!done)
-          die("tensor '%s' is registered local but its op was not complete on return from "
-              "gs_allreduce_async (was it sent to the coordinator?)",
-              t[k].name);
+          wu_die("tensor '%s' is registered local but its op was not complete on return from "
+                 "gs_allreduce_async (was it sent to the coordinator?)",
+                 t[k].name);
       }
     }
     for (size_t k = 0; k < n; k++) {
@@ -426,7 +359,7 @@ static int mode_towers(gs_ctx *ctx, int scale_local) {
   /* Unregistered on every rank (and the barrier past it), the name is a
    * global tensor again: averaged over ranks, one more request. */
   const char *unreg = "tower/fc0/weight";
-  must(gs_unregister_local(ctx, unreg), "gs_unregister_local", unreg);
+  wu_must(gs_unregister_local(ctx, unreg), "gs_unregister_local", unreg);
   check(!gs_is_local(ctx, unreg), "'%s' is still local after gs_unregister_local", unreg);
   barrier(ctx);
   gs_stats s2 = stats(ctx);
@@ -484,14 +417,14 @@ static int mode_conflict(gs_ctx *ctx) {
 
   /* 1. The registration comes first; then rank 1 submits, then the others
    * one after the other: the submitters named accumulate. */
-  if (g_rank == 0) must(gs_register_local(ctx, "w"), "gs_register_local", "w");
+  if (g_rank == 0) wu_must(gs_register_local(ctx, "w"), "gs_register_local", "w");
   barrier(ctx);
   for (int r = 1; r < g_size; r++) {
     if (g_rank == r) {
       gs_handle *h = NULL;
       double t0 = now_ms();
-      must(gs_allreduce_async(ctx, "w", x, x, 4, GS_FLOAT32, GS_AVERAGE, NULL, &h),
-           "gs_allreduce_async", "w");
+      wu_must(gs_allreduce_async(ctx, "w", x, x, 4, GS_FLOAT32, GS_AVERAGE, NULL, &h),
+              "gs_allreduce_async", "w");
       cf_expect_refused(h, "w", r, t0);
       gs_handle_free(h);
     }
@@ -500,10 +433,10 @@ static int mode_conflict(gs_ctx *ctx) {
   /* Rank 0's own op on it is local: complete at once, scaled by 1/size. */
   if (g_rank == 0) {
     gs_handle *h = NULL;
-    must(gs_allreduce_async(ctx, "w", w, w, 4, GS_FLOAT32, GS_AVERAGE, NULL, &h),
-         "gs_allreduce_async", "w");
+    wu_must(gs_allreduce_async(ctx, "w", w, w, 4, GS_FLOAT32, GS_AVERAGE, NULL, &h),
+            "gs_allreduce_async", "w");
     int done = 0;
-    must(gs_test(h, &done), "gs_test", "w");
+    wu_must(gs_test(h, &done), "gs_test", "w");
     check(done, "rank 0's op on its local 'w' was not complete at once");
     if (wait_ok(h, "w")) {
       float want[4];
@@ -517,11 +450,11 @@ static int mode_conflict(gs_ctx *ctx) {
    * 0 registers the name: every submitter fails at once. */
   gs_handle *h2 = NULL;
   if (g_rank > 0)
-    must(gs_allreduce_async(ctx, "w2", x, x, 4, GS_FLOAT32, GS_SUM, NULL, &h2),
-         "gs_allreduce_async", "w2");
+    wu_must(gs_allreduce_async(ctx, "w2", x, x, 4, GS_FLOAT32, GS_SUM, NULL, &h2),
+            "gs_allreduce_async", "w2");
   barrier(ctx); /* the submissions reached the coordinator before the barrier's requests */
   double t0 = now_ms();
-  if (g_rank == 0) must(gs_register_local(ctx, "w2"), "gs_register_local", "w2");
+  if (g_rank == 0) wu_must(gs_register_local(ctx, "w2"), "gs_register_local", "w2");
   if (g_rank > 0) cf_expect_refused(h2, "w2", g_size - 1, t0);
   gs_handle_free(h2);
   barrier(ctx);
@@ -531,8 +464,8 @@ static int mode_conflict(gs_ctx *ctx) {
   gs_handle *h3 = NULL;
   float y[3] = {1, 2, 3};
   if (g_rank == 0) {
-    must(gs_allreduce_async(ctx, "inflight", y, y, 3, GS_FLOAT32, GS_SUM, NULL, &h3),
-         "gs_allreduce_async", "inflight");
+    wu_must(gs_allreduce_async(ctx, "inflight", y, y, 3, GS_FLOAT32, GS_SUM, NULL, &h3),
+            "gs_allreduce_async", "inflight");
     gs_status s = gs_register_local(ctx, "inflight");
     expect_error("register a name in flight", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                  "gs_register_local: tensor 'inflight' has an op in flight on rank 0; register it "
@@ -542,8 +475,8 @@ static int mode_conflict(gs_ctx *ctx) {
   }
   barrier(ctx);
   if (g_rank > 0)
-    must(gs_allreduce_async(ctx, "inflight", y, y, 3, GS_FLOAT32, GS_SUM, NULL, &h3),
-         "gs_allreduce_async", "inflight");
+    wu_must(gs_allreduce_async(ctx, "inflight", y, y, 3, GS_FLOAT32, GS_SUM, NULL, &h3),
+            "gs_allreduce_async", "inflight");
   if (wait_ok(h3, "inflight")) {
     float want[3] = {(float)g_size, (float)(2 * g_size), (float)(3 * g_size)};
     expect_f32("inflight", y, want, 3);
@@ -594,7 +527,7 @@ static void cp_check(const cp_case *c, unsigned id, const float *got) {
     if ((float)exact != got[i]) lossy++;
     /* fp16 normals have 10 mantissa bits, bf16 7: the float32's low bits are
      * zero (fp16 subnormals, below 2^-14, have even fewer). */
-    if (f32_bits(got[i]) & low) unrepresentable++;
+    if (wu_f32_bits(got[i]) & low) unrepresentable++;
   }
   check(!bad, "tensor '%s': %zu of %d elements outside the rounding bound, first [%zu] = %.9g",
         c->name, bad, CP_COUNT, first, bad ? (double)got[first] : 0.0);
@@ -622,13 +555,13 @@ static int mode_compress(gs_ctx *ctx) {
   gs_handle *h[NC];
   /* All submitted before any wait, so they may travel fused. */
   for (size_t k = 0; k < NC; k++) {
-    send[k] = xcalloc(CP_COUNT, sizeof(float));
-    recv[k] = cases[k].out_of_place ? xcalloc(CP_COUNT, sizeof(float)) : send[k];
+    send[k] = wu_xcalloc(CP_COUNT, sizeof(float));
+    recv[k] = cases[k].out_of_place ? wu_xcalloc(CP_COUNT, sizeof(float)) : send[k];
     for (size_t i = 0; i < CP_COUNT; i++) send[k][i] = fval(g_rank, (unsigned)k, i);
     gs_allreduce_opts o = {.compression = cases[k].c};
-    must(gs_allreduce_async(ctx, cases[k].name, send[k], recv[k], CP_COUNT, GS_FLOAT32, cases[k].op,
-                            &o, &h[k]),
-         "gs_allreduce_async", cases[k].name);
+    wu_must(gs_allreduce_async(ctx, cases[k].name, send[k], recv[k], CP_COUNT, GS_FLOAT32,
+                               cases[k].op, &o, &h[k]),
+            "gs_allreduce_async", cases[k].name);
   }
   for (size_t k = 0; k < NC; k++) {
     if (wait_ok(h[k], cases[k].name)) cp_check(&cases[k], (unsigned)k, recv[k]);
@@ -657,8 +590,8 @@ static int mode_compress(gs_ctx *ctx) {
     float v[6] = {1, 2, 3, 4, 5, 6};
     gs_allreduce_opts o = {.compression = g_rank == 0 ? GS_COMPRESS_FP16 : mixes[k].others};
     gs_handle *hm = NULL;
-    must(gs_allreduce_async(ctx, mixes[k].name, v, v, 6, GS_FLOAT32, GS_SUM, &o, &hm),
-         "gs_allreduce_async", mixes[k].name);
+    wu_must(gs_allreduce_async(ctx, mixes[k].name, v, v, 6, GS_FLOAT32, GS_SUM, &o, &hm),
+            "gs_allreduce_async", mixes[k].name);
     gs_status s = gs_wait(hm, QUICK_MS);
     snprintf(want, sizeof want,
              "tensor '%s': mismatched data types: ranks [0] sent float16, ranks %s sent %s",
@@ -721,8 +654,8 @@ static int mode_scale(gs_ctx *ctx) {
     gs_handle *h = NULL;
     for (size_t i = 0; i < SC_COUNT; i++) d[i] = ival(g_rank, 1, 0, i) / 16.0;
     gs_allreduce_opts o = {.prescale = 2, .postscale = 0.125};
-    must(gs_allreduce_async(ctx, "s/float64", d, d, SC_COUNT, GS_FLOAT64, GS_SUM, &o, &h),
-         "gs_allreduce_async", "s/float64");
+    wu_must(gs_allreduce_async(ctx, "s/float64", d, d, SC_COUNT, GS_FLOAT64, GS_SUM, &o, &h),
+            "gs_allreduce_async", "s/float64");
     if (wait_ok(h, "s/float64")) {
       for (size_t i = 0; i < SC_COUNT; i++) dwant[i] = sum[i] / 64.0;
       expect_f64("s/float64", d, dwant, SC_COUNT);
@@ -733,8 +666,8 @@ static int mode_scale(gs_ctx *ctx) {
     gs_handle *h = NULL;
     for (size_t i = 0; i < SC_COUNT; i++) n[i] = ival(g_rank, 1, 0, i);
     gs_allreduce_opts o = {.prescale = 4, .postscale = 0.25};
-    must(gs_allreduce_async(ctx, "s/int32", n, n, SC_COUNT, GS_INT32, GS_SUM, &o, &h),
-         "gs_allreduce_async", "s/int32");
+    wu_must(gs_allreduce_async(ctx, "s/int32", n, n, SC_COUNT, GS_INT32, GS_SUM, &o, &h),
+            "gs_allreduce_async", "s/int32");
     if (wait_ok(h, "s/int32")) {
       for (size_t i = 0; i < SC_COUNT; i++) nwant[i] = sum[i];
       expect_i32("s/int32", n, nwant, SC_COUNT);
@@ -777,8 +710,8 @@ static int mode_scale(gs_ctx *ctx) {
            "tensor 's/mismatch': mismatched prescale factors: ranks [0] sent 0.5, ranks %s sent 1",
            others);
   gs_allreduce_opts half = {.prescale = g_rank == 0 ? 0.5 : 0};
-  must(gs_allreduce_async(ctx, "s/mismatch", a, a, 4, GS_FLOAT32, GS_SUM, &half, &hx),
-       "gs_allreduce_async", "s/mismatch");
+  wu_must(gs_allreduce_async(ctx, "s/mismatch", a, a, 4, GS_FLOAT32, GS_SUM, &half, &hx),
+          "gs_allreduce_async", "s/mismatch");
   s = gs_wait(hx, QUICK_MS);
   expect_error("prescale differs", s, gs_handle_error(hx), GS_ERR_MISMATCH, want_text,
                (const char *)NULL);
@@ -797,7 +730,7 @@ static int mode_ops(gs_ctx *ctx) {
     gs_reduce_op op = (gs_reduce_op)-1;
     gs_status s = gs_reduce_op_from_string(names[k], &op);
     check(s == GS_OK && op == ops[k], "gs_reduce_op_from_string(\"%s\") = %s, %d; expected %d",
-          names[k], status_name(s), (int)op, (int)ops[k]);
+          names[k], wu_status_name(s), (int)op, (int)ops[k]);
   }
   static const char *const bad[] = {"mean", "Sum", "", "sum "};
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
@@ -820,7 +753,7 @@ static int mode_ops(gs_ctx *ctx) {
 
   /* Each op by name, used: values 1..4, so products stay exact. */
   for (size_t k = 0; k < 5; k++) {
-    must(gs_reduce_op_from_string(names[k], &op), "gs_reduce_op_from_string", names[k]);
+    wu_must(gs_reduce_op_from_string(names[k], &op), "gs_reduce_op_from_string", names[k]);
     float v[5], want[5];
     for (int i = 0; i < 5; i++) {
       v[i] = (float)((g_rank + i) % 4 + 1);
@@ -838,7 +771,7 @@ static int mode_ops(gs_ctx *ctx) {
     snprintf(name, sizeof name, "op/%s", names[k]);
     if (allreduce_f32(ctx, name, v, 5, op, NULL)) expect_f32(name, v, want, 5);
   }
-  must(gs_reduce_op_from_string("adasum", &op), "gs_reduce_op_from_string", "adasum");
+  wu_must(gs_reduce_op_from_string("adasum", &op), "gs_reduce_op_from_string", "adasum");
   float v[2] = {1, 2};
   gs_handle *h = NULL;
   s = gs_allreduce_async(ctx, "op/adasum", v, v, 2, GS_FLOAT32, op, NULL, &h);
@@ -865,14 +798,14 @@ static float a2a_value(int from, int to, int64_t row, int col) {
 static void a2a_run(gs_ctx *ctx, const char *name, int64_t (*split)(int r, int q), int64_t equal) {
   int64_t splits[MAX_RANKS], rows = 0;
   for (int q = 0; q < g_size; q++) rows += splits[q] = split ? split(g_rank, q) : equal;
-  float *send = xcalloc((size_t)rows * A2A_COLS, sizeof(float));
+  float *send = wu_xcalloc((size_t)rows * A2A_COLS, sizeof(float));
   for (int q = 0, at = 0; q < g_size; q++)
     for (int64_t k = 0; k < splits[q]; k++, at++)
       for (int c = 0; c < A2A_COLS; c++) send[at * A2A_COLS + c] = a2a_value(g_rank, q, k, c);
   int64_t shape[2] = {rows, A2A_COLS};
   gs_handle *h = NULL;
   gs_status s = gs_alltoall_async(ctx, name, send, shape, 2, GS_FLOAT32, split ? splits : NULL, &h);
-  if (!check(s == GS_OK, "tensor '%s': gs_alltoall_async: %s: %s", name, status_name(s),
+  if (!check(s == GS_OK, "tensor '%s': gs_alltoall_async: %s: %s", name, wu_status_name(s),
              gs_last_error(ctx))) {
     free(send);
     return;
@@ -882,18 +815,18 @@ static void a2a_run(gs_ctx *ctx, const char *name, int64_t (*split)(int r, int q
     for (int r = 0; r < g_size; r++) total += want_rows[r] = split ? split(r, g_rank) : equal;
     for (int r = 0; r < g_size; r++) got_rows[r] = -1;
     s = gs_alltoall_recv_splits(h, got_rows, (size_t)g_size);
-    if (check(s == GS_OK, "tensor '%s': gs_alltoall_recv_splits: %s: %s", name, status_name(s),
+    if (check(s == GS_OK, "tensor '%s': gs_alltoall_recv_splits: %s: %s", name, wu_status_name(s),
               gs_last_error(ctx)))
       expect_i64(name, got_rows, want_rows, (size_t)g_size);
     const void *data = NULL;
     size_t bytes = 0;
     s = gs_handle_result(h, &data, &bytes);
-    if (check(s == GS_OK, "tensor '%s': gs_handle_result: %s: %s", name, status_name(s),
+    if (check(s == GS_OK, "tensor '%s': gs_handle_result: %s: %s", name, wu_status_name(s),
               gs_last_error(ctx)) &&
         check(bytes == (size_t)total * A2A_COLS * sizeof(float),
               "tensor '%s': %zu result bytes, expected %lld rows of %d float32 (%zu bytes)", name,
               bytes, (long long)total, A2A_COLS, (size_t)total * A2A_COLS * sizeof(float))) {
-      float *want = xcalloc((size_t)total * A2A_COLS, sizeof(float));
+      float *want = wu_xcalloc((size_t)total * A2A_COLS, sizeof(float));
       for (int r = 0, at = 0; r < g_size; r++)
         for (int64_t k = 0; k < want_rows[r]; k++, at++)
           for (int c = 0; c < A2A_COLS; c++) want[at * A2A_COLS + c] = a2a_value(r, g_rank, k, c);
@@ -961,7 +894,7 @@ static int mode_alltoall(gs_ctx *ctx) {
   int64_t v[2 * MAX_RANKS], shape1[1] = {2 * g_size};
   for (int k = 0; k < 2 * g_size; k++) v[k] = g_rank * 100 + k;
   s = gs_alltoall_async(ctx, "a2a/int64", v, shape1, 1, GS_INT64, NULL, &h);
-  if (check(s == GS_OK, "tensor 'a2a/int64': gs_alltoall_async: %s: %s", status_name(s),
+  if (check(s == GS_OK, "tensor 'a2a/int64': gs_alltoall_async: %s: %s", wu_status_name(s),
             gs_last_error(ctx))) {
     const void *data = NULL;
     size_t bytes = 0;
@@ -992,7 +925,7 @@ static int64_t rs_rows(int64_t rows, int r) {
 static void rs_run(gs_ctx *ctx, const char *name, int64_t rows, gs_dtype dt, gs_reduce_op op) {
   size_t count = (size_t)rows * RS_COLS, es = gs_dtype_size(dt);
   unsigned id = (unsigned)(rows * 16 + (int64_t)dt * 2 + (op == GS_AVERAGE));
-  void *send = xcalloc(count, es);
+  void *send = wu_xcalloc(count, es);
   for (size_t i = 0; i < count; i++) {
     int v = ival(g_rank, id, 0, i);
     if (dt == GS_FLOAT32) ((float *)send)[i] = (float)v;
@@ -1002,7 +935,7 @@ static void rs_run(gs_ctx *ctx, const char *name, int64_t rows, gs_dtype dt, gs_
   int64_t shape[2] = {rows, RS_COLS};
   gs_handle *h = NULL;
   gs_status s = gs_reducescatter_async(ctx, name, send, shape, 2, dt, op, &h);
-  if (!check(s == GS_OK, "tensor '%s': gs_reducescatter_async: %s: %s", name, status_name(s),
+  if (!check(s == GS_OK, "tensor '%s': gs_reducescatter_async: %s: %s", name, wu_status_name(s),
              gs_last_error(ctx))) {
     free(send);
     return;
@@ -1014,13 +947,13 @@ static void rs_run(gs_ctx *ctx, const char *name, int64_t rows, gs_dtype dt, gs_
     size_t bytes = 0;
     s = gs_handle_result(h, &data, &bytes);
     size_t n = (size_t)mine * RS_COLS;
-    if (check(s == GS_OK, "tensor '%s': gs_handle_result: %s: %s", name, status_name(s),
+    if (check(s == GS_OK, "tensor '%s': gs_handle_result: %s: %s", name, wu_status_name(s),
               gs_last_error(ctx)) &&
         check(bytes == n * es,
               "tensor '%s': %zu result bytes on rank %d, expected its %lld of %lld rows (%zu "
               "bytes)",
               name, bytes, g_rank, (long long)mine, (long long)rows, n * es)) {
-      void *want = xcalloc(n, es);
+      void *want = wu_xcalloc(n, es);
       for (size_t i = 0; i < n; i++) {
         size_t at = (size_t)start * RS_COLS + i;
         int sum = 0;
@@ -1113,16 +1046,16 @@ int main(int argc, char **argv) {
     if (strcmp(g_mode, modes[m].name) != 0) continue;
     gs_ctx *ctx = NULL;
     gs_status s = gs_init(&opts, &ctx);
-    if (s != GS_OK) die("gs_init: %s: %s", status_name(s), gs_last_error(NULL));
+    if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
     g_rank = gs_rank(ctx);
     g_size = gs_size(ctx);
-    if (g_size > MAX_RANKS) die("this worker handles at most %d ranks", MAX_RANKS);
+    if (g_size > MAX_RANKS) wu_die("this worker handles at most %d ranks", MAX_RANKS);
     if (modes[m].run)
       modes[m].run(ctx);
     else
       mode_towers(ctx, scale_local);
     s = gs_shutdown(ctx);
-    if (s != GS_OK) die("gs_shutdown: %s: %s", status_name(s), gs_last_error(NULL));
+    if (s != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(s), gs_last_error(NULL));
     if (g_failed) {
       printf("%s: %u of %u checks FAILED (rank %d of %d)\n", g_mode, g_failed, g_checks, g_rank,
              g_size);

@@ -26,6 +26,7 @@
  *
  * Single-threaded: the main thread submits and waits. */
 #include "gradsync.h"
+#include "worker_util.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -37,225 +38,21 @@
 
 #define WAIT_MS 60000 /* one op never takes this long on a healthy job */
 
-static int g_rank = -1;
-static int g_size = 0;
-
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stdout, "rank %d: FAIL: ", g_rank);
-  vfprintf(stdout, fmt, ap);
-  fputc('\n', stdout);
-  va_end(ap);
-  fflush(stdout);
-  fflush(stderr);
-  _exit(1); /* a broken job must not be waited on in gs_shutdown */
-}
-
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size ? size : 1);
-  if (!p) die("out of memory (%zu x %zu bytes)", n, size);
-  return p;
-}
-
-/* ---- deterministic data --------------------------------------------------- */
-
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-static uint64_t hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
-}
-
 /* ---- dtypes (the test's own float16/bfloat16 conversions) ----------------- */
-
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static uint16_t f32_to_f16(float f) {
-  uint32_t x = f32_bits(f);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
-  int e = (int)exp - 127 + 15;
-  if (e >= 0x1f) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return sign;
-    mant |= 0x800000u;
-    unsigned shift = (unsigned)(14 - e);
-    uint32_t h = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = ((uint32_t)e << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-  return (uint16_t)(sign | h);
-}
-
-static float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    float f = ldexpf((float)mant, -24);
-    return sign ? -f : f;
-  }
-  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
-  return bits_f32(sign | ((exp - 15 + 127) << 23) | (mant << 13));
-}
-
-static uint16_t f32_to_bf16(float f) {
-  uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  return bits_f32((uint32_t)h << 16);
-}
-
-static int is_float(gs_dtype d) {
-  return d == GS_FLOAT32 || d == GS_FLOAT64 || d == GS_FLOAT16 || d == GS_BFLOAT16;
-}
-
-static const char *dtype_name(gs_dtype d) {
-  static const char *const names[] = {"float32", "float64", "float16", "bfloat16",
-                                      "int32",   "int64",   "int8",    "uint8"};
-  return (unsigned)d < 8 ? names[d] : "?";
-}
-
-static void put(gs_dtype d, void *buf, size_t i, double v) {
-  switch (d) {
-  case GS_FLOAT32:
-    ((float *)buf)[i] = (float)v;
-    break;
-  case GS_FLOAT64:
-    ((double *)buf)[i] = v;
-    break;
-  case GS_FLOAT16:
-    ((uint16_t *)buf)[i] = f32_to_f16((float)v);
-    break;
-  case GS_BFLOAT16:
-    ((uint16_t *)buf)[i] = f32_to_bf16((float)v);
-    break;
-  case GS_INT32:
-    ((int32_t *)buf)[i] = (int32_t)v;
-    break;
-  case GS_INT64:
-    ((int64_t *)buf)[i] = (int64_t)v;
-    break;
-  case GS_INT8:
-    ((int8_t *)buf)[i] = (int8_t)v;
-    break;
-  case GS_UINT8:
-    ((uint8_t *)buf)[i] = (uint8_t)v;
-    break;
-  }
-}
-
-static double get(gs_dtype d, const void *buf, size_t i) {
-  switch (d) {
-  case GS_FLOAT32:
-    return ((const float *)buf)[i];
-  case GS_FLOAT64:
-    return ((const double *)buf)[i];
-  case GS_FLOAT16:
-    return f16_to_f32(((const uint16_t *)buf)[i]);
-  case GS_BFLOAT16:
-    return bf16_to_f32(((const uint16_t *)buf)[i]);
-  case GS_INT32:
-    return ((const int32_t *)buf)[i];
-  case GS_INT64:
-    return (double)((const int64_t *)buf)[i];
-  case GS_INT8:
-    return ((const int8_t *)buf)[i];
-  case GS_UINT8:
-    return ((const uint8_t *)buf)[i];
-  }
-  return NAN;
-}
-
-/* v rounded as the dtype stores it. */
-static double as_stored(gs_dtype d, double v) {
-  unsigned char tmp[8];
-  put(d, tmp, 0, v);
-  return get(d, tmp, 0);
-}
 
 /* v / size as the library averages: floats divided and rounded to the dtype,
  * integers truncated toward zero. */
 static double averaged(gs_dtype d, double v, int size) {
-  if (is_float(d)) return as_stored(d, v / size);
+  if (wu_is_float(d)) return wu_as_stored(d, v / size);
   return (double)((int64_t)v / size);
-}
-
-/* Relative error allowed per rounding, with a margin (float averages may be
- * computed as x * (1/size), and 16-bit types go through float32). */
-static double rel_tol(gs_dtype d) {
-  switch (d) {
-  case GS_FLOAT64:
-    return 0x1p-50;
-  case GS_FLOAT32:
-    return 0x1p-21;
-  case GS_FLOAT16:
-    return 0x1p-9;
-  case GS_BFLOAT16:
-    return 0x1p-6;
-  default:
-    return 0;
-  }
 }
 
 /* ---- common helpers ------------------------------------------------------- */
 
-static const char *status_name(gs_status s) {
-  static const char *const names[] = {
-      "GS_OK",
-      "GS_ERR_INVALID_ARG",
-      "GS_ERR_NO_MEMORY",
-      "GS_ERR_TIMEOUT",
-      "GS_ERR_MISMATCH",
-      "GS_ERR_DUPLICATE_NAME",
-      "GS_ERR_JOIN_REFUSED",
-      "GS_ERR_JOIN_TIMEOUT",
-      "GS_ERR_COORDINATOR_LOST",
-      "GS_ERR_RANK_LOST",
-      "GS_ERR_DATA_PLANE",
-      "GS_ERR_ABORTED",
-      "GS_ERR_SHUTDOWN",
-      "GS_ERR_DEADLOCK",
-      "GS_ERR_STALL",
-      "GS_ERR_UNSUPPORTED",
-      "GS_ERR_INTERNAL",
-      "GS_ERR_UNAUTHENTICATED",
-      "GS_ERR_ALREADY_JOINED",
-  };
-  if ((unsigned)s < sizeof names / sizeof names[0]) return names[s];
-  return "GS_ERR_<unknown>";
-}
-
 static gs_ctx *join_or_die(void) {
   gs_ctx *ctx = NULL;
   gs_status s = gs_init(NULL, &ctx);
-  if (s != GS_OK) die("gs_init: %s: %s", status_name(s), gs_last_error(NULL));
+  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
   g_rank = gs_rank(ctx);
   g_size = gs_size(ctx);
   return ctx;
@@ -263,16 +60,13 @@ static gs_ctx *join_or_die(void) {
 
 static void wait_ok(gs_handle *h, const char *name) {
   gs_status s = gs_wait(h, WAIT_MS);
-  if (s != GS_OK) die("tensor '%s': gs_wait: %s: %s", name, status_name(s), gs_handle_error(h));
-}
-
-static void must(gs_status s, const char *what, const char *name) {
-  if (s != GS_OK) die("tensor '%s': %s: %s: %s", name, what, status_name(s), gs_last_error(NULL));
+  if (s != GS_OK)
+    wu_die("tensor '%s': gs_wait: %s: %s", name, wu_status_name(s), gs_handle_error(h));
 }
 
 static uint64_t collectives(gs_ctx *ctx) {
   gs_stats st;
-  must(gs_get_stats(ctx, &st), "gs_get_stats", "-");
+  wu_must(gs_get_stats(ctx, &st), "gs_get_stats", "-");
   return st.collectives;
 }
 
@@ -284,20 +78,20 @@ static uint64_t collectives(gs_ctx *ctx) {
 /* Rows of rank r for case t in round k: 2..8, none on the last rank. */
 static size_t sp_nnz(int r, unsigned t, unsigned k) {
   if (r == g_size - 1) return 0;
-  return 2 + (size_t)(hash4((uint64_t)r + 1, t, k, 999) % 7);
+  return 2 + (size_t)(wu_hash4((uint64_t)r + 1, t, k, 999) % 7);
 }
 
 /* Row i's index; row 1 repeats row 0's so that every rank adds up a repeat. */
 static int64_t sp_index(int r, unsigned t, unsigned k, size_t i) {
   if (i == 1) i = 0;
-  return (int64_t)(hash4((uint64_t)r + 1, t, k, 1000 + i) % SP_ROWS);
+  return (int64_t)(wu_hash4((uint64_t)r + 1, t, k, 1000 + i) % SP_ROWS);
 }
 
 /* Small values (halves for float types with room) so that every sum is exact
  * in the dtype: at most 3 ranks x 8 rows x 3 = 72 per dense element. */
 static double sp_value(gs_dtype d, int r, unsigned t, unsigned k, size_t i, size_t j) {
-  uint64_t h = hash4((uint64_t)r + 1, t, (uint64_t)k * 1000 + i, 5000 + j);
-  double step = (is_float(d) && d != GS_BFLOAT16) ? 0.5 : 1.0;
+  uint64_t h = wu_hash4((uint64_t)r + 1, t, (uint64_t)k * 1000 + i, 5000 + j);
+  double step = (wu_is_float(d) && d != GS_BFLOAT16) ? 0.5 : 1.0;
   int n = (int)(3 / step);
   if (d == GS_UINT8) return (double)(h % (uint64_t)(n + 1)) * step;
   return (double)((int64_t)(h % (uint64_t)(2 * n + 1)) - n) * step;
@@ -341,17 +135,17 @@ static void sp_check_dense(const sp_case *c, unsigned k, const char *path, size_
   double tol = 0;
   if (c->op == GS_SUM) {
     want = ref[e];
-  } else if (is_float(c->dt)) {
+  } else if (wu_is_float(c->dt)) {
     want = ref[e] / g_size;
-    tol = rel_tol(c->dt) * mag[e] / g_size;
+    tol = wu_rel_tol(c->dt) * mag[e] / g_size;
   } else {
     /* Integers: the gathered rows are divided one by one, the dense sum once. */
     want = strcmp(path, "rows") == 0 ? trunc[e] : (double)((int64_t)ref[e] / g_size);
   }
   if (fabs(got - want) > tol)
-    die("tensor '%s' (round %u, %s): dense element [%zu][%zu]: got %.9g, expected %.9g "
-        "(tolerance %g)",
-        c->name, k, path, e / SP_ROW_LEN, e % SP_ROW_LEN, got, want, tol);
+    wu_die("tensor '%s' (round %u, %s): dense element [%zu][%zu]: got %.9g, expected %.9g "
+           "(tolerance %g)",
+           c->name, k, path, e / SP_ROW_LEN, e % SP_ROW_LEN, got, want, tol);
 }
 
 static size_t sp_check(const sp_case *c, unsigned k) {
@@ -361,40 +155,42 @@ static size_t sp_check(const sp_case *c, unsigned k) {
   sp_reference(c, k, ref, mag, trunc);
   if (c->as_dense) {
     for (size_t e = 0; e < n; e++)
-      sp_check_dense(c, k, "sparse_as_dense", e, get(c->dt, c->dense_out, e), ref, mag, trunc);
+      sp_check_dense(c, k, "sparse_as_dense", e, wu_get(c->dt, c->dense_out, e), ref, mag, trunc);
     return n;
   }
   const int64_t *gi;
   const void *gv;
   size_t gn;
-  must(gs_sparse_result(c->h, &gi, &gv, &gn), "gs_sparse_result", c->name);
+  wu_must(gs_sparse_result(c->h, &gi, &gv, &gn), "gs_sparse_result", c->name);
   size_t total = 0, checks = 0;
   for (int r = 0; r < g_size; r++) total += sp_nnz(r, c->id, k);
   if (gn != total)
-    die("tensor '%s' (round %u): %zu gathered rows, expected %zu", c->name, k, gn, total);
+    wu_die("tensor '%s' (round %u): %zu gathered rows, expected %zu", c->name, k, gn, total);
   int64_t dims[16];
   int64_t dims_total = -1;
-  must(gs_allgather_dims(c->h, dims, 16, &dims_total), "gs_allgather_dims", c->name);
+  wu_must(gs_allgather_dims(c->h, dims, 16, &dims_total), "gs_allgather_dims", c->name);
   if (dims_total != (int64_t)total)
-    die("tensor '%s': gs_allgather_dims total %lld, expected %zu", c->name, (long long)dims_total,
-        total);
+    wu_die("tensor '%s': gs_allgather_dims total %lld, expected %zu", c->name,
+           (long long)dims_total, total);
   size_t row = 0;
   for (int r = 0; r < g_size; r++) {
     if (dims[r] != (int64_t)sp_nnz(r, c->id, k))
-      die("tensor '%s': rank %d contributed %lld rows, expected %zu", c->name, r,
-          (long long)dims[r], sp_nnz(r, c->id, k));
+      wu_die("tensor '%s': rank %d contributed %lld rows, expected %zu", c->name, r,
+             (long long)dims[r], sp_nnz(r, c->id, k));
     for (size_t i = 0; i < sp_nnz(r, c->id, k); i++, row++) {
       int64_t want_idx = sp_index(r, c->id, k, i);
       if (gi[row] != want_idx)
-        die("tensor '%s' (round %u): gathered row %zu (rank %d row %zu): index %lld, expected %lld",
+        wu_die(
+            "tensor '%s' (round %u): gathered row %zu (rank %d row %zu): index %lld, expected %lld",
             c->name, k, row, r, i, (long long)gi[row], (long long)want_idx);
       for (size_t j = 0; j < SP_ROW_LEN; j++) {
         double v = sp_value(c->dt, r, c->id, k, i, j);
         double want = c->op == GS_SUM ? v : averaged(c->dt, v, g_size);
-        double got = get(c->dt, gv, row * SP_ROW_LEN + j);
-        double tol = c->op == GS_AVERAGE ? rel_tol(c->dt) * fabs(v) : 0;
+        double got = wu_get(c->dt, gv, row * SP_ROW_LEN + j);
+        double tol = c->op == GS_AVERAGE ? wu_rel_tol(c->dt) * fabs(v) : 0;
         if (fabs(got - want) > tol)
-          die("tensor '%s' (round %u): gathered row %zu (rank %d row %zu) element %zu: got %.9g, "
+          wu_die(
+              "tensor '%s' (round %u): gathered row %zu (rank %d row %zu) element %zu: got %.9g, "
               "expected %.9g",
               c->name, k, row, r, i, j, got, want);
         dense[(size_t)want_idx * SP_ROW_LEN + j] += got;
@@ -411,7 +207,7 @@ static int mode_sparse(gs_ctx *ctx) {
                                  GS_INT32,   GS_INT64,   GS_INT8,    GS_UINT8};
   static const gs_reduce_op ops[] = {GS_SUM, GS_AVERAGE};
   enum { NCASES = 8 * 2 * 2, ROUNDS = 2 };
-  sp_case *cs = xcalloc(NCASES, sizeof *cs);
+  sp_case *cs = wu_xcalloc(NCASES, sizeof *cs);
   size_t n = 0;
   for (size_t d = 0; d < 8; d++)
     for (size_t o = 0; o < 2; o++)
@@ -421,11 +217,11 @@ static int mode_sparse(gs_ctx *ctx) {
         c->dt = dts[d];
         c->op = ops[o];
         c->as_dense = dense;
-        snprintf(c->name, sizeof c->name, "sparse/%s/%s/%s", dtype_name(c->dt),
+        snprintf(c->name, sizeof c->name, "sparse/%s/%s/%s", wu_dtype_name(c->dt),
                  c->op == GS_SUM ? "sum" : "average", dense ? "as_dense" : "rows");
-        c->idx = xcalloc(8, sizeof *c->idx);
-        c->vals = xcalloc(8 * SP_ROW_LEN, 8);
-        c->dense_out = xcalloc(SP_ROWS * SP_ROW_LEN, 8);
+        c->idx = wu_xcalloc(8, sizeof *c->idx);
+        c->vals = wu_xcalloc(8 * SP_ROW_LEN, 8);
+        c->dense_out = wu_xcalloc(SP_ROWS * SP_ROW_LEN, 8);
       }
   size_t checks = 0;
   /* Submit everything, then wait: the ops overlap, and the second round
@@ -437,14 +233,15 @@ static int mode_sparse(gs_ctx *ctx) {
       for (size_t i = 0; i < c->nnz; i++) {
         c->idx[i] = sp_index(g_rank, c->id, k, i);
         for (size_t j = 0; j < SP_ROW_LEN; j++)
-          put(c->dt, c->vals, i * SP_ROW_LEN + j, sp_value(c->dt, g_rank, c->id, k, i, j));
+          wu_put(c->dt, c->vals, i * SP_ROW_LEN + j, sp_value(c->dt, g_rank, c->id, k, i, j));
       }
       memset(c->dense_out, 0x5A, SP_ROWS * SP_ROW_LEN * 8); /* garbage: must be zeroed */
       gs_sparse_opts o = {c->as_dense, c->as_dense ? SP_ROWS : 0, c->dense_out};
       /* A rank without rows may pass NULL buffers. */
-      must(gs_sparse_allreduce_async(ctx, c->name, c->nnz ? c->idx : NULL, c->nnz ? c->vals : NULL,
-                                     c->nnz, SP_ROW_LEN, c->dt, c->op, &o, &c->h),
-           "gs_sparse_allreduce_async", c->name);
+      wu_must(gs_sparse_allreduce_async(ctx, c->name, c->nnz ? c->idx : NULL,
+                                        c->nnz ? c->vals : NULL, c->nnz, SP_ROW_LEN, c->dt, c->op,
+                                        &o, &c->h),
+              "gs_sparse_allreduce_async", c->name);
     }
     for (size_t t = 0; t < n; t++) {
       wait_ok(cs[t].h, cs[t].name);
@@ -454,31 +251,31 @@ static int mode_sparse(gs_ctx *ctx) {
   }
   /* A name registered local never leaves this rank: its own rows, divided
    * by size for an average (scale_local is on by default), at once. */
-  must(gs_register_local(ctx, "sparse/local"), "gs_register_local", "sparse/local");
+  wu_must(gs_register_local(ctx, "sparse/local"), "gs_register_local", "sparse/local");
   int64_t lidx[3] = {4, 1, 4};
   float lvals[3 * 2] = {2, 4, 6, 8, 10, 12};
   uint64_t before = collectives(ctx);
   gs_handle *lh;
-  must(gs_sparse_allreduce_async(ctx, "sparse/local", lidx, lvals, 3, 2, GS_FLOAT32, GS_AVERAGE,
-                                 NULL, &lh),
-       "gs_sparse_allreduce_async", "sparse/local");
+  wu_must(gs_sparse_allreduce_async(ctx, "sparse/local", lidx, lvals, 3, 2, GS_FLOAT32, GS_AVERAGE,
+                                    NULL, &lh),
+          "gs_sparse_allreduce_async", "sparse/local");
   int done = 0;
-  must(gs_test(lh, &done), "gs_test", "sparse/local");
-  if (!done) die("tensor 'sparse/local': a local sparse op is not complete at once");
+  wu_must(gs_test(lh, &done), "gs_test", "sparse/local");
+  if (!done) wu_die("tensor 'sparse/local': a local sparse op is not complete at once");
   wait_ok(lh, "sparse/local");
   const int64_t *gi;
   const void *gv;
   size_t gn;
-  must(gs_sparse_result(lh, &gi, &gv, &gn), "gs_sparse_result", "sparse/local");
-  if (gn != 3) die("tensor 'sparse/local': %zu rows, expected this rank's 3", gn);
+  wu_must(gs_sparse_result(lh, &gi, &gv, &gn), "gs_sparse_result", "sparse/local");
+  if (gn != 3) wu_die("tensor 'sparse/local': %zu rows, expected this rank's 3", gn);
   for (size_t i = 0; i < 3; i++, checks++) {
-    if (gi[i] != lidx[i]) die("tensor 'sparse/local': row %zu: index %lld", i, (long long)gi[i]);
+    if (gi[i] != lidx[i]) wu_die("tensor 'sparse/local': row %zu: index %lld", i, (long long)gi[i]);
     for (size_t j = 0; j < 2; j++)
       if (((const float *)gv)[i * 2 + j] != lvals[i * 2 + j] / (float)g_size)
-        die("tensor 'sparse/local': row %zu element %zu: got %g, expected %g", i, j,
-            ((const float *)gv)[i * 2 + j], lvals[i * 2 + j] / (float)g_size);
+        wu_die("tensor 'sparse/local': row %zu element %zu: got %g, expected %g", i, j,
+               ((const float *)gv)[i * 2 + j], lvals[i * 2 + j] / (float)g_size);
   }
-  if (collectives(ctx) != before) die("tensor 'sparse/local' ran a collective");
+  if (collectives(ctx) != before) wu_die("tensor 'sparse/local' ran a collective");
   gs_handle_free(lh);
   for (size_t t = 0; t < n; t++) {
     free(cs[t].idx);
@@ -502,14 +299,14 @@ static int mode_sparse(gs_ctx *ctx) {
 #define MLP_B 9
 
 static float mlp_param(uint64_t which, size_t i) {
-  return (float)((double)(hash4(77, which, i, 0) % 2001) / 1000.0 - 1.0);
+  return (float)((double)(wu_hash4(77, which, i, 0) % 2001) / 1000.0 - 1.0);
 }
 
 /* Rank r's batch: ids (with repeats) and labels. */
 static void mlp_batch(int r, int64_t *ids, int *labels) {
   for (size_t b = 0; b < MLP_B; b++) {
-    ids[b] = (int64_t)(hash4((uint64_t)r + 1, 1, b, 0) % (MLP_V / 2)); /* repeats likely */
-    labels[b] = (int)(hash4((uint64_t)r + 1, 2, b, 0) % MLP_C);
+    ids[b] = (int64_t)(wu_hash4((uint64_t)r + 1, 1, b, 0) % (MLP_V / 2)); /* repeats likely */
+    labels[b] = (int)(wu_hash4((uint64_t)r + 1, 2, b, 0) % MLP_C);
   }
 }
 
@@ -555,27 +352,28 @@ static int mode_mlp(gs_ctx *ctx) {
   gs_handle *hd, *hs, *ha;
   int64_t shape[2] = {MLP_V, MLP_D};
   gs_allreduce_opts ao = {.shape = shape, .ndim = 2};
-  must(gs_allreduce_async(ctx, "mlp/embedding/dense", dense_grad, dense_grad, MLP_V * MLP_D,
-                          GS_FLOAT32, GS_AVERAGE, &ao, &hd),
-       "gs_allreduce_async", "mlp/embedding/dense");
-  must(gs_sparse_allreduce_async(ctx, "mlp/embedding/rows", ids, rows, MLP_B, MLP_D, GS_FLOAT32,
-                                 GS_AVERAGE, NULL, &hs),
-       "gs_sparse_allreduce_async", "mlp/embedding/rows");
+  wu_must(gs_allreduce_async(ctx, "mlp/embedding/dense", dense_grad, dense_grad, MLP_V * MLP_D,
+                             GS_FLOAT32, GS_AVERAGE, &ao, &hd),
+          "gs_allreduce_async", "mlp/embedding/dense");
+  wu_must(gs_sparse_allreduce_async(ctx, "mlp/embedding/rows", ids, rows, MLP_B, MLP_D, GS_FLOAT32,
+                                    GS_AVERAGE, NULL, &hs),
+          "gs_sparse_allreduce_async", "mlp/embedding/rows");
   gs_sparse_opts so = {1, MLP_V, as_dense};
-  must(gs_sparse_allreduce_async(ctx, "mlp/embedding/as_dense", ids, rows, MLP_B, MLP_D, GS_FLOAT32,
-                                 GS_AVERAGE, &so, &ha),
-       "gs_sparse_allreduce_async", "mlp/embedding/as_dense");
+  wu_must(gs_sparse_allreduce_async(ctx, "mlp/embedding/as_dense", ids, rows, MLP_B, MLP_D,
+                                    GS_FLOAT32, GS_AVERAGE, &so, &ha),
+          "gs_sparse_allreduce_async", "mlp/embedding/as_dense");
   wait_ok(hd, "mlp/embedding/dense");
   wait_ok(hs, "mlp/embedding/rows");
   wait_ok(ha, "mlp/embedding/as_dense");
   const int64_t *gi;
   const void *gv;
   size_t gn;
-  must(gs_sparse_result(hs, &gi, &gv, &gn), "gs_sparse_result", "mlp/embedding/rows");
+  wu_must(gs_sparse_result(hs, &gi, &gv, &gn), "gs_sparse_result", "mlp/embedding/rows");
   if (gn != (size_t)MLP_B * (size_t)g_size)
-    die("mlp: %zu gathered rows, expected %d", gn, MLP_B * g_size);
+    wu_die("mlp: %zu gathered rows, expected %d", gn, MLP_B * g_size);
   for (size_t i = 0; i < gn; i++) {
-    if (gi[i] < 0 || gi[i] >= MLP_V) die("mlp: gathered index %lld out of range", (long long)gi[i]);
+    if (gi[i] < 0 || gi[i] >= MLP_V)
+      wu_die("mlp: gathered index %lld out of range", (long long)gi[i]);
     for (size_t d = 0; d < MLP_D; d++)
       from_rows[gi[i] * MLP_D + d] += ((const float *)gv)[i * MLP_D + d];
   }
@@ -586,8 +384,8 @@ static int mode_mlp(gs_ctx *ctx) {
     static const char *const path[3] = {"dense allreduce", "sparse rows", "sparse_as_dense"};
     for (int p = 0; p < 3; p++, checks++)
       if (fabs(got[p] - ref[e]) > tol)
-        die("mlp: embedding gradient [%zu][%zu] by %s: got %.9g, expected %.9g", e / MLP_D,
-            e % MLP_D, path[p], got[p], ref[e]);
+        wu_die("mlp: embedding gradient [%zu][%zu] by %s: got %.9g, expected %.9g", e / MLP_D,
+               e % MLP_D, path[p], got[p], ref[e]);
   }
   gs_handle_free(hd);
   gs_handle_free(hs);
@@ -603,13 +401,13 @@ static int mode_mlp(gs_ctx *ctx) {
 static void expect_error(gs_status got, gs_handle *h, gs_status want, const char *what,
                          const char *const *needles) {
   if (got != want)
-    die("%s: returned %s, expected %s (%s)", what, status_name(got), status_name(want),
-        gs_last_error(NULL));
-  if (h != NULL) die("%s: failed but *out is not NULL", what);
+    wu_die("%s: returned %s, expected %s (%s)", what, wu_status_name(got), wu_status_name(want),
+           gs_last_error(NULL));
+  if (h != NULL) wu_die("%s: failed but *out is not NULL", what);
   const char *msg = gs_last_error(NULL);
   for (size_t i = 0; needles[i]; i++)
-    if (!strstr(msg, needles[i])) die("%s: message \"%s\" lacks \"%s\"", what, msg, needles[i]);
-  printf("errors: %s: %s: %s\n", what, status_name(got), msg);
+    if (!strstr(msg, needles[i])) wu_die("%s: message \"%s\" lacks \"%s\"", what, msg, needles[i]);
+  printf("errors: %s: %s: %s\n", what, wu_status_name(got), msg);
 }
 
 static int mode_errors(gs_ctx *ctx) {
@@ -660,7 +458,7 @@ static int mode_errors(gs_ctx *ctx) {
 
   /* gs_sparse_result of a sparse_as_dense op (which succeeds). */
   gs_handle *hd;
-  must(
+  wu_must(
       gs_sparse_allreduce_async(ctx, "err/dense-ok", idx, vals, 2, 2, GS_FLOAT32, GS_SUM, &so, &hd),
       "gs_sparse_allreduce_async", "err/dense-ok");
   wait_ok(hd, "err/dense-ok");
@@ -669,7 +467,8 @@ static int mode_errors(gs_ctx *ctx) {
     if (e / 2 == 2) want = vals[e % 2];
     if (e / 2 == 0) want = vals[2 + e % 2];
     want *= (float)g_size;
-    if (dense[e] != want) die("err/dense-ok: element %zu: got %g, expected %g", e, dense[e], want);
+    if (dense[e] != want)
+      wu_die("err/dense-ok: element %zu: got %g, expected %g", e, dense[e], want);
   }
   const int64_t *gi;
   const void *gv;
@@ -682,7 +481,7 @@ static int mode_errors(gs_ctx *ctx) {
   gs_handle_free(hd);
 
   gs_aggregator *agg;
-  must(gs_aggregator_create(ctx, 4, 1, &agg), "gs_aggregator_create", "-");
+  wu_must(gs_aggregator_create(ctx, 4, 1, &agg), "gs_aggregator_create", "-");
   h = (gs_handle *)&h;
   s = gs_aggregator_sparse_allreduce_async(agg, "err/agg-sparse", idx, vals, 2, 2, GS_FLOAT32,
                                            GS_AVERAGE, NULL, &h);
@@ -692,8 +491,9 @@ static int mode_errors(gs_ctx *ctx) {
 
   float grad[12] = {0};
   gs_handle *hp;
-  must(gs_aggregator_allreduce_async(agg, "err/agg-count", grad, 10, GS_FLOAT32, GS_SUM, NULL, &hp),
-       "gs_aggregator_allreduce_async", "err/agg-count");
+  wu_must(
+      gs_aggregator_allreduce_async(agg, "err/agg-count", grad, 10, GS_FLOAT32, GS_SUM, NULL, &hp),
+      "gs_aggregator_allreduce_async", "err/agg-count");
   gs_handle_free(hp);
   h = (gs_handle *)&h;
   s = gs_aggregator_allreduce_async(agg, "err/agg-count", grad, 12, GS_FLOAT32, GS_SUM, NULL, &h);
@@ -718,14 +518,15 @@ static int mode_errors(gs_ctx *ctx) {
 
   /* The job goes on: a sparse op after the errors works. */
   gs_handle *hr;
-  must(gs_sparse_allreduce_async(ctx, "err/after", idx, vals, 2, 2, GS_FLOAT32, GS_SUM, NULL, &hr),
-       "gs_sparse_allreduce_async", "err/after");
+  wu_must(
+      gs_sparse_allreduce_async(ctx, "err/after", idx, vals, 2, 2, GS_FLOAT32, GS_SUM, NULL, &hr),
+      "gs_sparse_allreduce_async", "err/after");
   wait_ok(hr, "err/after");
-  must(gs_sparse_result(hr, &gi, &gv, &gn), "gs_sparse_result", "err/after");
-  if (gn != 2 * (size_t)g_size) die("err/after: %zu rows, expected %d", gn, 2 * g_size);
+  wu_must(gs_sparse_result(hr, &gi, &gv, &gn), "gs_sparse_result", "err/after");
+  if (gn != 2 * (size_t)g_size) wu_die("err/after: %zu rows, expected %d", gn, 2 * g_size);
   for (size_t i = 0; i < gn; i++)
     if (gi[i] != idx[i % 2] || ((const float *)gv)[i * 2] != vals[(i % 2) * 2])
-      die("err/after: row %zu wrong", i);
+      wu_die("err/after: row %zu wrong", i);
   gs_handle_free(hr);
   printf("errors: passed (rank %d of %d)\n", g_rank, g_size);
   return 0;
@@ -737,7 +538,8 @@ static int mode_errors(gs_ctx *ctx) {
 #define AG_STEPS 2
 
 static double ag_value(int r, unsigned id, int step, int pass, size_t j) {
-  return (double)((int64_t)(hash4((uint64_t)r + 1, id, (uint64_t)(step * 16 + pass), j) % 9) - 4);
+  return (double)((int64_t)(wu_hash4((uint64_t)r + 1, id, (uint64_t)(step * 16 + pass), j) % 9) -
+                  4);
 }
 
 /* A dense name over AG_STEPS steps of AG_PASSES passes: the passes before
@@ -746,26 +548,26 @@ static double ag_value(int r, unsigned id, int step, int pass, size_t j) {
 static size_t ag_dense(gs_ctx *ctx, gs_aggregator *agg, const char *name, unsigned id, gs_dtype dt,
                        size_t count, gs_reduce_op op, int average_aggregated, int local,
                        uint64_t want_collectives) {
-  void *grad = xcalloc(count, 8), *copy = xcalloc(count, 8);
+  void *grad = wu_xcalloc(count, 8), *copy = wu_xcalloc(count, 8);
   size_t checks = 0;
   for (int step = 0; step < AG_STEPS; step++) {
     uint64_t before = collectives(ctx);
     for (int p = 0; p < AG_PASSES; p++) {
-      for (size_t j = 0; j < count; j++) put(dt, grad, j, ag_value(g_rank, id, step, p, j));
+      for (size_t j = 0; j < count; j++) wu_put(dt, grad, j, ag_value(g_rank, id, step, p, j));
       memcpy(copy, grad, count * 8);
       gs_handle *h;
-      must(gs_aggregator_allreduce_async(agg, name, grad, count, dt, op, NULL, &h),
-           "gs_aggregator_allreduce_async", name);
+      wu_must(gs_aggregator_allreduce_async(agg, name, grad, count, dt, op, NULL, &h),
+              "gs_aggregator_allreduce_async", name);
       if (p < AG_PASSES - 1) {
         int done = 0;
-        must(gs_test(h, &done), "gs_test", name);
+        wu_must(gs_test(h, &done), "gs_test", name);
         if (!done)
-          die("tensor '%s': pass %d of %d is not complete at once", name, p + 1, AG_PASSES);
-        must(gs_wait(h, 0), "gs_wait", name);
+          wu_die("tensor '%s': pass %d of %d is not complete at once", name, p + 1, AG_PASSES);
+        wu_must(gs_wait(h, 0), "gs_wait", name);
         if (memcmp(copy, grad, count * 8) != 0)
-          die("tensor '%s': pass %d of %d changed grad", name, p + 1, AG_PASSES);
+          wu_die("tensor '%s': pass %d of %d changed grad", name, p + 1, AG_PASSES);
         if (collectives(ctx) != before)
-          die("tensor '%s': pass %d of %d ran a collective", name, p + 1, AG_PASSES);
+          wu_die("tensor '%s': pass %d of %d ran a collective", name, p + 1, AG_PASSES);
       } else {
         wait_ok(h, name);
       }
@@ -773,8 +575,8 @@ static size_t ag_dense(gs_ctx *ctx, gs_aggregator *agg, const char *name, unsign
     }
     uint64_t ran = collectives(ctx) - before;
     if (ran != want_collectives)
-      die("tensor '%s': %d passes ran %llu collectives, expected %llu", name, AG_PASSES,
-          (unsigned long long)ran, (unsigned long long)want_collectives);
+      wu_die("tensor '%s': %d passes ran %llu collectives, expected %llu", name, AG_PASSES,
+             (unsigned long long)ran, (unsigned long long)want_collectives);
     for (size_t j = 0; j < count; j++, checks++) {
       double want = 0;
       for (int r = 0; r < g_size; r++) {
@@ -784,10 +586,10 @@ static size_t ag_dense(gs_ctx *ctx, gs_aggregator *agg, const char *name, unsign
         want += average_aggregated ? averaged(dt, sum, AG_PASSES) : sum;
       }
       if (op == GS_AVERAGE) want = averaged(dt, want, g_size);
-      double got = get(dt, grad, j), tol = rel_tol(dt) * (fabs(want) + 1);
+      double got = wu_get(dt, grad, j), tol = wu_rel_tol(dt) * (fabs(want) + 1);
       if (fabs(got - want) > tol)
-        die("tensor '%s' (step %d): element %zu: got %.9g, expected %.9g", name, step, j, got,
-            want);
+        wu_die("tensor '%s' (step %d): element %zu: got %.9g, expected %.9g", name, step, j, got,
+               want);
     }
   }
   free(grad);
@@ -800,12 +602,12 @@ static size_t ag_dense(gs_ctx *ctx, gs_aggregator *agg, const char *name, unsign
 
 static size_t ag_nnz(int r, int step, int p) {
   if ((r + p + step) % 3 == 0) return 0;
-  return 1 + (size_t)(hash4((uint64_t)r + 1, 71, (uint64_t)step, (uint64_t)p) % 5);
+  return 1 + (size_t)(wu_hash4((uint64_t)r + 1, 71, (uint64_t)step, (uint64_t)p) % 5);
 }
 
 static int64_t ag_index(int r, int step, int p, size_t i) {
   if (i == 1) i = 0; /* a repeat */
-  return (int64_t)(hash4((uint64_t)r + 1, 72, (uint64_t)(step * 16 + p), i) % AG_ROWS);
+  return (int64_t)(wu_hash4((uint64_t)r + 1, 72, (uint64_t)(step * 16 + p), i) % AG_ROWS);
 }
 
 static size_t ag_sparse(gs_ctx *ctx, gs_aggregator *agg) {
@@ -826,15 +628,15 @@ static size_t ag_sparse(gs_ctx *ctx, gs_aggregator *agg) {
       for (size_t e = 0; e < AG_ROWS * AG_ROW_LEN; e++) dense_out[e] = 12345.0f;
       gs_sparse_opts so = {1, AG_ROWS, dense_out};
       gs_handle *h;
-      must(gs_aggregator_sparse_allreduce_async(agg, name, idx, vals, nnz, AG_ROW_LEN, GS_FLOAT32,
-                                                GS_AVERAGE, &so, &h),
-           "gs_aggregator_sparse_allreduce_async", name);
+      wu_must(gs_aggregator_sparse_allreduce_async(agg, name, idx, vals, nnz, AG_ROW_LEN,
+                                                   GS_FLOAT32, GS_AVERAGE, &so, &h),
+              "gs_aggregator_sparse_allreduce_async", name);
       if (p < AG_PASSES - 1) {
         int done = 0;
-        must(gs_test(h, &done), "gs_test", name);
-        if (!done) die("tensor '%s': pass %d is not complete at once", name, p + 1);
+        wu_must(gs_test(h, &done), "gs_test", name);
+        if (!done) wu_die("tensor '%s': pass %d is not complete at once", name, p + 1);
         for (size_t e = 0; e < AG_ROWS * AG_ROW_LEN; e++)
-          if (dense_out[e] != 12345.0f) die("tensor '%s': pass %d wrote dense_out", name, p + 1);
+          if (dense_out[e] != 12345.0f) wu_die("tensor '%s': pass %d wrote dense_out", name, p + 1);
       } else {
         wait_ok(h, name);
       }
@@ -842,8 +644,8 @@ static size_t ag_sparse(gs_ctx *ctx, gs_aggregator *agg) {
     }
     uint64_t ran = collectives(ctx) - before;
     if (ran != 1)
-      die("tensor '%s': %d passes ran %llu collectives, expected 1", name, AG_PASSES,
-          (unsigned long long)ran);
+      wu_die("tensor '%s': %d passes ran %llu collectives, expected 1", name, AG_PASSES,
+             (unsigned long long)ran);
     double ref[AG_ROWS * AG_ROW_LEN] = {0};
     for (int r = 0; r < g_size; r++)
       for (int p = 0; p < AG_PASSES; p++)
@@ -854,8 +656,8 @@ static size_t ag_sparse(gs_ctx *ctx, gs_aggregator *agg) {
     for (size_t e = 0; e < AG_ROWS * AG_ROW_LEN; e++, checks++) {
       double want = ref[e] / AG_PASSES / g_size;
       if (fabs(dense_out[e] - want) > 0x1p-21 * (fabs(want) + 1))
-        die("tensor '%s' (step %d): dense element %zu: got %.9g, expected %.9g", name, step, e,
-            dense_out[e], want);
+        wu_die("tensor '%s' (step %d): dense element %zu: got %.9g, expected %.9g", name, step, e,
+               dense_out[e], want);
     }
   }
   return checks;
@@ -863,10 +665,10 @@ static size_t ag_sparse(gs_ctx *ctx, gs_aggregator *agg) {
 
 static int mode_aggregate(gs_ctx *ctx) {
   gs_aggregator *avg, *sum, *once;
-  must(gs_aggregator_create(ctx, AG_PASSES, 1, &avg), "gs_aggregator_create", "-");
-  must(gs_aggregator_create(ctx, AG_PASSES, 0, &sum), "gs_aggregator_create", "-");
-  must(gs_aggregator_create(ctx, 1, 0, &once), "gs_aggregator_create", "-");
-  must(gs_register_local(ctx, "agg/local"), "gs_register_local", "agg/local");
+  wu_must(gs_aggregator_create(ctx, AG_PASSES, 1, &avg), "gs_aggregator_create", "-");
+  wu_must(gs_aggregator_create(ctx, AG_PASSES, 0, &sum), "gs_aggregator_create", "-");
+  wu_must(gs_aggregator_create(ctx, 1, 0, &once), "gs_aggregator_create", "-");
+  wu_must(gs_register_local(ctx, "agg/local"), "gs_register_local", "agg/local");
   size_t checks = 0;
   checks += ag_dense(ctx, avg, "agg/dense/average", 1, GS_FLOAT32, 1000, GS_AVERAGE, 1, 0, 1);
   checks += ag_dense(ctx, sum, "agg/dense/sum", 2, GS_INT32, 77, GS_SUM, 0, 0, 1);
@@ -879,14 +681,14 @@ static int mode_aggregate(gs_ctx *ctx) {
     for (size_t j = 0; j < 5; j++) v[j] = g_rank + (double)j + k;
     uint64_t before = collectives(ctx);
     gs_handle *h;
-    must(gs_aggregator_allreduce_async(once, "agg/once", v, 5, GS_FLOAT64, GS_SUM, NULL, &h),
-         "gs_aggregator_allreduce_async", "agg/once");
+    wu_must(gs_aggregator_allreduce_async(once, "agg/once", v, 5, GS_FLOAT64, GS_SUM, NULL, &h),
+            "gs_aggregator_allreduce_async", "agg/once");
     wait_ok(h, "agg/once");
     gs_handle_free(h);
-    if (collectives(ctx) - before != 1) die("agg/once: not one collective per call");
+    if (collectives(ctx) - before != 1) wu_die("agg/once: not one collective per call");
     for (size_t j = 0; j < 5; j++, checks++) {
       double want = (double)g_size * (g_size - 1) / 2 + (double)g_size * ((double)j + k);
-      if (v[j] != want) die("agg/once: element %zu: got %g, expected %g", j, v[j], want);
+      if (v[j] != want) wu_die("agg/once: element %zu: got %g, expected %g", j, v[j], want);
     }
   }
   gs_aggregator_destroy(avg);
@@ -904,30 +706,30 @@ static int mode_broadcast(gs_ctx *ctx) {
   static const gs_dtype dts[N] = {GS_FLOAT32, GS_INT32, GS_FLOAT32, GS_FLOAT16};
   static const size_t counts[N] = {1000, 7, 5, 33};
   void *bufs[N];
-  must(gs_register_local(ctx, "param/local"), "gs_register_local", "param/local");
+  wu_must(gs_register_local(ctx, "param/local"), "gs_register_local", "param/local");
   for (size_t i = 0; i < N; i++) {
-    bufs[i] = xcalloc(counts[i], 8);
+    bufs[i] = wu_xcalloc(counts[i], 8);
     for (size_t j = 0; j < counts[i]; j++)
-      put(dts[i], bufs[i], j, (double)(g_rank * 100 + (int)j % 50));
+      wu_put(dts[i], bufs[i], j, (double)(g_rank * 100 + (int)j % 50));
   }
   gs_status s = gs_broadcast_parameters(ctx, N, names, bufs, counts, dts, 7);
   if (s != GS_ERR_INVALID_ARG || !strstr(gs_last_error(NULL), "root 7 is not a rank of this job"))
-    die("gs_broadcast_parameters with root 7: %s: %s", status_name(s), gs_last_error(NULL));
-  printf("broadcast: root 7: %s: %s\n", status_name(s), gs_last_error(NULL));
+    wu_die("gs_broadcast_parameters with root 7: %s: %s", wu_status_name(s), gs_last_error(NULL));
+  printf("broadcast: root 7: %s: %s\n", wu_status_name(s), gs_last_error(NULL));
   uint64_t before = collectives(ctx);
-  must(gs_broadcast_parameters(ctx, N, names, bufs, counts, dts, ROOT), "gs_broadcast_parameters",
-       "param/*");
+  wu_must(gs_broadcast_parameters(ctx, N, names, bufs, counts, dts, ROOT),
+          "gs_broadcast_parameters", "param/*");
   if (collectives(ctx) - before != N - 1)
-    die("gs_broadcast_parameters ran %llu collectives for %d non-local parameters",
-        (unsigned long long)(collectives(ctx) - before), N - 1);
+    wu_die("gs_broadcast_parameters ran %llu collectives for %d non-local parameters",
+           (unsigned long long)(collectives(ctx) - before), N - 1);
   size_t checks = 0;
   for (size_t i = 0; i < N; i++) {
     int from = strcmp(names[i], "param/local") == 0 ? g_rank : ROOT;
     for (size_t j = 0; j < counts[i]; j++, checks++) {
-      double want = (double)(from * 100 + (int)j % 50), got = get(dts[i], bufs[i], j);
+      double want = (double)(from * 100 + (int)j % 50), got = wu_get(dts[i], bufs[i], j);
       if (got != want)
-        die("parameter '%s' element %zu: got %g, expected %g (from rank %d)", names[i], j, got,
-            want, from);
+        wu_die("parameter '%s' element %zu: got %g, expected %g (from rank %d)", names[i], j, got,
+               want, from);
     }
     free(bufs[i]);
   }
@@ -957,7 +759,7 @@ int main(int argc, char **argv) {
     gs_ctx *ctx = join_or_die();
     int rc = modes[m].run(ctx);
     gs_status s = gs_shutdown(ctx);
-    if (s != GS_OK) die("gs_shutdown: %s: %s", status_name(s), gs_last_error(NULL));
+    if (s != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(s), gs_last_error(NULL));
     return rc;
   }
   fprintf(stderr, "gs-sparse-worker: unknown mode '%s'\n", argv[1]);

@@ -22,53 +22,16 @@
 
 #include <cmocka.h>
 
-#include "proc.h"
+#include "job.h"
 
 #define GUARD_MS 120000
-#define MAX_RANKS 4
+#define MAX_RANKS 4 /* at most JOB_MAX_RANKS */
 
 static const char worker_path[] = GS_BIN_DIR "/gs-models-worker";
-
-static void fail_with_dump(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  proc_dump_all();
-  fail_msg("%s", msg);
-}
 
 static int setup(void **state) {
   (void)state;
   return proc_test_begin("models", GUARD_MS);
-}
-
-static int teardown(void **state) {
-  (void)state;
-  proc_test_end();
-  return 0;
-}
-
-static void expect_exit(proc *p, int code) {
-  if (proc_wait(p, GUARD_MS) != 0)
-    fail_with_dump("%s (pid %d) hung; killed by the hang guard", p->label, (int)p->pid);
-  if (proc_exit_code(p) != code)
-    fail_with_dump("%s exited with %d, expected %d", p->label, proc_exit_code(p), code);
-}
-
-static void expect_output(const proc *p, const char *needle) {
-  char *out = proc_output(p);
-  int found = out != NULL && strstr(out, needle) != NULL;
-  free(out);
-  if (!found) fail_with_dump("%s: output lacks \"%s\"", p->label, needle);
-}
-
-static void expect_no_output(const proc *p, const char *needle) {
-  char *out = proc_output(p);
-  int found = out != NULL && strstr(out, needle) != NULL;
-  free(out);
-  if (found) fail_with_dump("%s: output contains \"%s\"", p->label, needle);
 }
 
 /* How a world is started: the worker's arguments, extra environment for
@@ -85,38 +48,17 @@ typedef struct world_spec {
  * coordinator, stopped and reaped, for more checks of its output, and the
  * ranks in ranks_out (may be NULL; MAX_RANKS entries). */
 static proc *run_world(int size, const world_spec *w, const char *const *expect, proc **ranks_out) {
-  char addr[128];
-  proc *coord =
-      proc_start_gradsyncd(GS_BIN_DIR, size, (char *const *)w->coord_args, addr, sizeof addr);
-  if (coord == NULL) fail_with_dump("gradsyncd did not start (see its output above)");
-  proc *ranks[MAX_RANKS];
-  for (int r = 0; r < size; r++) {
-    char c[160], rk[32], sz[32], lr[40], ls[40];
-    snprintf(c, sizeof c, "GRADSYNC_COORDINATOR=%s", addr);
-    snprintf(rk, sizeof rk, "GRADSYNC_RANK=%d", r);
-    snprintf(sz, sizeof sz, "GRADSYNC_SIZE=%d", size);
-    snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", r);
-    snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", size);
-    char *env[12] = {c, rk, sz, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000"};
-    for (int k = 0; k < 4 && w->env[k]; k++) env[6 + k] = (char *)w->env[k];
-    char *argv[] = {(char *)worker_path, (char *)w->mode, (char *)w->variant, NULL};
-    char label[32];
-    snprintf(label, sizeof label, "rank %d", r);
-    ranks[r] = proc_spawn(label, argv, env);
-    if (ranks[r] == NULL) fail_with_dump("could not start %s as rank %d", worker_path, r);
-  }
-  for (int r = 0; r < size; r++) expect_exit(ranks[r], 0);
+  job j;
+  job_start_coordinator(&j, size, (char *const *)w->coord_args);
+  char *args[] = {(char *)w->mode, (char *)w->variant, NULL};
   for (int r = 0; r < size; r++)
-    for (size_t i = 0; expect[i]; i++) {
-      char want[1024];
-      snprintf(want, sizeof want, expect[i], r, size);
-      expect_output(ranks[r], want);
-    }
-  proc_signal(coord, SIGTERM);
-  expect_exit(coord, 0);
+    j.ranks[r] = job_start_rank(&j, r, worker_path, args, (char *const *)w->env);
+  for (int r = 0; r < size; r++) job_expect_exit(j.ranks[r], 0);
+  for (int r = 0; r < size; r++) job_expect_lines(j.ranks[r], expect, r, size);
+  job_stop_coordinator(&j);
   if (ranks_out)
-    for (int r = 0; r < size; r++) ranks_out[r] = ranks[r];
-  return coord;
+    for (int r = 0; r < size; r++) ranks_out[r] = j.ranks[r];
+  return j.coord;
 }
 
 /* ---- model parallelism: a tower per rank under shared layers ------------- */
@@ -140,8 +82,8 @@ static void towers_world(int size, const char *variant, const char *env) {
       "empty",
       " checks passed (rank %d of %d)", NULL};
   proc *coord = run_world(size, &w, lines, NULL);
-  expect_output(coord, "world ready");
-  expect_no_output(coord, "tower");
+  job_expect_output(coord, "world ready");
+  job_expect_no_output(coord, "tower", 0);
 }
 
 static void test_towers_2(void **state) {
@@ -195,13 +137,13 @@ static void conflict_world(int size) {
                "ranks %s; a model-parallel tensor must be registered local on every rank that "
                "holds it and never submitted, or submitted by every rank\n",
                names[k], names[k], who[k]);
-      expect_output(ranks[r], want);
+      job_expect_output(ranks[r], want);
     }
   }
-  expect_output(ranks[0], "conflict: register a name in flight: GS_ERR_INVALID_ARG: "
-                          "gs_register_local: tensor 'inflight' has an op in flight on rank 0");
-  expect_no_output(coord, "deadlock");
-  expect_no_output(coord, "stall");
+  job_expect_output(ranks[0], "conflict: register a name in flight: GS_ERR_INVALID_ARG: "
+                              "gs_register_local: tensor 'inflight' has an op in flight on rank 0");
+  job_expect_no_output(coord, "deadlock", 0);
+  job_expect_no_output(coord, "stall", 0);
 }
 
 static void test_conflict_2(void **state) {
@@ -341,22 +283,22 @@ static void train_run(int np, const char *const *args, char *const *env, const c
   for (size_t i = 0; args[i] && a < 15; i++) argv[a++] = (char *)args[i];
   argv[a] = NULL;
   proc *p = proc_spawn("gradsync-run", argv, env);
-  if (p == NULL) fail_with_dump("could not start gradsync-run");
-  expect_exit(p, 0);
+  if (p == NULL) job_fail("could not start gradsync-run");
+  job_expect_exit(p, 0);
   char want[128];
   snprintf(want, sizeof want, "[0] parameters identical on all %d ranks (checksum 0x", np);
-  expect_output(p, want);
-  expect_output(p, shared_what);
-  expect_output(p, towers_line);
+  job_expect_output(p, want);
+  job_expect_output(p, shared_what);
+  job_expect_output(p, towers_line);
   char *out = proc_output(p);
   double loss[64];
   size_t n = read_losses(out, loss, 64);
   free(out);
-  if (n < 5) fail_with_dump("gradsync-train logged %zu loss lines, expected at least 5", n);
+  if (n < 5) job_fail("gradsync-train logged %zu loss lines, expected at least 5", n);
   if (!(loss[n - 1] < 0.75 * loss[0]))
-    fail_with_dump("the loss did not fall: first %.4f, last %.4f", loss[0], loss[n - 1]);
+    job_fail("the loss did not fall: first %.4f, last %.4f", loss[0], loss[n - 1]);
   size_t left = proc_strays(5000);
-  if (left != 0) fail_with_dump("gradsync-run left %zu process(es) running", left);
+  if (left != 0) job_fail("gradsync-run left %zu process(es) running", left);
 }
 
 static void test_train_towers_embedding_3(void **state) {
@@ -379,27 +321,27 @@ static void test_train_towers_noscale_2(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_towers_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_towers_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_towers_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_towers_noscale_env_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_towers_noscale_opt_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_conflict_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_conflict_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_compress_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_compress_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_compress_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_scale_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_scale_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_reduce_ops_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_alltoall_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_alltoall_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_alltoall_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_reducescatter_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_reducescatter_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_reducescatter_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_train_towers_embedding_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_train_towers_noscale_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_towers_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_towers_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_towers_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_towers_noscale_env_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_towers_noscale_opt_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_conflict_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_conflict_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_compress_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_compress_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_compress_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_scale_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_scale_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_reduce_ops_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_alltoall_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_alltoall_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_alltoall_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_reducescatter_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_reducescatter_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_reducescatter_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_train_towers_embedding_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_train_towers_noscale_2, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("models", tests, NULL, NULL);
 }

@@ -25,31 +25,13 @@
 
 #include <cmocka.h>
 
-#include "proc.h"
+#include "job.h"
 
 #define GUARD_MS 120000
 #define WORKLOAD_GUARD_MS 300000 /* 5 steps of 97.5 MiB, also under ASan */
-#define MAX_RANKS 4
 
 static const char worker_path[] = GS_BIN_DIR "/gs-test-worker";
 static const char resnet50_path[] = GS_SOURCE_DIR "/../shared/workloads/resnet50.txt";
-
-typedef struct world {
-  proc *coord;
-  char addr[128];
-  int size;
-  proc *ranks[MAX_RANKS];
-} world;
-
-static void fail_with_dump(const char *fmt, ...) {
-  char msg[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  proc_dump_all();
-  fail_msg("%s", msg);
-}
 
 static int setup(void **state) {
   (void)state;
@@ -61,71 +43,28 @@ static int setup_workload(void **state) {
   return proc_test_begin("neg", WORKLOAD_GUARD_MS);
 }
 
-static int teardown(void **state) {
-  (void)state;
-  proc_test_end();
-  return 0;
-}
-
-/* gradsyncd for a world of size, with extra flags (NULL-terminated, may be
- * NULL). */
-static void start_coordinator(world *w, int size, char *const extra[]) {
-  memset(w, 0, sizeof *w);
-  w->size = size;
-  w->coord = proc_start_gradsyncd(GS_BIN_DIR, size, extra, w->addr, sizeof w->addr);
-  if (w->coord == NULL) fail_with_dump("gradsyncd did not start (see its output above)");
-}
-
 /* gs-test-worker ARGS... as rank `rank` of w, with the worker environment
  * and GS_TEST_DIR (the test's private directory). */
-static proc *start_rank(world *w, int rank, char *const args[]) {
-  char coord[160], r[32], s[32], lr[40], ls[40], dir[600];
-  snprintf(coord, sizeof coord, "GRADSYNC_COORDINATOR=%s", w->addr);
-  snprintf(r, sizeof r, "GRADSYNC_RANK=%d", rank);
-  snprintf(s, sizeof s, "GRADSYNC_SIZE=%d", w->size);
-  snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", rank);
-  snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", w->size);
+static proc *start_rank(job *w, int rank, char *const args[]) {
+  char dir[600];
   snprintf(dir, sizeof dir, "GS_TEST_DIR=%s", proc_test_dir());
-  char *env[] = {coord, r, s, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000", dir, NULL};
-  char *argv[16] = {(char *)worker_path};
-  size_t argc = 1;
-  for (size_t i = 0; args[i] && argc < 15; i++) argv[argc++] = args[i];
-  argv[argc] = NULL;
-  char label[32];
-  snprintf(label, sizeof label, "rank %d", rank);
-  proc *p = proc_spawn(label, argv, env);
-  if (p == NULL) fail_with_dump("could not start %s as rank %d", worker_path, rank);
-  return p;
-}
-
-static void expect_exit(proc *p, int code) {
-  if (proc_wait(p, proc_guard_left_ms()) != 0)
-    fail_with_dump("%s (pid %d) hung; killed by the hang guard", p->label, (int)p->pid);
-  if (proc_exit_code(p) != code)
-    fail_with_dump("%s exited with %d, expected %d", p->label, proc_exit_code(p), code);
-}
-
-static void stop_coordinator(world *w) {
-  proc_signal(w->coord, SIGTERM);
-  expect_exit(w->coord, 0);
+  char *env[] = {dir, NULL};
+  return job_start_rank(w, rank, worker_path, args, env);
 }
 
 /* A world of size running ARGS on every rank; each must exit 0 and print
  * "MODE: passed (rank R of SIZE" where MODE is pass_prefix. */
-static void run_world(world *w, int size, char *const coord_args[], char *const args[],
+static void run_world(job *w, int size, char *const coord_args[], char *const args[],
                       const char *pass_prefix) {
-  start_coordinator(w, size, coord_args);
+  job_start_coordinator(w, size, coord_args);
   for (int r = 0; r < size; r++) w->ranks[r] = start_rank(w, r, args);
-  for (int r = 0; r < size; r++) expect_exit(w->ranks[r], 0);
+  for (int r = 0; r < size; r++) job_expect_exit(w->ranks[r], 0);
   for (int r = 0; r < size; r++) {
     char want[128];
     snprintf(want, sizeof want, "%s: passed (rank %d of %d", pass_prefix, r, size);
-    char *out = proc_output(w->ranks[r]);
-    int found = strstr(out, want) != NULL;
-    free(out);
-    if (!found) fail_with_dump("%s: output lacks \"%s\"", w->ranks[r]->label, want);
+    job_expect_output(w->ranks[r], want);
   }
-  stop_coordinator(w);
+  job_stop_coordinator(w);
 }
 
 /* The first line of p's output that starts with prefix, newline stripped,
@@ -150,11 +89,11 @@ static int find_line(const proc *p, const char *prefix, char *buf, size_t cap) {
 
 static void line_or_fail(const proc *p, const char *prefix, char *buf, size_t cap) {
   if (find_line(p, prefix, buf, cap) != 0)
-    fail_with_dump("%s: no output line starts with \"%s\"", p->label, prefix);
+    job_fail("%s: no output line starts with \"%s\"", p->label, prefix);
 }
 
 /* Every rank of w printed exactly the line want (found by its prefix). */
-static void expect_same_line(const world *w, const char *prefix, const char *want) {
+static void expect_same_line(const job *w, const char *prefix, const char *want) {
   char first[4096] = "";
   for (int r = 0; r < w->size; r++) {
     char got[4096];
@@ -162,10 +101,8 @@ static void expect_same_line(const world *w, const char *prefix, const char *wan
     if (r == 0)
       snprintf(first, sizeof first, "%s", got);
     else if (strcmp(got, first) != 0)
-      fail_with_dump("ranks disagree on \"%s\":\n  rank 0: %s\n  rank %d: %s", prefix, first, r,
-                     got);
-    if (strcmp(got, want) != 0)
-      fail_with_dump("rank %d:\n  got:      %s\n  expected: %s", r, got, want);
+      job_fail("ranks disagree on \"%s\":\n  rank 0: %s\n  rank %d: %s", prefix, first, r, got);
+    if (strcmp(got, want) != 0) job_fail("rank %d:\n  got:      %s\n  expected: %s", r, got, want);
   }
 }
 
@@ -182,7 +119,7 @@ static stats_line stats_of(const proc *p, const char *prefix) {
   const char *at = strstr(line, "collectives=");
   if (at == NULL || sscanf(at, "collectives=%llu tensors=%llu fused=%llu requests=%llu hits=%llu",
                            &s.collectives, &s.tensors, &s.fused, &s.requests, &s.hits) != 5)
-    fail_with_dump("%s: cannot parse the stats line \"%s\"", p->label, line);
+    job_fail("%s: cannot parse the stats line \"%s\"", p->label, line);
   return s;
 }
 
@@ -220,7 +157,7 @@ static const struct {
 static void test_mismatch_every_attribute_3(void **state) {
   (void)state;
   char *args[] = {"mismatch-all", NULL};
-  world w;
+  job w;
   run_world(&w, 3, NULL, args, "neg-mismatch");
   size_t n = sizeof k_mismatches / sizeof k_mismatches[0];
   for (size_t i = 0; i < n; i++) {
@@ -267,7 +204,7 @@ static void fusion_world(const char *threshold, const char *policy, unsigned lon
   snprintf(count, sizeof count, "%d", FUSION_COUNT);
   snprintf(steps, sizeof steps, "%d", FUSION_STEPS);
   char *args[] = {"fusion", n, count, steps, NULL};
-  world w;
+  job w;
   run_world(&w, 2, coord_args, args, "fusion");
   for (int r = 0; r < 2; r++)
     for (int s = 0; s < FUSION_STEPS; s++) {
@@ -275,14 +212,14 @@ static void fusion_world(const char *threshold, const char *policy, unsigned lon
       snprintf(prefix, sizeof prefix, "fusion: rank %d step %d: ", r, s);
       stats_line st = stats_of(w.ranks[r], prefix);
       if (st.tensors != FUSION_TENSORS)
-        fail_with_dump("rank %d step %d: %llu tensors completed, expected %d", r, s, st.tensors,
-                       FUSION_TENSORS);
+        job_fail("rank %d step %d: %llu tensors completed, expected %d", r, s, st.tensors,
+                 FUSION_TENSORS);
       if (st.collectives < min_coll || st.collectives > max_coll)
-        fail_with_dump("rank %d step %d (threshold %s, %s): %llu collectives, expected %llu..%llu",
-                       r, s, threshold, policy, st.collectives, min_coll, max_coll);
+        job_fail("rank %d step %d (threshold %s, %s): %llu collectives, expected %llu..%llu", r, s,
+                 threshold, policy, st.collectives, min_coll, max_coll);
       if (s > 0 && st.hits != FUSION_TENSORS)
-        fail_with_dump("rank %d step %d: %llu of %llu requests were cache hits, expected all %d", r,
-                       s, st.hits, st.requests, FUSION_TENSORS);
+        job_fail("rank %d step %d: %llu of %llu requests were cache hits, expected all %d", r, s,
+                 st.hits, st.requests, FUSION_TENSORS);
     }
 }
 
@@ -316,24 +253,24 @@ static void test_resnet50_cache(void **state) {
     skip();
   }
   char *args[] = {"workload", (char *)resnet50_path, "5", NULL};
-  world w;
+  job w;
   run_world(&w, 2, NULL, args, "workload");
   for (int r = 0; r < 2; r++) {
     char line[512];
     line_or_fail(w.ranks[r], "workload: passed", line, sizeof line);
     if (strstr(line, "161 tensors, 25557032 elements x 5 steps") == NULL)
-      fail_with_dump("rank %d did not run the whole ResNet-50 list: %s", r, line);
+      job_fail("rank %d did not run the whole ResNet-50 list: %s", r, line);
     for (int s = 1; s <= 5; s++) {
       char prefix[64];
       snprintf(prefix, sizeof prefix, "workload: rank %d step %d: ", r, s);
       stats_line st = stats_of(w.ranks[r], prefix);
       if (st.tensors != 161 || st.requests != 161)
-        fail_with_dump("rank %d step %d: %llu tensors completed from %llu requests, expected 161",
-                       r, s, st.tensors, st.requests);
+        job_fail("rank %d step %d: %llu tensors completed from %llu requests, expected 161", r, s,
+                 st.tensors, st.requests);
       /* hits / requests >= 99 % */
       if (s >= 2 && st.hits * 100 < st.requests * 99)
-        fail_with_dump("rank %d step %d: cache hit rate %llu/%llu is below 99 %%", r, s, st.hits,
-                       st.requests);
+        job_fail("rank %d step %d: cache hit rate %llu/%llu is below 99 %%", r, s, st.hits,
+                 st.requests);
     }
   }
 }
@@ -359,7 +296,7 @@ static void dims_text(char *buf, size_t cap, int k, int size, long long *total) 
 static void allgather_world(int size) {
   enum { ROUNDS = 3 };
   char *args[] = {"allgather", "3", NULL};
-  world w;
+  job w;
   run_world(&w, size, NULL, args, "allgather");
   for (int k = 0; k < ROUNDS; k++) {
     char d3[128], d1[128], prefix[64], want[512];
@@ -388,7 +325,7 @@ static void test_allgather_uneven_4(void **state) {
 static void test_broadcast_root2_and_barriers_3(void **state) {
   (void)state;
   char *args[] = {"bcast-barrier", "2", NULL};
-  world w;
+  job w;
   run_world(&w, 3, NULL, args, "bcast");
   for (int r = 0; r < 3; r++) {
     char prefix[64], line[256];
@@ -413,7 +350,7 @@ static void test_broadcast_root2_and_barriers_3(void **state) {
  * pre- and postscaled); values checked by the worker. */
 static void grouped_world(char *const coord_args[], unsigned long long want_collectives) {
   char *args[] = {"grouped", "2", NULL};
-  world w;
+  job w;
   run_world(&w, 2, coord_args, args, "grouped");
   for (int r = 0; r < 2; r++)
     for (int k = 0; k < 2; k++) {
@@ -421,9 +358,9 @@ static void grouped_world(char *const coord_args[], unsigned long long want_coll
       snprintf(prefix, sizeof prefix, "grouped: rank %d round %d: ", r, k);
       stats_line st = stats_of(w.ranks[r], prefix);
       if (st.tensors != 3 || st.collectives != want_collectives)
-        fail_with_dump("rank %d round %d: the group ran as %llu collectives of %llu tensors, "
-                       "expected %llu of 3",
-                       r, k, st.collectives, st.tensors, want_collectives);
+        job_fail("rank %d round %d: the group ran as %llu collectives of %llu tensors, "
+                 "expected %llu of 3",
+                 r, k, st.collectives, st.tensors, want_collectives);
     }
 }
 
@@ -450,7 +387,7 @@ static void test_grouped_allreduce_low_threshold(void **state) {
  * integers, exact in float32: no tolerance needed). */
 static void join_world(int size) {
   char *args[] = {"join-steps", "6", NULL};
-  world w;
+  job w;
   run_world(&w, size, NULL, args, "join");
   const int early = size - 1;
   int last = -1;
@@ -470,9 +407,9 @@ static void join_world(int size) {
         snprintf(want, sizeof want, "%sGS_ERR_INVALID_ARG: tensor '%s': %s while rank %d ", prefix,
                  names[i], ops[i], early);
         if (strncmp(line, want, strlen(want)) != 0 || strstr(line, "has joined") == NULL)
-          fail_with_dump("rank %d: %s with a joined rank:\n  got:      %s\n  expected: %s... "
-                         "has joined ...",
-                         r, ops[i], line, want);
+          job_fail("rank %d: %s with a joined rank:\n  got:      %s\n  expected: %s... "
+                   "has joined ...",
+                   r, ops[i], line, want);
       }
     }
     snprintf(prefix, sizeof prefix, "join: rank %d: last joined rank ", r);
@@ -480,13 +417,13 @@ static void join_world(int size) {
     int l = atoi(line + strlen(prefix));
     if (r == 0) last = l;
     if (l != last)
-      fail_with_dump("gs_join: rank 0 says rank %d joined last, rank %d says %d", last, r, l);
+      job_fail("gs_join: rank 0 says rank %d joined last, rank %d says %d", last, r, l);
   }
   /* The early rank joined first; the last one is one of the others. */
   if (last < 0 || last >= early)
-    fail_with_dump("gs_join named rank %d as the last to join; rank %d joined first, so it must "
-                   "be one of 0..%d",
-                   last, early, early - 1);
+    job_fail("gs_join named rank %d as the last to join; rank %d joined first, so it must "
+             "be one of 0..%d",
+             last, early, early - 1);
 }
 
 static void test_join_2(void **state) {
@@ -509,7 +446,7 @@ static void test_join_4(void **state) {
 static void test_duplicate_name_3(void **state) {
   (void)state;
   char *args[] = {"duplicate", NULL};
-  world w;
+  job w;
   run_world(&w, 3, NULL, args, "duplicate");
   static const char *const hows[] = {"allreduce", "allgather", "broadcast", "grouped allreduce"};
   for (int r = 0; r < 3; r++) {
@@ -523,29 +460,29 @@ static void test_duplicate_name_3(void **state) {
       snprintf(want, sizeof want, "%sGS_ERR_DUPLICATE_NAME: tensor '%s': rank %d ", prefix, name,
                r);
       if (strncmp(line, want, strlen(want)) != 0 || strstr(line, "in flight") == NULL)
-        fail_with_dump("rank %d, %s of a name in flight:\n  got:      %s\n  expected: %s... in "
-                       "flight ...",
-                       r, how, line, want);
+        job_fail("rank %d, %s of a name in flight:\n  got:      %s\n  expected: %s... in "
+                 "flight ...",
+                 r, how, line, want);
     }
   }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_mismatch_every_attribute_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_fusion_threshold_1mib, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_fusion_off, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_fusion_window_policy, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_resnet50_cache, setup_workload, teardown),
-      cmocka_unit_test_setup_teardown(test_allgather_uneven_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_allgather_uneven_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_broadcast_root2_and_barriers_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_grouped_allreduce, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_grouped_allreduce_low_threshold, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_join_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_join_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_join_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_duplicate_name_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mismatch_every_attribute_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fusion_threshold_1mib, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fusion_off, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fusion_window_policy, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_resnet50_cache, setup_workload, job_teardown),
+      cmocka_unit_test_setup_teardown(test_allgather_uneven_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_allgather_uneven_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_broadcast_root2_and_barriers_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_grouped_allreduce, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_grouped_allreduce_low_threshold, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_join_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_join_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_join_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_duplicate_name_3, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("negotiation", tests, NULL, NULL);
 }

@@ -19,79 +19,28 @@
 
 #include <cmocka.h>
 
-#include "proc.h"
+#include "job.h"
 
 #define GUARD_MS 120000
-#define MAX_RANKS 4
 
 static const char worker_path[] = GS_BIN_DIR "/gs-sparse-worker";
-
-static void fail_with_dump(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  proc_dump_all();
-  fail_msg("%s", msg);
-}
 
 static int setup(void **state) {
   (void)state;
   return proc_test_begin("sparse", GUARD_MS);
 }
 
-static int teardown(void **state) {
-  (void)state;
-  proc_test_end();
-  return 0;
-}
-
-static void expect_exit(proc *p, int code) {
-  if (proc_wait(p, GUARD_MS) != 0)
-    fail_with_dump("%s (pid %d) hung; killed by the hang guard", p->label, (int)p->pid);
-  if (proc_exit_code(p) != code)
-    fail_with_dump("%s exited with %d, expected %d", p->label, proc_exit_code(p), code);
-}
-
-static void expect_output(const proc *p, const char *needle) {
-  char *out = proc_output(p);
-  int found = out != NULL && strstr(out, needle) != NULL;
-  free(out);
-  if (!found) fail_with_dump("%s: output lacks \"%s\"", p->label, needle);
-}
-
 /* Runs gs-sparse-worker MODE on every rank of a new world of `size`: each
  * must exit 0 and print every text of expect (NULL terminated; a first and
  * second "%d" are replaced by the rank and the size). */
 static void run_world(int size, const char *mode, const char *const *expect) {
-  char addr[128];
-  proc *coord = proc_start_gradsyncd(GS_BIN_DIR, size, NULL, addr, sizeof addr);
-  if (coord == NULL) fail_with_dump("gradsyncd did not start (see its output above)");
-  proc *ranks[MAX_RANKS];
-  for (int r = 0; r < size; r++) {
-    char c[160], rk[32], sz[32], lr[40], ls[40];
-    snprintf(c, sizeof c, "GRADSYNC_COORDINATOR=%s", addr);
-    snprintf(rk, sizeof rk, "GRADSYNC_RANK=%d", r);
-    snprintf(sz, sizeof sz, "GRADSYNC_SIZE=%d", size);
-    snprintf(lr, sizeof lr, "GRADSYNC_LOCAL_RANK=%d", r);
-    snprintf(ls, sizeof ls, "GRADSYNC_LOCAL_SIZE=%d", size);
-    char *env[] = {c, rk, sz, lr, ls, "GRADSYNC_JOIN_TIMEOUT_MS=30000", NULL};
-    char *argv[] = {(char *)worker_path, (char *)mode, NULL};
-    char label[32];
-    snprintf(label, sizeof label, "rank %d", r);
-    ranks[r] = proc_spawn(label, argv, env);
-    if (ranks[r] == NULL) fail_with_dump("could not start %s as rank %d", worker_path, r);
-  }
-  for (int r = 0; r < size; r++) expect_exit(ranks[r], 0);
-  for (int r = 0; r < size; r++)
-    for (size_t i = 0; expect[i]; i++) {
-      char want[512];
-      snprintf(want, sizeof want, expect[i], r, size);
-      expect_output(ranks[r], want);
-    }
-  proc_signal(coord, SIGTERM);
-  expect_exit(coord, 0);
+  job j;
+  job_start_coordinator(&j, size, NULL);
+  char *args[] = {(char *)mode, NULL};
+  for (int r = 0; r < size; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, args, NULL);
+  for (int r = 0; r < size; r++) job_expect_exit(j.ranks[r], 0);
+  for (int r = 0; r < size; r++) job_expect_lines(j.ranks[r], expect, r, size);
+  job_stop_coordinator(&j);
 }
 
 /* ---- both paths against a dense reference, every dtype, sum and average ---- */
@@ -185,15 +134,15 @@ static void test_broadcast_parameters_3(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_sparse_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_sparse_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_sparse_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_mlp_embedding_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_errors_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_aggregate_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_aggregate_3, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_aggregate_4, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_broadcast_parameters_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sparse_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sparse_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sparse_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_mlp_embedding_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_errors_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_aggregate_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_aggregate_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_aggregate_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_broadcast_parameters_3, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("sparse", tests, NULL, NULL);
 }

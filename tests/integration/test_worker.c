@@ -47,6 +47,7 @@
  * between float and float16/bfloat16 are the test's own, independent of the
  * library's. */
 #include "gradsync.h"
+#include "worker_util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -59,70 +60,6 @@
 #include <unistd.h>
 
 #define WAIT_MS 60000 /* one op never takes this long on a healthy job */
-
-static int g_rank = -1;
-static int g_size = 0;
-
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stdout, "rank %d: FAIL: ", g_rank);
-  vfprintf(stdout, fmt, ap);
-  fputc('\n', stdout);
-  va_end(ap);
-  fflush(stdout);
-  fflush(stderr);
-  /* Leave at once: a broken job must not be waited on in gs_shutdown. */
-  _exit(1);
-}
-
-static const char *status_name(gs_status s) {
-  static const char *const names[] = {
-      "GS_OK",
-      "GS_ERR_INVALID_ARG",
-      "GS_ERR_NO_MEMORY",
-      "GS_ERR_TIMEOUT",
-      "GS_ERR_MISMATCH",
-      "GS_ERR_DUPLICATE_NAME",
-      "GS_ERR_JOIN_REFUSED",
-      "GS_ERR_JOIN_TIMEOUT",
-      "GS_ERR_COORDINATOR_LOST",
-      "GS_ERR_RANK_LOST",
-      "GS_ERR_DATA_PLANE",
-      "GS_ERR_ABORTED",
-      "GS_ERR_SHUTDOWN",
-      "GS_ERR_DEADLOCK",
-      "GS_ERR_STALL",
-      "GS_ERR_UNSUPPORTED",
-      "GS_ERR_INTERNAL",
-      "GS_ERR_UNAUTHENTICATED",
-      "GS_ERR_ALREADY_JOINED",
-  };
-  if ((unsigned)s < sizeof names / sizeof names[0]) return names[s];
-  return "GS_ERR_<unknown>";
-}
-
-static const char *dtype_name(gs_dtype d) {
-  switch (d) {
-  case GS_FLOAT32:
-    return "float32";
-  case GS_FLOAT64:
-    return "float64";
-  case GS_FLOAT16:
-    return "float16";
-  case GS_BFLOAT16:
-    return "bfloat16";
-  case GS_INT32:
-    return "int32";
-  case GS_INT64:
-    return "int64";
-  case GS_INT8:
-    return "int8";
-  case GS_UINT8:
-    return "uint8";
-  }
-  return "?";
-}
 
 static const char *op_name(gs_reduce_op op) {
   switch (op) {
@@ -148,91 +85,7 @@ static void sleep_ms(long ms) {
   }
 }
 
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) die("out of memory (%zu bytes)", n);
-  return p;
-}
-
-/* ---- deterministic data --------------------------------------------------- */
-
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-static uint64_t hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
-}
-
-/* ---- float16 / bfloat16, round to nearest even ---------------------------- */
-
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static uint16_t f32_to_f16(float f) {
-  uint32_t x = f32_bits(f);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
-  int e = (int)exp - 127 + 15;
-  if (e >= 0x1f) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return sign;
-    mant |= 0x800000u;
-    unsigned shift = (unsigned)(14 - e);
-    uint32_t h = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = ((uint32_t)e << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* may carry into exp: correct */
-  return (uint16_t)(sign | h);
-}
-
-static float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    float f = ldexpf((float)mant, -24);
-    return sign ? -f : f;
-  }
-  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
-  return bits_f32(sign | ((exp - 15 + 127) << 23) | (mant << 13));
-}
-
-static uint16_t f32_to_bf16(float f) {
-  uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  return bits_f32((uint32_t)h << 16);
-}
-
 /* ---- element access -------------------------------------------------------- */
-
-static int is_float(gs_dtype d) {
-  return d == GS_FLOAT32 || d == GS_FLOAT64 || d == GS_FLOAT16 || d == GS_BFLOAT16;
-}
 
 static size_t dsize(gs_dtype d) {
   switch (d) {
@@ -254,58 +107,6 @@ static size_t dsize(gs_dtype d) {
     return 1;
   }
   return 0;
-}
-
-/* Stores v, rounded as the library must round a float32 result. */
-static void put(gs_dtype d, void *buf, size_t i, double v) {
-  switch (d) {
-  case GS_FLOAT32:
-    ((float *)buf)[i] = (float)v;
-    break;
-  case GS_FLOAT64:
-    ((double *)buf)[i] = v;
-    break;
-  case GS_FLOAT16:
-    ((uint16_t *)buf)[i] = f32_to_f16((float)v);
-    break;
-  case GS_BFLOAT16:
-    ((uint16_t *)buf)[i] = f32_to_bf16((float)v);
-    break;
-  case GS_INT32:
-    ((int32_t *)buf)[i] = (int32_t)v;
-    break;
-  case GS_INT64:
-    ((int64_t *)buf)[i] = (int64_t)v;
-    break;
-  case GS_INT8:
-    ((int8_t *)buf)[i] = (int8_t)v;
-    break;
-  case GS_UINT8:
-    ((uint8_t *)buf)[i] = (uint8_t)v;
-    break;
-  }
-}
-
-static double get(gs_dtype d, const void *buf, size_t i) {
-  switch (d) {
-  case GS_FLOAT32:
-    return ((const float *)buf)[i];
-  case GS_FLOAT64:
-    return ((const double *)buf)[i];
-  case GS_FLOAT16:
-    return f16_to_f32(((const uint16_t *)buf)[i]);
-  case GS_BFLOAT16:
-    return bf16_to_f32(((const uint16_t *)buf)[i]);
-  case GS_INT32:
-    return ((const int32_t *)buf)[i];
-  case GS_INT64:
-    return (double)((const int64_t *)buf)[i];
-  case GS_INT8:
-    return ((const int8_t *)buf)[i];
-  case GS_UINT8:
-    return ((const uint8_t *)buf)[i];
-  }
-  return NAN;
 }
 
 /* The largest magnitude every partial result must stay within so that it is
@@ -338,7 +139,7 @@ static double exact_limit(gs_dtype d) {
  * exact in the dtype (the ring reduces in steps, rounding each step). */
 static double value(gs_reduce_op op, gs_dtype d, int size, int r, unsigned t, size_t j,
                     unsigned k) {
-  uint64_t h = hash4((uint64_t)r + 1, t, j, k);
+  uint64_t h = wu_hash4((uint64_t)r + 1, t, j, k);
   if (op == GS_PRODUCT) {
     static const double signed_set[] = {-2, -1, 0, 1, 1, 2, 3, 1};
     static const double unsigned_set[] = {1, 2, 3, 1, 0, 2, 1, 3};
@@ -354,7 +155,7 @@ static double value(gs_reduce_op op, gs_dtype d, int size, int r, unsigned t, si
     return v;
   }
   /* Sums: |v| * size must stay exact. */
-  double step = (is_float(d) && d != GS_BFLOAT16) ? 0.5 : 1.0;
+  double step = (wu_is_float(d) && d != GS_BFLOAT16) ? 0.5 : 1.0;
   double lim = exact_limit(d) / size;
   double m = lim < 8 ? floor(lim) : 8;
   if (m < 1) m = 1;
@@ -386,8 +187,8 @@ static double reference(gs_reduce_op op, gs_dtype d, int size, unsigned t, size_
     }
   }
   if (op == GS_AVERAGE) {
-    if (is_float(d)) {
-      acc = acc / size; /* rounded to the dtype by put() */
+    if (wu_is_float(d)) {
+      acc = acc / size; /* rounded to the dtype by wu_put() */
     } else {
       acc = (double)((int64_t)acc / size); /* truncation toward zero */
     }
@@ -400,31 +201,9 @@ static double reference(gs_reduce_op op, gs_dtype d, int size, unsigned t, size_
  * Everything else must be exact. */
 static int close_enough(gs_reduce_op op, gs_dtype d, double got, double want) {
   if (got == want) return 1;
-  if (op != GS_AVERAGE || !is_float(d)) return 0;
-  double rel;
-  switch (d) {
-  case GS_FLOAT64:
-    rel = 0x1p-50;
-    break;
-  case GS_FLOAT32:
-    rel = 0x1p-21;
-    break;
-  case GS_FLOAT16:
-    rel = 0x1p-9;
-    break;
-  default:
-    rel = 0x1p-6;
-    break;
-  }
-  double tol = rel * (fabs(want) > 0.5 ? fabs(want) : 0.5);
+  if (op != GS_AVERAGE || !wu_is_float(d)) return 0;
+  double tol = wu_rel_tol(d) * (fabs(want) > 0.5 ? fabs(want) : 0.5);
   return fabs(got - want) <= tol;
-}
-
-/* Rounds v to what the dtype stores (to compare like with like). */
-static double as_stored(gs_dtype d, double v) {
-  unsigned char tmp[8];
-  put(d, tmp, 0, v);
-  return get(d, tmp, 0);
 }
 
 /* ---- common helpers ------------------------------------------------------- */
@@ -432,27 +211,29 @@ static double as_stored(gs_dtype d, double v) {
 static gs_ctx *join_or_die(void) {
   gs_ctx *ctx = NULL;
   gs_status s = gs_init(NULL, &ctx);
-  if (s != GS_OK) die("gs_init: %s: %s", status_name(s), gs_last_error(NULL));
-  if (ctx == NULL) die("gs_init returned GS_OK and a NULL context");
+  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
+  if (ctx == NULL) wu_die("gs_init returned GS_OK and a NULL context");
   g_rank = gs_rank(ctx);
   g_size = gs_size(ctx);
   const char *env_rank = getenv("GRADSYNC_RANK");
   const char *env_size = getenv("GRADSYNC_SIZE");
   if (env_rank && atoi(env_rank) != g_rank)
-    die("gs_rank() = %d but GRADSYNC_RANK = %s", g_rank, env_rank);
+    wu_die("gs_rank() = %d but GRADSYNC_RANK = %s", g_rank, env_rank);
   if (env_size && atoi(env_size) != g_size)
-    die("gs_size() = %d but GRADSYNC_SIZE = %s", g_size, env_size);
+    wu_die("gs_size() = %d but GRADSYNC_SIZE = %s", g_size, env_size);
   fprintf(stderr, "rank %d: joined a world of %d\n", g_rank, g_size);
   return ctx;
 }
 
 static void wait_ok(gs_handle *h, const char *name) {
   gs_status s = gs_wait(h, WAIT_MS);
-  if (s != GS_OK) die("tensor '%s': gs_wait: %s: %s", name, status_name(s), gs_handle_error(h));
+  if (s != GS_OK)
+    wu_die("tensor '%s': gs_wait: %s: %s", name, wu_status_name(s), gs_handle_error(h));
   int done = 0;
-  if (gs_test(h, &done) != GS_OK || !done) die("tensor '%s': gs_test says not done", name);
+  if (gs_test(h, &done) != GS_OK || !done) wu_die("tensor '%s': gs_test says not done", name);
   const char *err = gs_handle_error(h);
-  if (err == NULL || err[0] != '\0') die("tensor '%s': succeeded with error text '%s'", name, err);
+  if (err == NULL || err[0] != '\0')
+    wu_die("tensor '%s': succeeded with error text '%s'", name, err);
 }
 
 /* Waits for GS_TEST_WAIT_FILE (if set) so a test can look at the live job. */
@@ -465,13 +246,13 @@ static void wait_for_release_file(void) {
     if (access(path, F_OK) == 0) return;
     sleep_ms(10);
   }
-  die("%s did not appear within 60 s", path);
+  wu_die("%s did not appear within 60 s", path);
 }
 
 static void shutdown_or_die(gs_ctx *ctx) {
   wait_for_release_file();
   gs_status s = gs_shutdown(ctx);
-  if (s != GS_OK) die("gs_shutdown: %s: %s", status_name(s), gs_last_error(NULL));
+  if (s != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(s), gs_last_error(NULL));
 }
 
 /* ---- mode: ops ------------------------------------------------------------ */
@@ -490,28 +271,28 @@ typedef struct tensor {
 
 static void fill(tensor *t, unsigned round) {
   for (size_t j = 0; j < t->count; j++)
-    put(t->dt, t->send, j, value(t->op, t->dt, g_size, g_rank, t->id, j, round));
+    wu_put(t->dt, t->send, j, value(t->op, t->dt, g_size, g_rank, t->id, j, round));
   if (!t->inplace) memset(t->recv, 0xA5, t->count * dsize(t->dt) + 1);
 }
 
 static size_t check(const tensor *t, unsigned round) {
   for (size_t j = 0; j < t->count; j++) {
-    double want = as_stored(t->dt, reference(t->op, t->dt, g_size, t->id, j, round));
-    double got = get(t->dt, t->recv, j);
+    double want = wu_as_stored(t->dt, reference(t->op, t->dt, g_size, t->id, j, round));
+    double got = wu_get(t->dt, t->recv, j);
     if (!close_enough(t->op, t->dt, got, want))
-      die("tensor '%s' (round %u): element %zu: got %.9g, expected %.9g", t->name, round, j, got,
-          want);
+      wu_die("tensor '%s' (round %u): element %zu: got %.9g, expected %.9g", t->name, round, j, got,
+             want);
     if (!t->inplace) {
-      double in = as_stored(t->dt, value(t->op, t->dt, g_size, g_rank, t->id, j, round));
-      double sent = get(t->dt, t->send, j);
+      double in = wu_as_stored(t->dt, value(t->op, t->dt, g_size, g_rank, t->id, j, round));
+      double sent = wu_get(t->dt, t->send, j);
       if (sent != in)
-        die("tensor '%s' (round %u): send buffer modified at element %zu: %.9g, was %.9g", t->name,
-            round, j, sent, in);
+        wu_die("tensor '%s' (round %u): send buffer modified at element %zu: %.9g, was %.9g",
+               t->name, round, j, sent, in);
     }
   }
   /* Out of place: nothing may be written past the end of recv. */
   if (!t->inplace && ((unsigned char *)t->recv)[t->count * dsize(t->dt)] != 0xA5)
-    die("tensor '%s' (round %u): byte written past the end of recv", t->name, round);
+    wu_die("tensor '%s' (round %u): byte written past the end of recv", t->name, round);
   return t->count;
 }
 
@@ -522,7 +303,7 @@ static int mode_ops(gs_ctx *ctx, int rounds) {
   static const size_t counts[] = {0, 1, 7, 1000, 65539};
   const size_t max_tensors = 5 * 8 * 2 * 5;
   tensor *ts = calloc(max_tensors, sizeof *ts);
-  if (!ts) die("out of memory");
+  if (!ts) wu_die("out of memory");
   size_t n = 0;
   for (size_t o = 0; o < 5; o++)
     for (size_t d = 0; d < 8; d++)
@@ -535,11 +316,11 @@ static int mode_ops(gs_ctx *ctx, int rounds) {
           t->dt = dts[d];
           t->inplace = inplace;
           t->count = counts[c];
-          snprintf(t->name, sizeof t->name, "ops/%s/%s/%s/n%zu", op_name(t->op), dtype_name(t->dt),
-                   inplace ? "inplace" : "outofplace", t->count);
+          snprintf(t->name, sizeof t->name, "ops/%s/%s/%s/n%zu", op_name(t->op),
+                   wu_dtype_name(t->dt), inplace ? "inplace" : "outofplace", t->count);
           size_t bytes = t->count * dsize(t->dt) + 1; /* +1: overrun canary */
-          t->send = xmalloc(bytes);
-          t->recv = inplace ? t->send : xmalloc(bytes);
+          t->send = wu_xmalloc(bytes);
+          t->recv = inplace ? t->send : wu_xmalloc(bytes);
           n++;
         }
 
@@ -553,7 +334,8 @@ static int mode_ops(gs_ctx *ctx, int rounds) {
       gs_status s =
           gs_allreduce_async(ctx, t->name, t->send, t->recv, t->count, t->dt, t->op, NULL, &t->h);
       if (s != GS_OK)
-        die("tensor '%s': gs_allreduce_async: %s: %s", t->name, status_name(s), gs_last_error(ctx));
+        wu_die("tensor '%s': gs_allreduce_async: %s: %s", t->name, wu_status_name(s),
+               gs_last_error(ctx));
     }
     for (size_t i = 0; i < n; i++) {
       tensor *t = &ts[i];
@@ -579,14 +361,14 @@ static int mode_ops(gs_ctx *ctx, int rounds) {
 #define RO_TENSORS 100
 
 static size_t ro_count(unsigned i) {
-  uint64_t h = hash4(7, i, 0, 0);
+  uint64_t h = wu_hash4(7, i, 0, 0);
   if (i % 10 == 0) return 100003 + i; /* bigger than a fusion group's usual tensor */
   if (i % 3 == 0) return 1 + h % 16;  /* tiny */
   return 1 + h % 4000;
 }
 
 static float ro_value(int r, unsigned i, size_t j) {
-  return (float)((int64_t)(hash4((uint64_t)r + 100, i, j, 1) % 33) - 16) * 0.5f; /* -8..8 */
+  return (float)((int64_t)(wu_hash4((uint64_t)r + 100, i, j, 1) % 33) - 16) * 0.5f; /* -8..8 */
 }
 
 static int mode_random_order(gs_ctx *ctx, unsigned seed) {
@@ -598,15 +380,15 @@ static int mode_random_order(gs_ctx *ctx, unsigned seed) {
 
   for (unsigned i = 0; i < RO_TENSORS; i++) {
     size_t c = ro_count(i);
-    buf[i] = xmalloc(c * sizeof(float));
+    buf[i] = wu_xmalloc(c * sizeof(float));
     for (size_t j = 0; j < c; j++) buf[i][j] = ro_value(g_rank, i, j);
     snprintf(names[i], sizeof names[i], "random/t%03u", i);
     order[i] = i;
   }
   /* A different order on every rank (Fisher-Yates seeded by the rank). */
-  uint64_t st = hash4(seed, (uint64_t)g_rank, 42, 0);
+  uint64_t st = wu_hash4(seed, (uint64_t)g_rank, 42, 0);
   for (unsigned i = RO_TENSORS - 1; i > 0; i--) {
-    st = mix(st);
+    st = wu_mix(st);
     unsigned k = (unsigned)(st % (i + 1));
     unsigned tmp = order[i];
     order[i] = order[k];
@@ -620,10 +402,11 @@ static int mode_random_order(gs_ctx *ctx, unsigned seed) {
     gs_status s = gs_allreduce_async(ctx, names[i], buf[i], buf[i], ro_count(i), GS_FLOAT32, GS_SUM,
                                      NULL, &hs[k]);
     if (s != GS_OK)
-      die("tensor '%s': gs_allreduce_async: %s: %s", names[i], status_name(s), gs_last_error(ctx));
+      wu_die("tensor '%s': gs_allreduce_async: %s: %s", names[i], wu_status_name(s),
+             gs_last_error(ctx));
     which[k] = i;
     /* Spread the submissions over several batching cycles. */
-    if (hash4(seed, (uint64_t)g_rank, k, 3) % 8 == 0) sleep_ms(1 + (long)(mix(st + k) % 3));
+    if (wu_hash4(seed, (uint64_t)g_rank, k, 3) % 8 == 0) sleep_ms(1 + (long)(wu_mix(st + k) % 3));
   }
 
   size_t pending = RO_TENSORS, completed = 0;
@@ -631,21 +414,23 @@ static int mode_random_order(gs_ctx *ctx, unsigned seed) {
     size_t idx = pending; /* must be overwritten */
     gs_status s = gs_wait_any(hs, pending, WAIT_MS, &idx);
     if (s == GS_ERR_TIMEOUT)
-      die("gs_wait_any: no op completed in %d ms (%zu pending)", WAIT_MS, pending);
-    if (idx >= pending) die("gs_wait_any: %s with index %zu of %zu", status_name(s), idx, pending);
+      wu_die("gs_wait_any: no op completed in %d ms (%zu pending)", WAIT_MS, pending);
+    if (idx >= pending)
+      wu_die("gs_wait_any: %s with index %zu of %zu", wu_status_name(s), idx, pending);
     unsigned i = which[idx];
     if (s != GS_OK)
-      die("tensor '%s': gs_wait_any: %s: %s", names[i], status_name(s), gs_handle_error(hs[idx]));
+      wu_die("tensor '%s': gs_wait_any: %s: %s", names[i], wu_status_name(s),
+             gs_handle_error(hs[idx]));
     int done = 0;
     if (gs_test(hs[idx], &done) != GS_OK || !done)
-      die("tensor '%s': gs_wait_any returned it but gs_test says not done", names[i]);
+      wu_die("tensor '%s': gs_wait_any returned it but gs_test says not done", names[i]);
     size_t c = ro_count(i);
     for (size_t j = 0; j < c; j++) {
       float want = 0;
       for (int r = 0; r < g_size; r++) want += ro_value(r, i, j);
       if (buf[i][j] != want)
-        die("tensor '%s': element %zu: got %.9g, expected %.9g", names[i], j, (double)buf[i][j],
-            (double)want);
+        wu_die("tensor '%s': element %zu: got %.9g, expected %.9g", names[i], j, (double)buf[i][j],
+               (double)want);
     }
     gs_handle_free(hs[idx]);
     hs[idx] = hs[pending - 1];
@@ -661,7 +446,7 @@ static int mode_random_order(gs_ctx *ctx, unsigned seed) {
 /* ---- mode: mismatch -------------------------------------------------------- */
 
 static int mode_mismatch(gs_ctx *ctx) {
-  if (g_size < 2) die("mismatch needs at least 2 ranks");
+  if (g_size < 2) wu_die("mismatch needs at least 2 ranks");
   /* The text every rank must get, built for this world size. */
   char want[512];
   size_t off =
@@ -676,18 +461,18 @@ static int mode_mismatch(gs_ctx *ctx) {
   int64_t dim = g_rank == 1 ? 18 : 17;
   int64_t shape[2] = {dim, dim};
   size_t count = (size_t)(dim * dim);
-  float *kernel = xmalloc(count * sizeof(float));
+  float *kernel = wu_xmalloc(count * sizeof(float));
   for (size_t j = 0; j < count; j++) kernel[j] = 1.0f;
   gs_allreduce_opts opts = {.shape = shape, .ndim = 2};
   gs_handle *h = NULL;
   gs_status s =
       gs_allreduce_async(ctx, "dense/kernel", kernel, kernel, count, GS_FLOAT32, GS_SUM, &opts, &h);
   if (s != GS_OK)
-    die("dense/kernel: gs_allreduce_async: %s: %s", status_name(s), gs_last_error(ctx));
+    wu_die("dense/kernel: gs_allreduce_async: %s: %s", wu_status_name(s), gs_last_error(ctx));
 
   /* The job goes on after the error: a following tensor completes. */
   enum { AFTER_N = 1000 };
-  float *after = xmalloc(AFTER_N * sizeof(float));
+  float *after = wu_xmalloc(AFTER_N * sizeof(float));
   for (size_t j = 0; j < AFTER_N; j++) after[j] = (float)(g_rank + 1) * (float)(j % 5);
   int64_t after_shape[2] = {AFTER_N / 10, 10};
   gs_allreduce_opts after_opts = {.shape = after_shape, .ndim = 2};
@@ -695,15 +480,16 @@ static int mode_mismatch(gs_ctx *ctx) {
   s = gs_allreduce_async(ctx, "after/mismatch", after, after, AFTER_N, GS_FLOAT32, GS_SUM,
                          &after_opts, &ha);
   if (s != GS_OK)
-    die("after/mismatch: gs_allreduce_async: %s: %s", status_name(s), gs_last_error(ctx));
+    wu_die("after/mismatch: gs_allreduce_async: %s: %s", wu_status_name(s), gs_last_error(ctx));
 
   s = gs_wait(h, WAIT_MS);
   const char *msg = gs_handle_error(h);
-  printf("mismatch: rank %d: %s: %s\n", g_rank, status_name(s), msg ? msg : "(null)");
+  printf("mismatch: rank %d: %s: %s\n", g_rank, wu_status_name(s), msg ? msg : "(null)");
   fflush(stdout);
-  if (s != GS_ERR_MISMATCH) die("dense/kernel: expected GS_ERR_MISMATCH, got %s", status_name(s));
+  if (s != GS_ERR_MISMATCH)
+    wu_die("dense/kernel: expected GS_ERR_MISMATCH, got %s", wu_status_name(s));
   if (msg == NULL || strcmp(msg, want) != 0)
-    die("dense/kernel: error text\n  got:      %s\n  expected: %s", msg ? msg : "(null)", want);
+    wu_die("dense/kernel: error text\n  got:      %s\n  expected: %s", msg ? msg : "(null)", want);
   gs_handle_free(h);
 
   wait_ok(ha, "after/mismatch");
@@ -711,8 +497,8 @@ static int mode_mismatch(gs_ctx *ctx) {
   for (size_t j = 0; j < AFTER_N; j++) {
     float want_v = k * (float)(j % 5);
     if (after[j] != want_v)
-      die("tensor 'after/mismatch': element %zu: got %.9g, expected %.9g", j, (double)after[j],
-          (double)want_v);
+      wu_die("tensor 'after/mismatch': element %zu: got %.9g, expected %.9g", j, (double)after[j],
+             (double)want_v);
   }
   gs_handle_free(ha);
   printf("mismatch: passed (rank %d of %d)\n", g_rank, g_size);
@@ -730,12 +516,12 @@ static int one_allreduce(gs_ctx *ctx, const char *name) {
   gs_handle *h = NULL;
   gs_status s = gs_allreduce_async(ctx, name, v, v, N, GS_INT32, GS_SUM, NULL, &h);
   if (s != GS_OK)
-    die("tensor '%s': gs_allreduce_async: %s: %s", name, status_name(s), gs_last_error(ctx));
+    wu_die("tensor '%s': gs_allreduce_async: %s: %s", name, wu_status_name(s), gs_last_error(ctx));
   wait_ok(h, name);
   gs_handle_free(h);
   int32_t k = g_size * (g_size + 1) / 2;
   for (int j = 0; j < N; j++)
-    if (v[j] != k * j) die("tensor '%s': element %d: got %d, expected %d", name, j, v[j], k * j);
+    if (v[j] != k * j) wu_die("tensor '%s': element %d: got %d, expected %d", name, j, v[j], k * j);
   return 0;
 }
 
@@ -751,13 +537,14 @@ static int mode_hold(gs_ctx *ctx, long ms) {
 /* ---- negotiation modes (driven by test_negotiation.c) ----------------------- */
 
 static void submitted_or_die(gs_ctx *ctx, gs_status s, const char *name, const char *call) {
-  if (s != GS_OK) die("tensor '%s': %s: %s: %s", name, call, status_name(s), gs_last_error(ctx));
+  if (s != GS_OK)
+    wu_die("tensor '%s': %s: %s: %s", name, call, wu_status_name(s), gs_last_error(ctx));
 }
 
 static gs_stats stats_now(const gs_ctx *ctx) {
   gs_stats st;
   gs_status s = gs_get_stats(ctx, &st);
-  if (s != GS_OK) die("gs_get_stats: %s: %s", status_name(s), gs_last_error(ctx));
+  if (s != GS_OK) wu_die("gs_get_stats: %s: %s", wu_status_name(s), gs_last_error(ctx));
   return st;
 }
 
@@ -774,8 +561,8 @@ static void print_stats(const char *prefix, const gs_stats *a, const gs_stats *b
 static void check_f32(const char *name, const float *got, const float *want, size_t n) {
   for (size_t j = 0; j < n; j++)
     if (got[j] != want[j])
-      die("tensor '%s': element %zu: got %.9g, expected %.9g", name, j, (double)got[j],
-          (double)want[j]);
+      wu_die("tensor '%s': element %zu: got %.9g, expected %.9g", name, j, (double)got[j],
+             (double)want[j]);
 }
 
 /* Sum over ranks 0..size-1 of (r + 1). */
@@ -847,7 +634,7 @@ static gs_handle *mm_submit(gs_ctx *ctx, int c, const char *name, double *buf) {
     break;
   }
   default:
-    die("mismatch-all: no case %d", c);
+    wu_die("mismatch-all: no case %d", c);
   }
   submitted_or_die(ctx, s, name, "submit");
   return h;
@@ -887,7 +674,7 @@ static void mm_after(gs_ctx *ctx, int c, const char *failed_name) {
 }
 
 static int mode_mismatch_all(gs_ctx *ctx) {
-  if (g_size != 3) die("mismatch-all needs exactly 3 ranks (got %d)", g_size);
+  if (g_size != 3) wu_die("mismatch-all needs exactly 3 ranks (got %d)", g_size);
   double buf[64];
   for (int c = 0; c < MM_NCASES; c++) {
     char name[96];
@@ -896,13 +683,13 @@ static int mode_mismatch_all(gs_ctx *ctx) {
     gs_handle *h = mm_submit(ctx, c, name, buf);
     gs_status s = gs_wait(h, WAIT_MS);
     /* No rank in the line: the driver compares the lines across ranks. */
-    printf("neg-mismatch: %s: %s: %s\n", mm_cases[c], status_name(s), gs_handle_error(h));
+    printf("neg-mismatch: %s: %s: %s\n", mm_cases[c], wu_status_name(s), gs_handle_error(h));
     if (s != GS_ERR_MISMATCH)
-      die("tensor '%s': expected GS_ERR_MISMATCH, got %s", name, status_name(s));
+      wu_die("tensor '%s': expected GS_ERR_MISMATCH, got %s", name, wu_status_name(s));
     const void *data = NULL;
     size_t bytes = 0;
     if (gs_handle_result(h, &data, &bytes) != GS_ERR_INVALID_ARG)
-      die("tensor '%s': gs_handle_result gave a result for a failed op", name);
+      wu_die("tensor '%s': gs_handle_result gave a result for a failed op", name);
     gs_handle_free(h);
     mm_after(ctx, c, name);
     printf("neg-mismatch: rank %d: %s: later tensors ok\n", g_rank, mm_cases[c]);
@@ -920,11 +707,11 @@ static float fu_value(int r, unsigned i, size_t j, unsigned step) {
 
 /* N tensors of COUNT float32 each, submitted all at once, then waited on. */
 static int mode_fusion(gs_ctx *ctx, unsigned n, size_t count, unsigned steps) {
-  float **bufs = xmalloc(n * sizeof *bufs);
-  gs_handle **hs = xmalloc(n * sizeof *hs);
-  char(*names)[32] = xmalloc(n * sizeof *names);
+  float **bufs = wu_xmalloc(n * sizeof *bufs);
+  gs_handle **hs = wu_xmalloc(n * sizeof *hs);
+  char(*names)[32] = wu_xmalloc(n * sizeof *names);
   for (unsigned i = 0; i < n; i++) {
-    bufs[i] = xmalloc(count * sizeof(float));
+    bufs[i] = wu_xmalloc(count * sizeof(float));
     snprintf(names[i], sizeof names[i], "fusion/t%03u", i);
   }
   for (unsigned step = 0; step < steps; step++) {
@@ -943,8 +730,8 @@ static int mode_fusion(gs_ctx *ctx, unsigned n, size_t count, unsigned steps) {
         float want = 0;
         for (int r = 0; r < g_size; r++) want += fu_value(r, i, j, step);
         if (bufs[i][j] != want)
-          die("tensor '%s' (step %u): element %zu: got %.9g, expected %.9g", names[i], step, j,
-              (double)bufs[i][j], (double)want);
+          wu_die("tensor '%s' (step %u): element %zu: got %.9g, expected %.9g", names[i], step, j,
+                 (double)bufs[i][j], (double)want);
       }
       gs_handle_free(hs[i]);
     }
@@ -980,9 +767,9 @@ static int wl_k(unsigned t, size_t j, unsigned s) {
 /* Parses "name dtype d0,d1,..." lines (# comments) of a workload file. */
 static wl_tensor *wl_load(const char *path, size_t *n_out) {
   FILE *f = fopen(path, "r");
-  if (!f) die("cannot open workload %s: %s", path, strerror(errno));
+  if (!f) wu_die("cannot open workload %s: %s", path, strerror(errno));
   size_t n = 0, cap = 64;
-  wl_tensor *ts = xmalloc(cap * sizeof *ts);
+  wl_tensor *ts = wu_xmalloc(cap * sizeof *ts);
   char line[1024];
   unsigned lineno = 0;
   while (fgets(line, sizeof line, f)) {
@@ -992,13 +779,13 @@ static wl_tensor *wl_load(const char *path, size_t *n_out) {
     if (*p == '#' || *p == '\n' || *p == '\0') continue;
     char name[128], dtype[16], shape[256];
     if (sscanf(p, "%127s %15s %255s", name, dtype, shape) != 3)
-      die("%s:%u: expected 'name dtype shape'", path, lineno);
+      wu_die("%s:%u: expected 'name dtype shape'", path, lineno);
     if (strcmp(dtype, "float32") != 0)
-      die("%s:%u: dtype %s: only float32 is supported", path, lineno, dtype);
+      wu_die("%s:%u: dtype %s: only float32 is supported", path, lineno, dtype);
     if (n == cap) {
       cap *= 2;
       wl_tensor *g = realloc(ts, cap * sizeof *ts);
-      if (!g) die("out of memory");
+      if (!g) wu_die("out of memory");
       ts = g;
     }
     wl_tensor *t = &ts[n];
@@ -1006,16 +793,16 @@ static wl_tensor *wl_load(const char *path, size_t *n_out) {
     snprintf(t->name, sizeof t->name, "%s", name);
     t->count = 1;
     for (char *tok = strtok(shape, ","); tok; tok = strtok(NULL, ",")) {
-      if (t->ndim == 8) die("%s:%u: more than 8 dimensions", path, lineno);
+      if (t->ndim == 8) wu_die("%s:%u: more than 8 dimensions", path, lineno);
       t->shape[t->ndim] = strtoll(tok, NULL, 10);
-      if (t->shape[t->ndim] <= 0) die("%s:%u: bad dimension '%s'", path, lineno, tok);
+      if (t->shape[t->ndim] <= 0) wu_die("%s:%u: bad dimension '%s'", path, lineno, tok);
       t->count *= (size_t)t->shape[t->ndim++];
     }
-    t->buf = xmalloc(t->count * sizeof(float));
+    t->buf = wu_xmalloc(t->count * sizeof(float));
     n++;
   }
   fclose(f);
-  if (n == 0) die("%s: no tensors", path);
+  if (n == 0) wu_die("%s: no tensors", path);
   *n_out = n;
   return ts;
 }
@@ -1047,8 +834,8 @@ static int mode_workload(gs_ctx *ctx, const char *path, unsigned steps) {
       for (size_t j = 0; j < t->count; j++) {
         float want = (float)(wl_k((unsigned)i, j, s) * w) / (float)g_size;
         if (t->buf[j] != want)
-          die("tensor '%s' (step %u): element %zu: got %.9g, expected %.9g", t->name, s + 1, j,
-              (double)t->buf[j], (double)want);
+          wu_die("tensor '%s' (step %u): element %zu: got %.9g, expected %.9g", t->name, s + 1, j,
+                 (double)t->buf[j], (double)want);
       }
       gs_handle_free(t->h);
       t->h = NULL;
@@ -1084,26 +871,26 @@ static double ag_val1(int r, int k, int64_t i) {
 static void ag_dims_line(char *buf, size_t cap, const gs_handle *h, const char *name, int k,
                          int shift, int64_t *total) {
   int64_t dims[64];
-  if (g_size > 64) die("too many ranks");
+  if (g_size > 64) wu_die("too many ranks");
   for (int r = 0; r < g_size; r++) dims[r] = -1;
   gs_status s = gs_allgather_dims(h, dims, (size_t)g_size, total);
   if (s != GS_OK)
-    die("tensor '%s': gs_allgather_dims: %s: %s", name, status_name(s), gs_last_error(NULL));
+    wu_die("tensor '%s': gs_allgather_dims: %s: %s", name, wu_status_name(s), gs_last_error(NULL));
   size_t off = (size_t)snprintf(buf, cap, "[");
   for (int r = 0; r < g_size; r++) {
     if (dims[r] != ag_dim(r, k + shift, g_size))
-      die("tensor '%s' (round %d): gs_allgather_dims says rank %d sent %lld rows, it sent %lld",
-          name, k, r, (long long)dims[r], (long long)ag_dim(r, k + shift, g_size));
+      wu_die("tensor '%s' (round %d): gs_allgather_dims says rank %d sent %lld rows, it sent %lld",
+             name, k, r, (long long)dims[r], (long long)ag_dim(r, k + shift, g_size));
     off += (size_t)snprintf(buf + off, cap - off, "%s%lld", r ? "," : "", (long long)dims[r]);
   }
   snprintf(buf + off, cap - off, "]");
   int64_t only_total = -1, first = -1;
   if (gs_allgather_dims(h, NULL, 0, &only_total) != GS_OK || only_total != *total)
-    die("tensor '%s': gs_allgather_dims(NULL, 0) gave total %lld, not %lld", name,
-        (long long)only_total, (long long)*total);
+    wu_die("tensor '%s': gs_allgather_dims(NULL, 0) gave total %lld, not %lld", name,
+           (long long)only_total, (long long)*total);
   if (gs_allgather_dims(h, &first, 1, NULL) != GS_OK || first != dims[0])
-    die("tensor '%s': gs_allgather_dims(n=1) gave %lld, not %lld", name, (long long)first,
-        (long long)dims[0]);
+    wu_die("tensor '%s': gs_allgather_dims(n=1) gave %lld, not %lld", name, (long long)first,
+           (long long)dims[0]);
 }
 
 static int mode_allgather(gs_ctx *ctx, int rounds) {
@@ -1111,8 +898,8 @@ static int mode_allgather(gs_ctx *ctx, int rounds) {
     /* [d, 2, 3] int32 and [d'] float64, both in flight at once. */
     int64_t d3 = ag_dim(g_rank, k, g_size), d1 = ag_dim(g_rank, k + 1, g_size);
     int64_t shape3[3] = {d3, 2, 3}, shape1[1] = {d1};
-    int32_t *in3 = xmalloc((size_t)d3 * 6 * sizeof *in3);
-    double *in1 = xmalloc((size_t)d1 * sizeof *in1);
+    int32_t *in3 = wu_xmalloc((size_t)d3 * 6 * sizeof *in3);
+    double *in1 = wu_xmalloc((size_t)d1 * sizeof *in1);
     for (int64_t row = 0; row < d3; row++)
       for (int e = 0; e < 6; e++) in3[row * 6 + e] = ag_val3(g_rank, k, row, e);
     for (int64_t i = 0; i < d1; i++) in1[i] = ag_val1(g_rank, k, i);
@@ -1131,29 +918,33 @@ static int mode_allgather(gs_ctx *ctx, int rounds) {
     const void *data = NULL;
     size_t bytes = 0;
     gs_status s = gs_handle_result(h3, &data, &bytes);
-    if (s != GS_OK) die("gather/3d: gs_handle_result: %s: %s", status_name(s), gs_last_error(ctx));
+    if (s != GS_OK)
+      wu_die("gather/3d: gs_handle_result: %s: %s", wu_status_name(s), gs_last_error(ctx));
     if (bytes != (size_t)total3 * 6 * sizeof(int32_t))
-      die("gather/3d (round %d): result has %zu bytes, expected %lld rows of 24", k, bytes,
-          (long long)total3);
+      wu_die("gather/3d (round %d): result has %zu bytes, expected %lld rows of 24", k, bytes,
+             (long long)total3);
     const int32_t *out3 = data;
     size_t at = 0;
     for (int r = 0; r < g_size; r++)
       for (int64_t row = 0; row < ag_dim(r, k, g_size); row++, at++)
         for (int e = 0; e < 6; e++)
           if (out3[at * 6 + (size_t)e] != ag_val3(r, k, row, e))
-            die("gather/3d (round %d): row %zu element %d: got %d, expected %d (rank %d row %lld)",
+            wu_die(
+                "gather/3d (round %d): row %zu element %d: got %d, expected %d (rank %d row %lld)",
                 k, at, e, out3[at * 6 + (size_t)e], ag_val3(r, k, row, e), r, (long long)row);
     s = gs_handle_result(h1, &data, &bytes);
-    if (s != GS_OK) die("gather/1d: gs_handle_result: %s: %s", status_name(s), gs_last_error(ctx));
+    if (s != GS_OK)
+      wu_die("gather/1d: gs_handle_result: %s: %s", wu_status_name(s), gs_last_error(ctx));
     if (bytes != (size_t)total1 * sizeof(double))
-      die("gather/1d (round %d): result has %zu bytes, expected %lld doubles", k, bytes,
-          (long long)total1);
+      wu_die("gather/1d (round %d): result has %zu bytes, expected %lld doubles", k, bytes,
+             (long long)total1);
     const double *out1 = data;
     at = 0;
     for (int r = 0; r < g_size; r++)
       for (int64_t i = 0; i < ag_dim(r, k + 1, g_size); i++, at++)
         if (out1[at] != ag_val1(r, k, i))
-          die("gather/1d (round %d): element %zu: got %.9g, expected %.9g (rank %d element %lld)",
+          wu_die(
+              "gather/1d (round %d): element %zu: got %.9g, expected %.9g (rank %d element %lld)",
               k, at, out1[at], ag_val1(r, k, i), r, (long long)i);
     printf("allgather: round %d: 3d dims %s total %lld; 1d dims %s total %lld\n", k, line3,
            (long long)total3, line1, (long long)total1);
@@ -1192,12 +983,12 @@ static int mode_bcast_barrier(gs_ctx *ctx, int root) {
     wait_ok(hb, "bcast/i8");
     for (size_t j = 0; j < NF; j++)
       if (f[j] != bc_f64(root, k, j))
-        die("bcast/f64 (round %d, root %d): element %zu: got %.9g, expected %.9g", k, root, j, f[j],
-            bc_f64(root, k, j));
+        wu_die("bcast/f64 (round %d, root %d): element %zu: got %.9g, expected %.9g", k, root, j,
+               f[j], bc_f64(root, k, j));
     for (size_t j = 0; j < NI; j++)
       if (b[j] != bc_i8(root, k, j))
-        die("bcast/i8 (round %d, root %d): element %zu: got %d, expected %d", k, root, j, b[j],
-            bc_i8(root, k, j));
+        wu_die("bcast/i8 (round %d, root %d): element %zu: got %d, expected %d", k, root, j, b[j],
+               bc_i8(root, k, j));
     gs_handle_free(hf);
     gs_handle_free(hb);
   }
@@ -1206,19 +997,19 @@ static int mode_bcast_barrier(gs_ctx *ctx, int root) {
   /* Barrier k: every rank leaves a mark before entering; whoever comes out
    * must find every rank's mark (causality, not timing). */
   const char *dir = getenv("GS_TEST_DIR");
-  if (!dir || !*dir) die("GS_TEST_DIR is not set");
+  if (!dir || !*dir) wu_die("GS_TEST_DIR is not set");
   for (int k = 1; k <= 3; k++) {
     char path[600];
     snprintf(path, sizeof path, "%s/barrier-%d-rank-%d", dir, k, g_rank);
     FILE *m = fopen(path, "w");
-    if (!m) die("cannot create %s: %s", path, strerror(errno));
+    if (!m) wu_die("cannot create %s: %s", path, strerror(errno));
     fclose(m);
     gs_status s = gs_barrier(ctx);
-    if (s != GS_OK) die("gs_barrier #%d: %s: %s", k, status_name(s), gs_last_error(ctx));
+    if (s != GS_OK) wu_die("gs_barrier #%d: %s: %s", k, wu_status_name(s), gs_last_error(ctx));
     for (int r = 0; r < g_size; r++) {
       snprintf(path, sizeof path, "%s/barrier-%d-rank-%d", dir, k, r);
       if (access(path, F_OK) != 0)
-        die("gs_barrier #%d returned before rank %d reached it (%s missing)", k, r, path);
+        wu_die("gs_barrier #%d returned before rank %d reached it (%s missing)", k, r, path);
     }
     printf("bcast: rank %d: barrier %d ok\n", g_rank, k);
   }
@@ -1233,9 +1024,9 @@ static int mode_grouped(gs_ctx *ctx, int rounds) {
   const char *names[3] = {"group/a", "group/b", "group/c"};
   float *send[3], *recv[3], *want[3];
   for (int i = 0; i < 3; i++) {
-    send[i] = xmalloc(counts[i] * sizeof(float));
-    recv[i] = i == 1 ? xmalloc(counts[i] * sizeof(float)) : send[i]; /* b out of place */
-    want[i] = xmalloc(counts[i] * sizeof(float));
+    send[i] = wu_xmalloc(counts[i] * sizeof(float));
+    recv[i] = i == 1 ? wu_xmalloc(counts[i] * sizeof(float)) : send[i]; /* b out of place */
+    want[i] = wu_xmalloc(counts[i] * sizeof(float));
   }
   for (int k = 0; k < rounds; k++) {
     /* Odd rounds scale: x 0.5 before, x 4 after (exact on even integers). */
@@ -1301,8 +1092,8 @@ static int mode_join_steps(gs_ctx *ctx, int steps) {
     gs_handle_free(h);
     for (size_t j = 0; j < N; j++)
       if (out[j] != want[j])
-        die("tensor 'join/grad' (step %d, %s): element %zu: got %.9g, expected %.9g", s,
-            joined ? "rank joined" : "all ranks", j, (double)out[j], (double)want[j]);
+        wu_die("tensor 'join/grad' (step %d, %s): element %zu: got %.9g, expected %.9g", s,
+               joined ? "rank joined" : "all ranks", j, (double)out[j], (double)want[j]);
     if (s == steps - 2 || s == steps - 1) {
       /* Only allreduce runs with a joined rank. */
       int32_t v[2] = {g_rank, g_rank};
@@ -1313,19 +1104,19 @@ static int mode_join_steps(gs_ctx *ctx, int steps) {
                          : gs_broadcast_async(ctx, "join/bcast", v, 2, GS_INT32, 0, &h);
       submitted_or_die(ctx, st, what, "submit");
       st = gs_wait(h, WAIT_MS);
-      printf("join: rank %d: %s: %s: %s\n", g_rank, what, status_name(st), gs_handle_error(h));
+      printf("join: rank %d: %s: %s: %s\n", g_rank, what, wu_status_name(st), gs_handle_error(h));
       if (st != GS_ERR_INVALID_ARG)
-        die("%s while rank %d has joined: expected GS_ERR_INVALID_ARG, got %s", what, early,
-            status_name(st));
+        wu_die("%s while rank %d has joined: expected GS_ERR_INVALID_ARG, got %s", what, early,
+               wu_status_name(st));
       if (!strstr(gs_handle_error(h), "has joined"))
-        die("%s while rank %d has joined: the message lacks 'has joined'", what, early);
+        wu_die("%s while rank %d has joined: the message lacks 'has joined'", what, early);
       gs_handle_free(h);
     }
     printf("join: rank %d: step %d ok (%s)\n", g_rank, s, joined ? "one rank joined" : "all ranks");
   }
   int last = -1;
   gs_status st = gs_join(ctx, &last);
-  if (st != GS_OK) die("gs_join: %s: %s", status_name(st), gs_last_error(ctx));
+  if (st != GS_OK) wu_die("gs_join: %s: %s", wu_status_name(st), gs_last_error(ctx));
   printf("join: rank %d: last joined rank %d\n", g_rank, last);
   /* The join round is over: every rank takes part again. */
   for (size_t j = 0; j < N; j++) {
@@ -1350,15 +1141,16 @@ static int mode_join_steps(gs_ctx *ctx, int steps) {
  * nothing. */
 static void dup_expect(gs_ctx *ctx, const char *name, const char *how, gs_status s, gs_handle *h) {
   const char *msg = gs_last_error(ctx);
-  printf("duplicate: rank %d: %s: %s: %s\n", g_rank, how, status_name(s), msg);
+  printf("duplicate: rank %d: %s: %s: %s\n", g_rank, how, wu_status_name(s), msg);
   if (s != GS_ERR_DUPLICATE_NAME)
-    die("%s of '%s': expected GS_ERR_DUPLICATE_NAME, got %s", how, name, status_name(s));
-  if (h != NULL) die("%s of '%s' failed but returned a handle", how, name);
+    wu_die("%s of '%s': expected GS_ERR_DUPLICATE_NAME, got %s", how, name, wu_status_name(s));
+  if (h != NULL) wu_die("%s of '%s' failed but returned a handle", how, name);
   char want[160];
   snprintf(want, sizeof want, "tensor '%s'", name);
-  if (!strstr(msg, want)) die("%s of '%s': the message does not name the tensor", how, name);
+  if (!strstr(msg, want)) wu_die("%s of '%s': the message does not name the tensor", how, name);
   snprintf(want, sizeof want, "rank %d", g_rank);
-  if (!strstr(msg, want)) die("%s of '%s': the message does not name rank %d", how, name, g_rank);
+  if (!strstr(msg, want))
+    wu_die("%s of '%s': the message does not name rank %d", how, name, g_rank);
 }
 
 static int mode_duplicate(gs_ctx *ctx) {
@@ -1394,14 +1186,14 @@ static int mode_duplicate(gs_ctx *ctx) {
   s = gs_grouped_allreduce_async(ctx, 2, gnames, gsend, grecv, gcount, GS_FLOAT32, GS_SUM, NULL,
                                  gh);
   dup_expect(ctx, mine, "grouped allreduce", s, gh[1]);
-  if (gh[0] != NULL) die("the failed group returned a handle for 'dup/new'");
+  if (gh[0] != NULL) wu_die("the failed group returned a handle for 'dup/new'");
   /* Two equal names inside one group. */
   const char *same[2] = {"dup/twice", "dup/twice"};
   s = gs_grouped_allreduce_async(ctx, 2, same, gsend, grecv, gcount, GS_FLOAT32, GS_SUM, NULL, gh);
   dup_expect(ctx, "dup/twice", "group naming it twice", s, gh[0]);
 
   s = gs_barrier(ctx);
-  if (s != GS_OK) die("gs_barrier: %s: %s", status_name(s), gs_last_error(ctx));
+  if (s != GS_OK) wu_die("gs_barrier: %s: %s", wu_status_name(s), gs_last_error(ctx));
   submitted_or_die(ctx, gs_allreduce_async(ctx, other, y, y, N, GS_FLOAT32, GS_SUM, NULL, &ho),
                    other, "gs_allreduce_async");
   h = NULL;
@@ -1456,7 +1248,7 @@ int main(int argc, char **argv) {
     gs_ctx *ctx = NULL;
     gs_status s = gs_init(NULL, &ctx);
     if (s != GS_OK) {
-      printf("join: gs_init failed: %s: %s\n", status_name(s), gs_last_error(NULL));
+      printf("join: gs_init failed: %s: %s\n", wu_status_name(s), gs_last_error(NULL));
       if (ctx != NULL) printf("join: FAIL: context not NULL after a failed gs_init\n");
       return 3;
     }
