@@ -111,10 +111,11 @@ GS_API void gs_options_init(gs_options *opts);
 GS_API gs_status gs_init(const gs_options *opts, gs_ctx **out);
 
 /* Leaves the job and frees the context. Ops still pending fail with
- * GS_ERR_SHUTDOWN. Handles stay valid (free them with gs_handle_free) but
- * must not be waited on after the context is gone... they are completed
- * before this returns, so gs_wait on them returns at once. No other call may
- * use ctx concurrently or afterwards. gs_shutdown(NULL) is a no-op. */
+ * GS_ERR_SHUTDOWN; every handle is complete when this returns, so gs_wait,
+ * gs_test and gs_handle_error on it still work and return at once, and the
+ * caller frees it with gs_handle_free as usual. Other ranks' later ops fail
+ * with GS_ERR_SHUTDOWN naming this rank. No other call may use ctx
+ * concurrently or afterwards. gs_shutdown(NULL) is a no-op. */
 GS_API gs_status gs_shutdown(gs_ctx *ctx);
 
 GS_API int gs_rank(const gs_ctx *ctx);
