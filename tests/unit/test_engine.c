@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fusion_layout.h"
 #include "messages.h"
 #include "status.h"
 
@@ -1666,6 +1667,67 @@ static void test_tick_deadlock(void **state) {
   assert_int_equal(st.aborted, 1);
 }
 
+static void test_fusion_200_tensors_minimum_ops(void **state) {
+  fx *f = *state;
+  /* 200 float32 tensors of 16 KiB with a 1 MiB threshold: 64 per op, so
+   * ceil(200 / 64) = 4 collectives, in submission (readiness) order. */
+  make_engine_ex(f, 2, NULL, 1 << 20, GS__POLICY_WINDOW, 1 << 20, 5000, 0);
+  connect_all(f);
+  static const int64_t n16k[] = {4096};
+  gs__tensor_request reqs[200];
+  for (int i = 0; i < 200; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%03d", i);
+    reqs[i] = req_of(name, GS__OP_ALLREDUCE, n16k, 1);
+  }
+  send_reqs(f, 0, reqs, 200);
+  send_reqs(f, 1, reqs, 200);
+  assert_int_equal(nmsgs(f), 0); /* the window policy waits for its tick */
+  f->now += 10;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 4);
+  size_t want[4] = {64, 64, 64, 8}, k = 0;
+  for (size_t i = 0; i < 4; i++) {
+    assert_int_equal(p->responses[i].ntensors, want[i]);
+    for (size_t j = 0; j < p->responses[i].ntensors; j++, k++) {
+      char name[32];
+      snprintf(name, sizeof name, "t%03zu", k);
+      assert_string_equal(p->responses[i].tensors[j].name, name);
+    }
+    assert_true(gs__fusion_offsets(&p->responses[i], NULL) <= (1u << 20));
+  }
+}
+
+static void test_fusion_respects_aligned_offsets(void **state) {
+  fx *f = *state;
+  /* 5 floats = 20 bytes each; offsets 0, 64, 128 end at 148 <= 150, a
+   * fourth would start at 192: three per op. */
+  make_engine_ex(f, 2, NULL, 150, GS__POLICY_WINDOW, 1 << 20, 5000, 0);
+  connect_all(f);
+  static const int64_t five[] = {5};
+  gs__tensor_request reqs[7];
+  for (int i = 0; i < 7; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "s%d", i);
+    reqs[i] = req_of(name, GS__OP_ALLREDUCE, five, 1);
+  }
+  send_reqs(f, 0, reqs, 7);
+  send_reqs(f, 1, reqs, 7);
+  f->now += 10;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 3);
+  assert_int_equal(p->responses[0].ntensors, 3);
+  assert_int_equal(p->responses[1].ntensors, 3);
+  assert_int_equal(p->responses[2].ntensors, 1);
+  uint64_t offs[3];
+  assert_int_equal(gs__fusion_offsets(&p->responses[0], offs), 192); /* end 148, aligned up */
+  assert_int_equal(offs[0], 0);
+  assert_int_equal(offs[1], 64);
+  assert_int_equal(offs[2], 128);
+}
+
 /* ---- groups, join, local names, allgather fusion ---------------------------------- */
 
 static gs__tensor_request grouped(const char *name, uint64_t id, uint32_t size) {
@@ -2020,6 +2082,8 @@ int main(void) {
       T(test_tick_silent_rank_is_lost),
       T(test_tick_stall_report),
       T(test_tick_deadlock),
+      T(test_fusion_200_tensors_minimum_ops),
+      T(test_fusion_respects_aligned_offsets),
       T(test_group_is_emitted_whole),
       T(test_group_size_mismatch_is_an_error),
       T(test_join_completes_allreduces_and_reports_last),
