@@ -59,3 +59,12 @@ int gs__secret_equal(const char *a, const char *b) {
   for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
   return diff == 0;
 }
+
+grpc_arg gs__int_arg(const char *key, int value) {
+  grpc_arg a;
+  memset(&a, 0, sizeof a);
+  a.type = GRPC_ARG_INTEGER;
+  a.key = (char *)key;
+  a.value.integer = value;
+  return a;
+}

@@ -21,6 +21,8 @@ int gs__bb_to_bytes(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
 int gs__md_get(const grpc_metadata_array *md, const char *key, char *out, size_t outlen);
 /* A monotonic deadline ms milliseconds from now (ms < 0: infinite). */
 gpr_timespec gs__deadline_ms(int64_t ms);
+/* An integer channel argument (key is a GRPC_ARG_* constant). */
+grpc_arg gs__int_arg(const char *key, int value);
 /* Constant-time comparison of two NUL-terminated strings; 1 when equal. */
 int gs__secret_equal(const char *a, const char *b);
 

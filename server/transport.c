@@ -728,24 +728,15 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
   s->kv = gs__kv_store_create();
 
   grpc_init();
-  grpc_arg args[5];
-  memset(args, 0, sizeof args);
-  args[0].type = GRPC_ARG_INTEGER;
-  args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-  args[0].value.integer = 64 << 20;
-  args[1].type = GRPC_ARG_INTEGER;
-  args[1].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
-  args[1].value.integer = 1;
-  args[2].type = GRPC_ARG_INTEGER; /* workers ping every second or so: allow it */
-  args[2].key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS;
-  args[2].value.integer = 500;
-  args[3].type = GRPC_ARG_INTEGER;
-  args[3].key = GRPC_ARG_HTTP2_MAX_PING_STRIKES;
-  args[3].value.integer = 0;
-  args[4].type = GRPC_ARG_INTEGER;
-  args[4].key = GRPC_ARG_KEEPALIVE_TIME_MS;
-  args[4].value.integer = 5000;
-  grpc_channel_args ca = {5, args};
+  grpc_arg args[] = {
+      gs__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20),
+      gs__int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1),
+      /* workers ping every couple of seconds: allow it */
+      gs__int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500),
+      gs__int_arg(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0),
+      gs__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 5000),
+  };
+  grpc_channel_args ca = {sizeof args / sizeof *args, args};
   s->server = grpc_server_create(&ca, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);

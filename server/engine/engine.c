@@ -693,6 +693,20 @@ static void on_complete(gs__engine *e, entry *en) {
 
 /* ---- the response cache ------------------------------------------------------ */
 
+/* Appends id to a growable list of ids to announce in the next plan. When
+ * memory runs out the id is dropped: ranks then keep a stale entry that is
+ * never used again. */
+static void id_list_push(uint32_t **v, size_t *n, size_t *cap, uint32_t id) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 16;
+    uint32_t *nv = realloc(*v, c * sizeof *nv);
+    if (!nv) return;
+    *v = nv;
+    *cap = c;
+  }
+  (*v)[(*n)++] = id;
+}
+
 static void lru_unlink(cache_item **head, cache_item **tail, cache_item *c) {
   if (c->prev)
     c->prev->next = c->next;
@@ -719,15 +733,7 @@ static void cache_retire(gs__engine *e, cache_item *c) {
   HASH_DELETE(hh_id, e->cache_by_id, c);
   lru_unlink(&e->lru_head, &e->lru_tail, c);
   e->ncache--;
-  if (e->nevicted == e->evicted_cap) {
-    size_t cap = e->evicted_cap ? e->evicted_cap * 2 : 16;
-    uint32_t *ev = realloc(e->evicted, cap * sizeof *ev);
-    if (ev) {
-      e->evicted = ev;
-      e->evicted_cap = cap;
-    }
-  }
-  if (e->nevicted < e->evicted_cap) e->evicted[e->nevicted++] = c->id;
+  id_list_push(&e->evicted, &e->nevicted, &e->evicted_cap, c->id);
   HASH_ADD(hh_id, e->tomb_by_id, id, sizeof c->id, c);
   lru_push_front(&e->tomb_head, &e->tomb_tail, c);
   size_t keep = e->cfg.job.cache_capacity > 4096 ? e->cfg.job.cache_capacity : 4096;
@@ -1126,17 +1132,9 @@ static void template_retire(gs__engine *e, plan_template *t) {
   HASH_DEL(e->templates, t);
   lru_unlink_t(e, t);
   e->ntemplates--;
-  if (e->nforget == e->forget_cap) {
-    size_t cap = e->forget_cap ? e->forget_cap * 2 : 8;
-    uint32_t *f = realloc(e->forget, cap * sizeof *f);
-    if (f) {
-      e->forget = f;
-      e->forget_cap = cap;
-    }
-  }
   /* Without room to announce it the ranks keep a stale template they are
    * never sent again: harmless. */
-  if (e->nforget < e->forget_cap) e->forget[e->nforget++] = t->id;
+  id_list_push(&e->forget, &e->nforget, &e->forget_cap, t->id);
   gs__plan_free(&t->plan);
   free(t);
 }
