@@ -1,0 +1,201 @@
+/* Declarations shared by the engine's files (see engine.c for which file
+ * owns what). Private to server/engine/: nothing outside includes it. Every
+ * function here runs on the engine's (the transport's completion-queue)
+ * thread only. */
+#ifndef GS_SERVER_ENGINE_INTERNAL_H
+#define GS_SERVER_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include "dtype.h"
+#include "engine.h"
+#include "log.h"
+#include "status.h"
+
+/* GONE: connected, then disconnected before the world was ready; the slot
+ * may be joined again. */
+typedef enum {
+  RANK_NONE = 0,
+  RANK_JOINED,
+  RANK_CONNECTED,
+  RANK_LEFT,
+  RANK_LOST,
+  RANK_GONE
+} rank_state;
+
+typedef struct rank_slot {
+  rank_state state;
+  char host[GS__MAX_HOST + 1];
+  int32_t pid;
+  uint64_t joined_ms, last_msg_ms;
+  uint64_t last_done_seq; /* highest plan it reported executed */
+  int joined;             /* called gs_join: counts as ready for everything */
+  size_t nblocked;        /* names its application threads are blocked on */
+  char (*blocked)[GS__MAX_NAME + 1];
+} rank_slot;
+
+/* One tensor name waiting for every rank. Ranks whose requests differ from
+ * the first get another variant; variant_of[r] is -1 until rank r submits. */
+typedef struct entry {
+  char name[GS__MAX_NAME + 1];
+  UT_hash_handle hh;
+  gs__tensor_request *variants;
+  int32_t nvariants;
+  int32_t *variant_of;
+  int64_t *first_dims; /* allgather: each rank's first dimension */
+  int32_t count;
+  uint64_t first_ms;
+  uint64_t order; /* arrival order, for stable reports */
+  uint64_t bytes; /* of the first request */
+  int queued;     /* ready, waiting in e->ready for emission */
+  int in_group;   /* complete, waiting for the rest of its group */
+} entry;
+
+/* A name some ranks registered as local (model-parallel). */
+typedef struct local_name {
+  char name[GS__MAX_NAME + 1];
+  char *ranks; /* world flags: registered it local */
+  char *subs;  /* world flags: submitted it for a collective anyway */
+  int32_t n;
+  UT_hash_handle hh;
+} local_name;
+
+/* The members of a group that are complete so far. */
+typedef struct group {
+  uint64_t id;
+  uint32_t size, n;
+  entry **members;
+  UT_hash_handle hh;
+} group;
+
+/* Response cache: a request negotiated once gets an id that ranks send
+ * instead of the request. Live items are in both hashes and the LRU list;
+ * evicted or invalidated ones stay a while as tombstones (by id only) so an
+ * id a rank sent before it heard of the eviction still resolves. */
+typedef struct cache_item {
+  uint32_t id;
+  uint64_t last_seq; /* the plan that last used it */
+  gs__tensor_request req;
+  UT_hash_handle hh_name, hh_id;
+  struct cache_item *prev, *next; /* LRU (live) or FIFO (tombstones) */
+} cache_item;
+
+/* Plan templates: a plan whose responses repeat an earlier one's (the same
+ * fused groups step after step) is sent as the template's id. LRU, with
+ * evictions announced to the ranks in the next plan. */
+#define PLAN_TEMPLATES 256
+typedef struct plan_template {
+  uint32_t id;
+  uint64_t hash;
+  gs__plan plan; /* responses only */
+  UT_hash_handle hh;
+  struct plan_template *prev, *next;
+} plan_template;
+
+/* The last plans emitted, for naming what a lost rank left unfinished. */
+#define RECENT_PLANS 32
+typedef struct recent_plan {
+  uint64_t seq;
+  char names[512]; /* "a, b, c" (cut) */
+} recent_plan;
+
+struct gs__engine {
+  gs__engine_config cfg;
+  int32_t world;    /* 0 until known */
+  rank_slot *ranks; /* world entries once known */
+  int32_t nconnected;
+  int world_ready;
+  int aborted;
+  int32_t left_rank; /* a rank that left the job (-1: none) */
+  int32_t njoined, last_joined;
+  group *groups;
+  local_name *locals;
+  entry *table; /* uthash by name */
+  uint64_t next_order;
+  uint64_t next_plan_seq;
+  uint64_t tensors_planned;
+  entry **ready; /* ready entries not yet emitted, in readiness order */
+  size_t nready, ready_cap;
+  uint64_t ready_bytes;
+  uint64_t next_window_ms;   /* window policy: next emission */
+  uint64_t ready_ms;         /* when the world became ready */
+  uint64_t last_activity_ms; /* last new request or change of a blocked set */
+  int deadlock_reported;     /* this quiet episode was already reported */
+  uint64_t next_stall_check_ms;
+  uint64_t stall_reports, deadlocks;
+  char *last_stall, *last_deadlock;
+  /* response cache */
+  cache_item *cache_by_name, *cache_by_id, *tomb_by_id;
+  cache_item *lru_head, *lru_tail, *tomb_head, *tomb_tail;
+  size_t ncache, ntomb;
+  uint32_t next_cache_id;
+  uint32_t *evicted; /* ids to announce in the next plan */
+  size_t nevicted, evicted_cap;
+  uint64_t cache_hits, full_requests;
+  int cache_thrash_warned, thrash_pending;
+  plan_template *templates, *tmpl_head, *tmpl_tail; /* by hash; LRU list */
+  size_t ntemplates;
+  uint32_t next_template_id;
+  uint32_t *forget; /* template ids to announce in the next plan */
+  size_t nforget, forget_cap;
+  uint64_t plans_replayed;
+  recent_plan recent[RECENT_PLANS];
+};
+
+/* engine.c: outbox and text helpers */
+/* Appends an item of kind (zeroed) and returns it; NULL when out of memory.
+ * The pointer is valid only until the next push (the box may grow). */
+gs__out *gs__eng_out_push(gs__outbox *box, gs__out_kind kind);
+void gs__eng_out_log(gs__outbox *box, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Appends to buf (bounded, always NUL-terminated). */
+void gs__eng_append(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "[0,2,5-9]": ascending ranks, runs of three or more shortened. */
+void gs__eng_format_ranks(const int32_t *ranks, size_t n, char *buf, size_t cap);
+const char *gs__eng_rank_host(const gs__engine *e, int32_t r);
+
+/* membership.c */
+int gs__eng_set_world(gs__engine *e, int32_t size);
+int gs__eng_world_status(const gs__engine *e, gs__plan_msg *m);
+void gs__eng_abort_job(gs__engine *e, int status, const char *text, gs__outbox *box);
+/* Marks a connected rank lost and tells everyone (see session_closed). */
+void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outbox *box);
+
+/* table.c */
+void gs__eng_entry_free(entry *en);
+void gs__eng_rank_error(gs__outbox *box, int32_t rank, const char *name, int status,
+                        const char *text);
+/* The one-line mismatch error of en (malloc'd; NULL when out of memory). */
+char *gs__eng_mismatch_message(const gs__engine *e, const entry *en);
+int gs__eng_mark_ready(gs__engine *e, entry *en);
+void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r, uint64_t now_ms,
+                         gs__outbox *box);
+void gs__eng_register_local(gs__engine *e, int32_t rank, const char *name, gs__outbox *box);
+void gs__eng_unregister_local(gs__engine *e, int32_t rank, const char *name);
+
+/* cache.c */
+/* The cache id for a request just negotiated (0 when not cached). */
+uint32_t gs__eng_cache_assign(gs__engine *e, const gs__tensor_request *r);
+/* A full request for a cached name with other parameters makes the cached
+ * entry stale. */
+void gs__eng_cache_check_full(gs__engine *e, const gs__tensor_request *r);
+const gs__tensor_request *gs__eng_cache_lookup(const gs__engine *e, uint32_t id);
+/* Sends plan as a replay of a template when its responses repeat one, or
+ * defines a new template from it. Only plans without errors. */
+void gs__eng_template_apply(gs__engine *e, gs__plan *plan);
+
+/* emit.c */
+/* The emission policy; force: errors and departures go out at once. */
+void gs__eng_maybe_emit(gs__engine *e, gs__outbox *box, int force);
+
+/* checks.c */
+void gs__eng_set_blocked(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, uint64_t now_ms);
+void gs__eng_check_liveness(gs__engine *e, uint64_t now_ms, gs__outbox *box);
+void gs__eng_check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box);
+void gs__eng_check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box);
+
+#endif

@@ -1,0 +1,209 @@
+/* Engine membership: the rank slots (join, session hello, leave, loss),
+ * the world status message, and aborting the job. Owns e->ranks' states,
+ * e->nconnected, e->world_ready and e->aborted. Engine thread only. */
+#include "engine_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int gs__eng_set_world(gs__engine *e, int32_t size) {
+  e->ranks = calloc((size_t)size, sizeof *e->ranks);
+  if (!e->ranks) return GS__ERR_NO_MEMORY;
+  e->world = size;
+  return GS__OK;
+}
+
+int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
+                    gs__join_response *resp, char *err, size_t errlen) {
+  const char *host = req->host[0] ? req->host : "?";
+  if (e->aborted) {
+    snprintf(err, errlen, "rank %d (%s:%d) cannot join: the job was aborted; restart the whole job",
+             req->rank, host, req->pid);
+    return GS__ERR_ABORTED;
+  }
+  if (e->cfg.job_id[0] && strcmp(e->cfg.job_id, req->job_id) != 0) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) asked to join job '%s' but this coordinator serves job '%s'; check "
+             "GRADSYNC_COORDINATOR",
+             req->rank, host, req->pid, req->job_id, e->cfg.job_id);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (req->size < 1 || req->size > GS__MAX_WORLD) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) gave a job size of %d; the size must be from 1 to %d (check "
+             "GRADSYNC_SIZE)",
+             req->rank, host, req->pid, req->size, GS__MAX_WORLD);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (e->world && req->size != e->world) {
+    snprintf(
+        err, errlen,
+        "rank %d (%s:%d) says the job has %d ranks, but the job has %d ranks (%s); start every "
+        "rank with the same GRADSYNC_SIZE",
+        req->rank, host, req->pid, req->size, e->world,
+        e->cfg.world_size ? "set by gradsyncd --world-size" : "set by the first rank to join");
+    return GS__ERR_INVALID_ARG;
+  }
+  if (req->rank < 0 || req->rank >= req->size) {
+    snprintf(err, errlen,
+             "rank %d (%s:%d) is out of range for a job of %d ranks (valid ranks: 0..%d); check "
+             "GRADSYNC_RANK",
+             req->rank, host, req->pid, req->size, req->size - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (!e->world && gs__eng_set_world(e, req->size) != GS__OK) {
+    snprintf(err, errlen, "out of memory for a job of %d ranks", req->size);
+    return GS__ERR_NO_MEMORY;
+  }
+  rank_slot *s = &e->ranks[req->rank];
+  if (s->state != RANK_NONE && s->state != RANK_GONE) {
+    snprintf(err, errlen,
+             "rank %d already joined from %s:%d; a second process (%s:%d) tried to join as rank "
+             "%d. Give every process its own GRADSYNC_RANK",
+             req->rank, s->host[0] ? s->host : "?", s->pid, host, req->pid, req->rank);
+    return GS__ERR_ALREADY_JOINED;
+  }
+  s->state = RANK_JOINED;
+  snprintf(s->host, sizeof s->host, "%s", req->host);
+  s->pid = req->pid;
+  s->joined_ms = s->last_msg_ms = now_ms;
+  memset(resp, 0, sizeof *resp);
+  snprintf(resp->job_id, sizeof resp->job_id, "%s", e->cfg.job_id);
+  resp->epoch = 1;
+  resp->rank = req->rank;
+  resp->size = e->world;
+  resp->config = e->cfg.job;
+  return GS__OK;
+}
+
+int gs__eng_world_status(const gs__engine *e, gs__plan_msg *m) {
+  memset(m, 0, sizeof *m);
+  m->kind = GS__MSG_WORLD;
+  m->world.ready = e->world_ready;
+  m->world.size = e->world;
+  m->world.epoch = 1;
+  m->world.ranks = calloc((size_t)e->world, sizeof *m->world.ranks);
+  m->world.missing_ranks = calloc((size_t)e->world, sizeof *m->world.missing_ranks);
+  m->world.gone_ranks = calloc((size_t)e->world, sizeof *m->world.gone_ranks);
+  if (!m->world.ranks || !m->world.missing_ranks || !m->world.gone_ranks) {
+    gs__plan_msg_free(m);
+    return GS__ERR_NO_MEMORY;
+  }
+  for (int32_t r = 0; r < e->world; r++) {
+    const rank_slot *s = &e->ranks[r];
+    if (s->state == RANK_CONNECTED) {
+      gs__rank_info *ri = &m->world.ranks[m->world.nranks++];
+      ri->rank = r;
+      snprintf(ri->host, sizeof ri->host, "%s", s->host);
+      ri->pid = s->pid;
+    } else if (s->state == RANK_NONE || s->state == RANK_JOINED) {
+      m->world.missing_ranks[m->world.nmissing++] = r;
+    } else if (s->state == RANK_GONE) {
+      m->world.gone_ranks[m->world.ngone++] = r;
+    }
+  }
+  return GS__OK;
+}
+
+int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box,
+                            char *err, size_t errlen) {
+  if (rank < 0 || rank >= e->world || e->ranks[rank].state == RANK_NONE) {
+    snprintf(err, errlen, "rank %d opened a session without joining first (call Join)", rank);
+    return GS__ERR_INVALID_ARG;
+  }
+  rank_slot *s = &e->ranks[rank];
+  if (s->state != RANK_JOINED) {
+    snprintf(err, errlen, "rank %d (%s:%d) already has a session; one session per rank", rank,
+             gs__eng_rank_host(e, rank), s->pid);
+    return GS__ERR_ALREADY_JOINED;
+  }
+  s->state = RANK_CONNECTED;
+  s->last_msg_ms = now_ms;
+  e->nconnected++;
+  if (e->nconnected == e->world) {
+    e->world_ready = 1;
+    e->ready_ms = e->last_activity_ms = now_ms;
+    /* Liveness counts from here: ranks do not heartbeat while they wait. */
+    for (int32_t r = 0; r < e->world; r++) e->ranks[r].last_msg_ms = now_ms;
+    e->next_stall_check_ms = now_ms + (uint64_t)e->cfg.job.stall_warning_s * 1000u;
+  }
+  gs__eng_out_log(box, GS__LOG_INFO, "rank %d (%s:%d) connected; %d of %d ranks present", rank,
+                  gs__eng_rank_host(e, rank), s->pid, e->nconnected, e->world);
+  gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
+  if (o && gs__eng_world_status(e, &o->msg) != GS__OK) box->n--;
+  if (e->world_ready)
+    gs__eng_out_log(box, GS__LOG_INFO, "all %d ranks connected: world ready", e->world);
+  return GS__OK;
+}
+
+/* "[a, b, c]" of the names pending (at most 20), oldest first. */
+static void pending_names(const gs__engine *e, char *buf, size_t cap) {
+  buf[0] = 0;
+  gs__eng_append(buf, cap, "[");
+  size_t n = 0, total = HASH_COUNT(e->table);
+  const entry *en;
+  for (en = e->table; en && n < 20; en = en->hh.next, n++)
+    gs__eng_append(buf, cap, "%s%s", n ? ", " : "", en->name);
+  if (total > n) gs__eng_append(buf, cap, ", ... %zu more", total - n);
+  gs__eng_append(buf, cap, "]");
+}
+
+void gs__eng_abort_job(gs__engine *e, int status, const char *text, gs__outbox *box) {
+  e->aborted = 1;
+  gs__eng_out_log(box, GS__LOG_ERROR, "aborting the job: %s", text);
+  gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
+  if (!o) return;
+  o->msg.kind = GS__MSG_ABORT;
+  o->msg.status = status;
+  o->msg.text = strdup(text);
+}
+
+/* Marks a connected rank lost and tells everyone (see session_closed). */
+void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outbox *box) {
+  rank_slot *s = &e->ranks[rank];
+  s->state = RANK_LOST;
+  e->nconnected--;
+  if (e->aborted) return;
+  if (!e->world_ready) {
+    /* Still gathering: the slot is free again (a restarted process may take
+     * it) and the rank is reported as gone, apart from the ranks that never
+     * came, so the others' join timeout names both for what they are. */
+    gs__eng_out_log(box, GS__LOG_WARN, "rank %d (%s:%d) disconnected before the job started: %s",
+                    rank, gs__eng_rank_host(e, rank), s->pid,
+                    detail && *detail ? detail : "session ended");
+    s->state = RANK_GONE;
+    gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
+    if (o && gs__eng_world_status(e, &o->msg) != GS__OK) box->n--;
+    return;
+  }
+  char names[2048], running[1024] = "", text[GS__MAX_TEXT];
+  pending_names(e, names, sizeof names);
+  /* Plans emitted that the lost rank had not reported finished. */
+  for (uint64_t seq = s->last_done_seq + 1; seq < e->next_plan_seq; seq++) {
+    const recent_plan *rp = &e->recent[seq % RECENT_PLANS];
+    if (rp->seq != seq || !rp->names[0]) continue;
+    gs__eng_append(running, sizeof running, "%s%s", running[0] ? ", " : "", rp->names);
+  }
+  snprintf(text, sizeof text,
+           "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s%s%s%s. The job cannot "
+           "continue without it: look at rank %d's log for why it stopped, then restart the job",
+           rank, gs__eng_rank_host(e, rank), s->pid,
+           detail && *detail ? detail : "its session ended", names,
+           running[0] ? "; scheduled but not finished by it: [" : "", running,
+           running[0] ? "]" : "", rank);
+  e->aborted = 1;
+  gs__eng_out_log(box, GS__LOG_ERROR, "%s", text);
+  gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
+  if (!o) return;
+  o->msg.kind = GS__MSG_ABORT;
+  o->msg.status = GS__ERR_RANK_LOST;
+  o->msg.text = strdup(text);
+}
+
+void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
+                               gs__outbox *box) {
+  (void)now_ms;
+  if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
+  gs__eng_lose_rank(e, rank, detail, box);
+}
