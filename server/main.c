@@ -11,6 +11,7 @@
 #include "env.h"
 #include "log.h"
 #include "status.h"
+#include "coordinator.h"
 #include "transport.h"
 
 static void usage(FILE *f) {
@@ -103,13 +104,15 @@ static int parse_action(const char *val, int *warn_only) {
 
 int main(int argc, char **argv) {
   gs__log_init("gradsyncd");
-  gs__server_opts o;
+  gs__coordinator_opts o;
   memset(&o, 0, sizeof o);
-  o.listen = getenv("GRADSYNC_LISTEN") && *getenv("GRADSYNC_LISTEN") ? getenv("GRADSYNC_LISTEN")
-                                                                     : "127.0.0.1:0";
-  o.token = getenv("GRADSYNC_JOB_TOKEN");
+  gs__server_opts so;
+  memset(&so, 0, sizeof so);
+  so.listen = getenv("GRADSYNC_LISTEN") && *getenv("GRADSYNC_LISTEN") ? getenv("GRADSYNC_LISTEN")
+                                                                      : "127.0.0.1:0";
+  so.token = getenv("GRADSYNC_JOB_TOKEN");
+  so.shutdown_grace_ms = 2000;
   o.job_id = getenv("GRADSYNC_JOB_ID");
-  o.shutdown_grace_ms = 2000;
 
   char err[GS__MAX_TEXT];
   int64_t v;
@@ -166,14 +169,14 @@ int main(int argc, char **argv) {
     }
     i++;
     if (!strcmp(a, "--listen")) {
-      o.listen = val;
+      so.listen = val;
     } else if (!strcmp(a, "--world-size")) {
       if (flag_int(a, val, 1, 65536, &v)) return 2;
       o.world_size = (int32_t)v;
     } else if (!strcmp(a, "--job-id")) {
       o.job_id = val;
     } else if (!strcmp(a, "--token")) {
-      o.token = val;
+      so.token = val;
     } else if (!strcmp(a, "--cycle-time-ms")) {
       if (flag_int(a, val, 0, 60000, &v)) return 2;
       o.job.cycle_time_us = (uint32_t)v * 1000u;
@@ -234,23 +237,34 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   gs__server *s = NULL;
-  if (gs__server_create(&o, &s, err, sizeof err) != GS__OK) {
+  gs__coordinator *co = NULL;
+  int rc = 1;
+  if (gs__server_create(&so, &s, err, sizeof err) != GS__OK) {
     GS_LOG_ERROR("%s", err);
     return 1;
   }
+  if (gs__coordinator_create(&o, s, &co, err, sizeof err) != GS__OK ||
+      gs__server_add_service(s, gs__coordinator_service(co)) != GS__OK ||
+      gs__server_start(s, err, sizeof err) != GS__OK) {
+    GS_LOG_ERROR("%s", err);
+    goto out_destroy;
+  }
   char host[256];
-  snprintf(host, sizeof host, "%s", o.listen);
+  snprintf(host, sizeof host, "%s", so.listen);
   char *colon = strrchr(host, ':');
   if (colon) *colon = 0;
   printf("gradsyncd listening on %s:%d\n", host, gs__server_port(s));
   fflush(stdout);
   GS_LOG_INFO("serving %s:%d, world size %s%d%s", host, gs__server_port(s),
               o.world_size ? "" : "(from the first rank) ", o.world_size,
-              o.token ? ", job token required" : "");
+              so.token && *so.token ? ", job token required" : "");
   gs__server_run(s, should_stop, &set);
+  rc = 0;
+out_destroy:
   gs__server_destroy(s);
-  GS_LOG_INFO("stopped");
-  return 0;
+  gs__coordinator_destroy(co);
+  if (rc == 0) GS_LOG_INFO("stopped");
+  return rc;
 
 bad_env:
   fprintf(stderr, "gradsyncd: %s\n", err);

@@ -1,39 +1,129 @@
-/* The coordinator's gRPC transport: one completion queue drained by the
- * thread that calls gs__server_run, which owns the engine, the kv store and
- * every call. It decodes requests, calls the engine and sends what the
- * engine returns; it never blocks on a rank. */
+/* The coordinator's gRPC transport: call plumbing and a table of services.
+ *
+ * One completion queue, drained by the thread that calls gs__server_run.
+ * That thread owns every call and runs every service callback, so services
+ * (Coordinator, Diagnostics, Health, Reflection ...) keep their state
+ * without locks; nothing they do may block.
+ *
+ * A service registers a table of methods {path, kind, handler}. The
+ * transport accepts calls, checks the job token where the method asks for
+ * it, reads requests, sends replies and bounded stream queues, and frees a
+ * call once it is closed and none of its batches is pending. Unknown
+ * methods are answered with UNIMPLEMENTED. */
 #ifndef GS_SERVER_TRANSPORT_H
 #define GS_SERVER_TRANSPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "messages.h"
+#include <grpc/status.h>
 
 typedef struct gs__server gs__server;
+/* One RPC. Owned by the transport; see the lifetimes on gs__method. */
+typedef struct gs__call gs__call;
+
+typedef enum gs__rpc_kind {
+  GS__RPC_UNARY,         /* one request, one reply */
+  GS__RPC_SERVER_STREAM, /* one request, a stream of replies */
+  GS__RPC_BIDI,          /* streams both ways */
+} gs__rpc_kind;
+
+typedef enum gs__rpc_auth {
+  GS__AUTH_TOKEN, /* the job token when the server has one (default) */
+  GS__AUTH_OPEN,  /* never a token (health probes, reflection) */
+} gs__rpc_auth;
+
+typedef struct gs__method {
+  const char *path; /* "/pkg.Service/Method" */
+  gs__rpc_kind kind;
+  gs__rpc_auth auth;
+  /* A call arrived and passed the auth check. Unary and server-streaming:
+   * the request is in gs__call_request. A unary call must be answered
+   * exactly once with gs__call_reply or gs__call_fail, now or later; the
+   * call stays valid until then. A streaming call stays valid until
+   * on_close returns. */
+  void (*on_call)(void *svc, gs__call *c);
+  /* Bidi only: a message from the peer (buf, len; borrowed for the call),
+   * or buf == NULL once the peer half-closed. */
+  void (*on_message)(void *svc, gs__call *c, const uint8_t *buf, size_t len);
+  /* Streaming only: the call is over (finished, cancelled by the peer or
+   * its connection dropped; cancelled says which). Called once; c is
+   * invalid afterwards. May be NULL. */
+  void (*on_close)(void *svc, gs__call *c, int cancelled);
+  /* Streaming: bytes that may wait behind the message in flight before
+   * the peer is cut off with RESOURCE_EXHAUSTED (0 = 256 MiB). */
+  size_t max_queued_bytes;
+} gs__method;
+
+typedef struct gs__service {
+  const char *name; /* "gradsync.v1.Coordinator" */
+  const gs__method *methods;
+  size_t n_methods;
+  void *svc; /* handed to every callback */
+  /* Periodic work on the queue thread (may be NULL), at least every
+   * tick_ms (0 = 50 ms) while the server runs, once more when shutdown
+   * begins. */
+  void (*tick)(void *svc, uint64_t now_ms);
+  uint32_t tick_ms;
+  /* The server stops taking work (may be NULL): end streams, answer
+   * waiting calls. Called once, on the queue thread. */
+  void (*shutdown)(void *svc);
+} gs__service;
 
 typedef struct gs__server_opts {
-  const char *listen;     /* "host:port"; port 0 = any free port */
-  int32_t world_size;     /* 0 = taken from the first rank */
-  const char *job_id;     /* NULL or "" = any */
-  const char *token;      /* NULL = no token required */
-  gs__job_config job;     /* imposed on every rank; the engine's check times */
-  int deadlock_warn_only; /* --deadlock-action warn */
-  int window_policy;      /* --emit-policy window */
-  int max_plans_in_flight;
+  const char *listen; /* "host:port"; port 0 = any free port */
+  const char *token;  /* NULL or "" = no token required */
   int shutdown_grace_ms;
 } gs__server_opts;
 
-/* Binds and starts serving (calls grpc_init). On failure returns an error
- * with a message in err and *out = NULL. */
+/* Creates the server (calls grpc_init); nothing listens yet. Returns GS__OK
+ * or an error with a message in err. */
 int gs__server_create(const gs__server_opts *opts, gs__server **out, char *err, size_t errlen);
-/* The bound port. */
+/* Adds a service before gs__server_start. The table and svc are borrowed
+ * and must outlive the server. Returns GS__OK or GS__ERR_INVALID_ARG (too
+ * many methods, or called after start). */
+int gs__server_add_service(gs__server *s, const gs__service *svc);
+/* Binds the listen address and starts serving. */
+int gs__server_start(gs__server *s, char *err, size_t errlen);
+/* The bound port (0 before start). */
 int gs__server_port(const gs__server *s);
 /* Runs the event loop on the calling thread. should_stop is polled at least
- * every 100 ms; once it returns non-zero the server shuts down gracefully
- * (sessions end with UNAVAILABLE) and gs__server_run returns 0. */
+ * every 50 ms; once it returns non-zero the services' shutdown hooks run,
+ * the server stops accepting calls and gs__server_run returns 0 when every
+ * call is gone (after the grace period calls are cancelled). */
 int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg);
+/* 1 once shutdown began. */
+int gs__server_shutting_down(const gs__server *s);
 /* Frees everything (calls grpc_shutdown). NULL is a no-op. */
 void gs__server_destroy(gs__server *s);
+
+/* ---- calls (queue thread only) ------------------------------------------ */
+
+/* The request of a unary or server-streaming call (NULL, 0 when the client
+ * sent none). Borrowed until the call is answered / closed. */
+void gs__call_request(const gs__call *c, const uint8_t **buf, size_t *len);
+/* Copies metadata key's value into out; 1 when present. */
+int gs__call_metadata(const gs__call *c, const char *key, char *out, size_t outlen);
+/* The peer's address ("ipv4:127.0.0.1:4711"), or "" */
+const char *gs__call_peer(gs__call *c);
+/* The method the call is for. */
+const gs__method *gs__call_method(const gs__call *c);
+/* A pointer the service keeps with the call. */
+void gs__call_set_data(gs__call *c, void *data);
+void *gs__call_data(const gs__call *c);
+
+/* Unary: the reply (bytes copied) with status OK. */
+void gs__call_reply(gs__call *c, const uint8_t *buf, size_t len);
+/* Unary: an error status with a message (copied; NULL = none). */
+void gs__call_fail(gs__call *c, grpc_status_code code, const char *msg);
+/* Streaming: queues a message (bytes copied). Returns 0, or -1 when the
+ * call is finishing/closed or its queue overflowed (then the call was
+ * ended with RESOURCE_EXHAUSTED and the message dropped). */
+int gs__call_send(gs__call *c, const uint8_t *buf, size_t len);
+/* Streaming: ends the call with code once the queued messages are sent.
+ * Later calls are no-ops. */
+void gs__call_finish(gs__call *c, grpc_status_code code, const char *msg);
+/* Streaming: bytes waiting behind the message in flight. */
+size_t gs__call_queued_bytes(const gs__call *c);
 
 #endif

@@ -1,0 +1,459 @@
+/* The gradsync.v1.Coordinator service: Join (unary), Session (one bidi
+ * stream per rank), KvSet / KvGet (waits with a deadline) / KvDelete.
+ *
+ * Owns the engine, the kv store, the open sessions and the waiting KvGets.
+ * Runs on the transport's completion-queue thread only: it decodes, calls
+ * the engine and sends what the engine returns, and never blocks. */
+#include "coordinator.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "codec.h"
+#include "kv.h"
+#include "log.h"
+#include "status.h"
+
+/* One rank's Session stream (the call's data). */
+typedef struct session {
+  gs__call *call;
+  int32_t rank; /* -1 until hello, and once the engine was told it is gone */
+  int left;     /* the rank sent a leave */
+  struct session *prev, *next;
+} session;
+
+/* A KvGet waiting for its key. */
+typedef struct waiter {
+  gs__call *call;
+  char *key;
+  uint64_t until_ms;
+  struct waiter *next;
+} waiter;
+
+enum { M_JOIN, M_SESSION, M_KV_SET, M_KV_GET, M_KV_DELETE, M_COUNT };
+
+struct gs__coordinator {
+  gs__server *srv;
+  gs__engine *engine;
+  gs__kv_store *kv;
+  gs__outbox box;
+  session *sessions; /* open streams whose rank said hello */
+  waiter *waiters;
+  gs__method methods[M_COUNT];
+  gs__service service;
+};
+
+static grpc_status_code grpc_code_of(int status) {
+  switch (status) {
+  case GS__ERR_INVALID_ARG:
+    return GRPC_STATUS_INVALID_ARGUMENT;
+  case GS__ERR_ALREADY_JOINED:
+    return GRPC_STATUS_ALREADY_EXISTS;
+  case GS__ERR_ABORTED:
+    return GRPC_STATUS_ABORTED;
+  case GS__ERR_NO_MEMORY:
+    return GRPC_STATUS_RESOURCE_EXHAUSTED;
+  case GS__ERR_UNAUTHENTICATED:
+    return GRPC_STATUS_UNAUTHENTICATED;
+  default:
+    return GRPC_STATUS_INTERNAL;
+  }
+}
+
+static void reply_encoded(gs__call *c, uint8_t *buf, size_t len, int rc) {
+  if (rc != GS__OK) {
+    gs__call_fail(c, GRPC_STATUS_INTERNAL, "coordinator could not encode its reply");
+    return;
+  }
+  gs__call_reply(c, buf, len);
+  free(buf);
+}
+
+/* ---- Join --------------------------------------------------------------- */
+
+static void on_join(void *arg, gs__call *c) {
+  gs__coordinator *co = arg;
+  const uint8_t *buf;
+  size_t len;
+  char err[GS__MAX_TEXT];
+  if (gs__server_shutting_down(co->srv)) {
+    gs__call_fail(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
+    return;
+  }
+  gs__call_request(c, &buf, &len);
+  gs__join_request req;
+  int rc = gs__decode_join_request(buf, len, &req, err, sizeof err);
+  if (rc) {
+    gs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+    return;
+  }
+  gs__join_response resp;
+  rc = gs__engine_join(co->engine, &req, gs__now_ms(), &resp, err, sizeof err);
+  if (rc) {
+    GS_LOG_WARN("join refused: %s", err);
+    gs__call_fail(c, grpc_code_of(rc), err);
+    return;
+  }
+  GS_LOG_INFO("rank %d joined from %s (pid %d)", req.rank, req.host, req.pid);
+  size_t olen;
+  uint8_t *out = NULL;
+  rc = gs__encode_join_response(&resp, &out, &olen);
+  reply_encoded(c, out, olen, rc);
+}
+
+/* ---- Kv ----------------------------------------------------------------- */
+
+static void kv_reply(gs__call *c, gs__kv_kind kind, const gs__kv_msg *m) {
+  uint8_t *out = NULL;
+  size_t olen;
+  int rc = gs__encode_kv(kind, m, &out, &olen);
+  reply_encoded(c, out, olen, rc);
+}
+
+/* Answers a KvGet with the stored value (found or not). */
+static void kv_answer_get(gs__coordinator *co, gs__call *c, const char *key) {
+  gs__kv_msg m = {0};
+  size_t len = 0;
+  const uint8_t *v = gs__kv_store_get(co->kv, key, &len);
+  m.found = v != NULL;
+  m.value = (uint8_t *)v;
+  m.value_len = v ? len : 0;
+  kv_reply(c, GS__KV_GET_RESP, &m);
+}
+
+static int kv_decode(gs__call *c, gs__kv_kind kind, gs__kv_msg *m) {
+  const uint8_t *buf;
+  size_t len;
+  char err[GS__MAX_TEXT];
+  gs__call_request(c, &buf, &len);
+  if (gs__decode_kv(kind, buf, len, m, err, sizeof err)) {
+    gs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+    return -1;
+  }
+  return 0;
+}
+
+static void on_kv_set(void *arg, gs__call *c) {
+  gs__coordinator *co = arg;
+  gs__kv_msg m, reply = {0};
+  if (kv_decode(c, GS__KV_SET_REQ, &m)) return;
+  if (gs__kv_store_set(co->kv, m.key, m.value, m.value_len) != GS__OK) {
+    gs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "coordinator out of memory");
+    goto out_free_msg;
+  }
+  kv_reply(c, GS__KV_SET_RESP, &reply);
+  /* Wake the readers waiting for this key. */
+  for (waiter **pw = &co->waiters; *pw;) {
+    waiter *w = *pw;
+    if (strcmp(w->key, m.key) == 0) {
+      *pw = w->next;
+      kv_answer_get(co, w->call, w->key);
+      free(w->key);
+      free(w);
+    } else {
+      pw = &w->next;
+    }
+  }
+out_free_msg:
+  gs__kv_msg_free(&m);
+}
+
+static void on_kv_get(void *arg, gs__call *c) {
+  gs__coordinator *co = arg;
+  gs__kv_msg m;
+  size_t vlen;
+  if (kv_decode(c, GS__KV_GET_REQ, &m)) return;
+  waiter *w = NULL;
+  if (gs__kv_store_get(co->kv, m.key, &vlen) || m.wait_ms == 0 ||
+      gs__server_shutting_down(co->srv) || !(w = calloc(1, sizeof *w))) {
+    kv_answer_get(co, c, m.key);
+    gs__kv_msg_free(&m);
+    return;
+  }
+  w->call = c;
+  w->key = m.key;
+  m.key = NULL;
+  w->until_ms = gs__now_ms() + m.wait_ms;
+  w->next = co->waiters;
+  co->waiters = w;
+  gs__kv_msg_free(&m);
+}
+
+static void on_kv_delete(void *arg, gs__call *c) {
+  gs__coordinator *co = arg;
+  gs__kv_msg m, reply = {0};
+  if (kv_decode(c, GS__KV_DELETE_REQ, &m)) return;
+  reply.deleted = gs__kv_store_delete(co->kv, m.key);
+  kv_reply(c, GS__KV_DELETE_RESP, &reply);
+  gs__kv_msg_free(&m);
+}
+
+/* Answers the KvGets whose deadline passed (all of them when force). */
+static void expire_waiters(gs__coordinator *co, uint64_t now, int force) {
+  for (waiter **pw = &co->waiters; *pw;) {
+    waiter *w = *pw;
+    if (force || now >= w->until_ms) {
+      *pw = w->next;
+      kv_answer_get(co, w->call, w->key);
+      free(w->key);
+      free(w);
+    } else {
+      pw = &w->next;
+    }
+  }
+}
+
+/* ---- Session ------------------------------------------------------------ */
+
+static void session_unlink(gs__coordinator *co, session *ss) {
+  if (ss->prev)
+    ss->prev->next = ss->next;
+  else if (co->sessions == ss)
+    co->sessions = ss->next;
+  if (ss->next) ss->next->prev = ss->prev;
+  ss->prev = ss->next = NULL;
+}
+
+static session *session_of_rank(gs__coordinator *co, int32_t rank) {
+  for (session *ss = co->sessions; ss; ss = ss->next)
+    if (ss->rank == rank) return ss;
+  return NULL;
+}
+
+static void session_send(session *ss, const uint8_t *buf, size_t len) {
+  if (gs__call_send(ss->call, buf, len) != 0 && ss->rank >= 0)
+    GS_LOG_ERROR("rank %d is not reading its session (%zu bytes queued); closing it", ss->rank,
+                 gs__call_queued_bytes(ss->call));
+}
+
+/* Sends what the engine produced, in order. */
+static void flush_outbox(gs__coordinator *co) {
+  for (size_t i = 0; i < co->box.n; i++) {
+    gs__out *o = &co->box.items[i];
+    if (o->kind == GS__OUT_LOG) {
+      gs__log((gs__log_level)o->level, "%s", o->text ? o->text : "");
+      continue;
+    }
+    if (o->kind == GS__OUT_CLOSE_RANK) {
+      session *ss = session_of_rank(co, o->rank);
+      if (ss) {
+        ss->rank = -1; /* the engine already counts it lost */
+        session_unlink(co, ss);
+        char msg[GS__MAX_TEXT];
+        snprintf(msg, sizeof msg, "the coordinator declared this rank lost: %s",
+                 o->text ? o->text : "");
+        gs__call_finish(ss->call, GRPC_STATUS_UNAVAILABLE, msg);
+      }
+      continue;
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (gs__encode_plan_msg(&o->msg, &buf, &len) != GS__OK) {
+      GS_LOG_ERROR("internal: could not encode a message of kind %d", o->msg.kind);
+      continue;
+    }
+    if (o->kind == GS__OUT_TO_RANK) {
+      session *ss = session_of_rank(co, o->rank);
+      if (ss) session_send(ss, buf, len);
+    } else {
+      for (session *ss = co->sessions, *next; ss; ss = next) {
+        next = ss->next;
+        if (ss->rank >= 0) session_send(ss, buf, len);
+      }
+    }
+    free(buf);
+  }
+  gs__outbox_clear(&co->box);
+}
+
+/* The rank's stream is gone: tell the engine (once). */
+static void session_gone(gs__coordinator *co, session *ss, const char *detail) {
+  if (ss->rank < 0) return;
+  int32_t rank = ss->rank;
+  ss->rank = -1;
+  session_unlink(co, ss);
+  if (!ss->left) gs__engine_session_closed(co->engine, rank, detail, gs__now_ms(), &co->box);
+  flush_outbox(co);
+}
+
+static void on_session_open(void *arg, gs__call *c) {
+  gs__coordinator *co = arg;
+  if (gs__server_shutting_down(co->srv)) {
+    gs__call_finish(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
+    return;
+  }
+  session *ss = calloc(1, sizeof *ss);
+  if (!ss) {
+    gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "coordinator out of memory");
+    return;
+  }
+  ss->call = c;
+  ss->rank = -1;
+  gs__call_set_data(c, ss);
+}
+
+static void on_session_msg(void *arg, gs__call *c, const uint8_t *buf, size_t len) {
+  gs__coordinator *co = arg;
+  session *ss = gs__call_data(c);
+  char err[GS__MAX_TEXT];
+  if (!ss) return;
+  if (!buf) { /* the rank half-closed */
+    session_gone(co, ss,
+                 "its session stream ended without a leave message (the process exited or "
+                 "crashed)");
+    return;
+  }
+  gs__rank_msg m;
+  int rc = gs__decode_rank_msg(buf, len, &m, err, sizeof err);
+  if (rc) {
+    char msg[GS__MAX_TEXT + 64];
+    snprintf(msg, sizeof msg, "malformed message from rank %d: %s", ss->rank, err);
+    GS_LOG_WARN("%s", msg);
+    gs__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+    session_gone(co, ss, msg);
+    return;
+  }
+  if (ss->rank < 0) {
+    if (!m.has_hello) {
+      gs__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
+                      "the first message of a session must say hello with the rank");
+      goto out_free_msg;
+    }
+    rc = gs__engine_session_open(co->engine, m.hello_rank, gs__now_ms(), &co->box, err, sizeof err);
+    if (rc) {
+      GS_LOG_WARN("session refused: %s", err);
+      gs__call_finish(c,
+                      rc == GS__ERR_ALREADY_JOINED ? GRPC_STATUS_ALREADY_EXISTS
+                                                   : GRPC_STATUS_FAILED_PRECONDITION,
+                      err);
+      goto out_free_msg;
+    }
+    ss->rank = m.hello_rank;
+    ss->prev = NULL;
+    ss->next = co->sessions;
+    if (co->sessions) co->sessions->prev = ss;
+    co->sessions = ss;
+  }
+  if (m.has_leave) ss->left = 1;
+  gs__engine_rank_message(co->engine, ss->rank, &m, gs__now_ms(), &co->box);
+  flush_outbox(co);
+out_free_msg:
+  gs__rank_msg_free(&m);
+}
+
+static void on_session_close(void *arg, gs__call *c, int cancelled) {
+  gs__coordinator *co = arg;
+  session *ss = gs__call_data(c);
+  if (!ss) return;
+  session_gone(co, ss,
+               cancelled ? "its connection dropped (the process died or the network failed)"
+                         : "its session ended without a leave message");
+  gs__call_set_data(c, NULL);
+  free(ss);
+}
+
+/* ---- service ------------------------------------------------------------ */
+
+static void coordinator_tick(void *arg, uint64_t now) {
+  gs__coordinator *co = arg;
+  gs__engine_tick(co->engine, now, &co->box);
+  flush_outbox(co);
+  expire_waiters(co, now, gs__server_shutting_down(co->srv));
+}
+
+static void coordinator_shutdown(void *arg) {
+  gs__coordinator *co = arg;
+  GS_LOG_INFO("shutting down: closing %s sessions", co->sessions ? "open" : "no");
+  for (session *ss = co->sessions; ss; ss = ss->next)
+    gs__call_finish(ss->call, GRPC_STATUS_UNAVAILABLE,
+                    "gradsyncd is shutting down (SIGTERM/SIGINT); the job cannot continue");
+  expire_waiters(co, gs__now_ms(), 1);
+}
+
+int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coordinator **out,
+                           char *err, size_t errlen) {
+  *out = NULL;
+  gs__coordinator *co = calloc(1, sizeof *co);
+  if (!co) {
+    snprintf(err, errlen, "out of memory");
+    return GS__ERR_NO_MEMORY;
+  }
+  co->srv = s;
+  gs__engine_config ec;
+  memset(&ec, 0, sizeof ec);
+  ec.world_size = o->world_size;
+  snprintf(ec.job_id, sizeof ec.job_id, "%s", o->job_id ? o->job_id : "");
+  ec.job = o->job;
+  ec.deadlock_warn_only = o->deadlock_warn_only;
+  ec.policy = o->window_policy ? GS__POLICY_WINDOW : GS__POLICY_ADAPTIVE;
+  ec.max_plans_in_flight = o->max_plans_in_flight;
+  int rc = gs__engine_create(&ec, &co->engine);
+  if (rc) {
+    snprintf(err, errlen, "invalid world size %d (expected 0..%d)", o->world_size, GS__MAX_WORLD);
+    free(co);
+    return rc;
+  }
+  co->kv = gs__kv_store_create();
+  if (!co->kv) {
+    snprintf(err, errlen, "out of memory");
+    gs__engine_destroy(co->engine);
+    free(co);
+    return GS__ERR_NO_MEMORY;
+  }
+  co->methods[M_JOIN] = (gs__method){
+      "/gradsync.v1.Coordinator/Join", GS__RPC_UNARY, GS__AUTH_TOKEN, on_join, NULL, NULL, 0};
+  co->methods[M_SESSION] = (gs__method){"/gradsync.v1.Coordinator/Session",
+                                        GS__RPC_BIDI,
+                                        GS__AUTH_TOKEN,
+                                        on_session_open,
+                                        on_session_msg,
+                                        on_session_close,
+                                        0};
+  co->methods[M_KV_SET] = (gs__method){
+      "/gradsync.v1.Coordinator/KvSet", GS__RPC_UNARY, GS__AUTH_TOKEN, on_kv_set, NULL, NULL, 0};
+  co->methods[M_KV_GET] = (gs__method){
+      "/gradsync.v1.Coordinator/KvGet", GS__RPC_UNARY, GS__AUTH_TOKEN, on_kv_get, NULL, NULL, 0};
+  co->methods[M_KV_DELETE] = (gs__method){"/gradsync.v1.Coordinator/KvDelete",
+                                          GS__RPC_UNARY,
+                                          GS__AUTH_TOKEN,
+                                          on_kv_delete,
+                                          NULL,
+                                          NULL,
+                                          0};
+  /* The window policy emits every cycle time from the tick. */
+  uint32_t cycle_ms = o->job.cycle_time_us / 1000u;
+  co->service = (gs__service){
+      .name = "gradsync.v1.Coordinator",
+      .methods = co->methods,
+      .n_methods = M_COUNT,
+      .svc = co,
+      .tick = coordinator_tick,
+      .tick_ms = o->window_policy ? (cycle_ms ? cycle_ms : 1) : 0,
+      .shutdown = coordinator_shutdown,
+  };
+  *out = co;
+  return GS__OK;
+}
+
+const gs__service *gs__coordinator_service(gs__coordinator *c) {
+  return &c->service;
+}
+
+gs__engine *gs__coordinator_engine(gs__coordinator *c) {
+  return c->engine;
+}
+
+void gs__coordinator_destroy(gs__coordinator *co) {
+  if (!co) return;
+  for (waiter *w = co->waiters, *next; w; w = next) {
+    next = w->next;
+    free(w->key);
+    free(w);
+  }
+  gs__outbox_free(&co->box);
+  gs__engine_destroy(co->engine);
+  gs__kv_store_destroy(co->kv);
+  free(co);
+}

@@ -1,0 +1,35 @@
+/* The gradsync.v1.Coordinator service (worker-facing): Join, the Session
+ * streams, and the Kv* rendezvous store. It owns the engine and the kv
+ * store; everything runs on the transport's completion-queue thread. */
+#ifndef GS_SERVER_COORDINATOR_H
+#define GS_SERVER_COORDINATOR_H
+
+#include <stdint.h>
+
+#include "engine.h"
+#include "messages.h"
+#include "transport.h"
+
+typedef struct gs__coordinator gs__coordinator;
+
+typedef struct gs__coordinator_opts {
+  int32_t world_size;     /* 0 = taken from the first rank */
+  const char *job_id;     /* NULL or "" = any */
+  gs__job_config job;     /* imposed on every rank; the engine's check times */
+  int deadlock_warn_only; /* --deadlock-action warn */
+  int window_policy;      /* --emit-policy window */
+  int max_plans_in_flight;
+} gs__coordinator_opts;
+
+/* Creates the coordinator with its engine for server s (borrowed: it must
+ * outlive the coordinator). GS__OK, or an error with a message in err. */
+int gs__coordinator_create(const gs__coordinator_opts *opts, gs__server *s, gs__coordinator **out,
+                           char *err, size_t errlen);
+/* The service to add to the server (owned by the coordinator). */
+const gs__service *gs__coordinator_service(gs__coordinator *c);
+/* The engine, for read-only views (diagnostics); queue thread only. */
+gs__engine *gs__coordinator_engine(gs__coordinator *c);
+/* Frees it, after the server is destroyed. NULL is a no-op. */
+void gs__coordinator_destroy(gs__coordinator *c);
+
+#endif
