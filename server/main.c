@@ -8,54 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "env.h"
 #include "log.h"
+#include "settings.h"
 #include "status.h"
 #include "coordinator.h"
 #include "transport.h"
 
 static void usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: gradsyncd [options]\n"
-      "  --listen HOST:PORT        address to serve on (default 127.0.0.1:0 = a free port;\n"
-      "                            env GRADSYNC_LISTEN)\n"
-      "  --world-size N            ranks in the job (default: the size the first rank gives;\n"
-      "                            env GRADSYNC_WORLD_SIZE)\n"
-      "  --job-id ID               accept only ranks of this job (env GRADSYNC_JOB_ID)\n"
-      "  --token TOKEN             require 'authorization: Bearer TOKEN' from ranks\n"
-      "                            (env GRADSYNC_JOB_TOKEN)\n"
-      "  --cycle-time-ms MS        worker batching period (default 1; env GRADSYNC_CYCLE_TIME,\n"
-      "                            HOROVOD_CYCLE_TIME)\n"
-      "  --fusion-threshold BYTES  fuse allreduces up to this many bytes (default 1048576;\n"
-      "                            0 = off; env GRADSYNC_FUSION_THRESHOLD, "
-      "HOROVOD_FUSION_THRESHOLD)\n"
-      "  --emit-policy P           adaptive (default: emit at once while fewer than\n"
-      "                            --max-plans-in-flight plans are unfinished, else fuse) or\n"
-      "                            window (emit every cycle time, like Horovod)\n"
-      "                            (env GRADSYNC_EMIT_POLICY)\n"
-      "  --max-plans-in-flight N   adaptive policy depth (default 2; env\n"
-      "                            GRADSYNC_MAX_PLANS_IN_FLIGHT)\n"
-      "  --cache-capacity N        response cache entries (default 1024; 0 = off; env\n"
-      "                            GRADSYNC_CACHE_CAPACITY, HOROVOD_CACHE_CAPACITY)\n"
-      "  --stall-warning-s S       report tensors waiting on some ranks for S seconds, checked\n"
-      "                            every S seconds (default 60; 0 = off; env\n"
-      "                            GRADSYNC_STALL_CHECK_TIME_SECONDS, "
-      "HOROVOD_STALL_CHECK_TIME_SECONDS)\n"
-      "  --stall-shutdown-s S      abort the job when a tensor waits S seconds (default 0 = "
-      "never;\n"
-      "                            env GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS,\n"
-      "                            HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)\n"
-      "  --deadlock-time-ms MS     every rank blocked and nothing new for MS = deadlock\n"
-      "                            (default 5000; 0 = off; env GRADSYNC_DEADLOCK_TIME_MS)\n"
-      "  --deadlock-action A       abort (default) or warn (env GRADSYNC_DEADLOCK_ACTION)\n"
-      "  --rank-timeout-ms MS      a rank silent this long is lost (default 10000; 0 = off;\n"
-      "                            env GRADSYNC_RANK_TIMEOUT_MS)\n"
-      "  --heartbeat-ms MS         rank heartbeat period (default 1000; env "
-      "GRADSYNC_HEARTBEAT_MS)\n"
-      "  --log-level LEVEL         error, warn, info (default) or debug (env GRADSYNC_LOG_LEVEL)\n"
-      "  -h, --help                this text\n"
-      "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n");
+  fputs("usage: gradsyncd [options]   (--flag VALUE or --flag=VALUE)\n", f);
+  gs__settings_usage(f, GS__FOR_SERVER);
+  fputs("  -h, --help                this text\n"
+        "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n",
+        f);
 }
 
 static int should_stop(void *arg) {
@@ -69,163 +33,50 @@ static int should_stop(void *arg) {
   return 0;
 }
 
-static int flag_int(const char *flag, const char *val, int64_t min, int64_t max, int64_t *out) {
-  char err[256];
-  if (gs__parse_int(val, flag, min, max, out, err, sizeof err) != GS__OK) {
-    fprintf(stderr, "gradsyncd: %s\n", err);
-    return -1;
-  }
-  return 0;
-}
-
-static int parse_policy(const char *val, int *window) {
-  if (!strcmp(val, "adaptive"))
-    *window = 0;
-  else if (!strcmp(val, "window"))
-    *window = 1;
-  else {
-    fprintf(stderr, "gradsyncd: emit policy '%s': expected adaptive or window\n", val);
-    return -1;
-  }
-  return 0;
-}
-
-static int parse_action(const char *val, int *warn_only) {
-  if (!strcmp(val, "abort"))
-    *warn_only = 0;
-  else if (!strcmp(val, "warn"))
-    *warn_only = 1;
-  else {
-    fprintf(stderr, "gradsyncd: deadlock action '%s': expected abort or warn\n", val);
-    return -1;
-  }
-  return 0;
-}
-
 int main(int argc, char **argv) {
   gs__log_init("gradsyncd");
+  char err[GS__MAX_TEXT];
+  gs__settings cfg;
+  if (gs__settings_load(&cfg, GS__FOR_SERVER, err, sizeof err) != GS__OK) goto bad_usage;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      gs__settings_free(&cfg);
+      return 0;
+    }
+    int took = gs__settings_take_flag(&cfg, GS__FOR_SERVER, argc, argv, &i, err, sizeof err);
+    if (took < 0) goto bad_usage;
+    if (took == 0) {
+      snprintf(err, sizeof err, "unknown flag %s (see --help)", a);
+      goto bad_usage;
+    }
+  }
+  gs__log_set_level((gs__log_level)gs__settings_int(&cfg, GS__S_LOG_LEVEL));
+
   gs__coordinator_opts o;
   memset(&o, 0, sizeof o);
   gs__server_opts so;
   memset(&so, 0, sizeof so);
-  so.listen = getenv("GRADSYNC_LISTEN") && *getenv("GRADSYNC_LISTEN") ? getenv("GRADSYNC_LISTEN")
-                                                                      : "127.0.0.1:0";
-  so.token = getenv("GRADSYNC_JOB_TOKEN");
+  so.listen = gs__settings_str(&cfg, GS__S_LISTEN);
+  so.token = gs__settings_str(&cfg, GS__S_JOB_TOKEN);
   so.shutdown_grace_ms = 2000;
-  o.job_id = getenv("GRADSYNC_JOB_ID");
-
-  char err[GS__MAX_TEXT];
-  int64_t v;
-  static const char *const world_env[] = {"GRADSYNC_WORLD_SIZE", NULL};
-  static const char *const stall_env[] = {"GRADSYNC_STALL_CHECK_TIME_SECONDS",
-                                          "HOROVOD_STALL_CHECK_TIME_SECONDS", NULL};
-  static const char *const shut_env[] = {"GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS",
-                                         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", NULL};
-  static const char *const dl_env[] = {"GRADSYNC_DEADLOCK_TIME_MS", NULL};
-  static const char *const rt_env[] = {"GRADSYNC_RANK_TIMEOUT_MS", NULL};
-  static const char *const hb_env[] = {"GRADSYNC_HEARTBEAT_MS", NULL};
-  if (gs__env_int(stall_env, 60, 0, 86400, &v, err, sizeof err)) goto bad_env;
-  o.job.stall_warning_s = (uint32_t)v;
-  if (gs__env_int(shut_env, 0, 0, 86400 * 7, &v, err, sizeof err)) goto bad_env;
-  o.job.stall_shutdown_s = (uint32_t)v;
-  if (gs__env_int(dl_env, 5000, 0, 86400000, &v, err, sizeof err)) goto bad_env;
-  o.job.deadlock_time_ms = (uint32_t)v;
-  if (gs__env_int(rt_env, 10000, 0, 86400000, &v, err, sizeof err)) goto bad_env;
-  o.job.rank_timeout_ms = (uint32_t)v;
-  if (gs__env_int(hb_env, 1000, 10, 60000, &v, err, sizeof err)) goto bad_env;
-  o.job.heartbeat_ms = (uint32_t)v;
-  static const char *const fusion_env[] = {"GRADSYNC_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD",
-                                           NULL};
-  static const char *const inflight_env[] = {"GRADSYNC_MAX_PLANS_IN_FLIGHT", NULL};
-  static const char *const cache_env[] = {"GRADSYNC_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY",
-                                          NULL};
-  if (gs__env_int(cache_env, 1024, 0, 1 << 24, &v, err, sizeof err)) goto bad_env;
-  o.job.cache_capacity = (uint32_t)v;
-  if (gs__env_int(fusion_env, 1 << 20, 0, (int64_t)1 << 40, &v, err, sizeof err)) goto bad_env;
-  o.job.fusion_threshold_bytes = (uint64_t)v;
-  if (gs__env_int(inflight_env, 2, 1, 1024, &v, err, sizeof err)) goto bad_env;
-  o.max_plans_in_flight = (int)v;
-  const char *policy = getenv("GRADSYNC_EMIT_POLICY");
-  if (policy && *policy && parse_policy(policy, &o.window_policy)) return 2;
-  const char *action = getenv("GRADSYNC_DEADLOCK_ACTION");
-  if (action && *action && parse_action(action, &o.deadlock_warn_only)) return 2;
-  static const char *const cycle_env[] = {"GRADSYNC_CYCLE_TIME", "HOROVOD_CYCLE_TIME", NULL};
-  if (gs__env_int(world_env, 0, 0, 65536, &v, err, sizeof err)) goto bad_env;
-  o.world_size = (int32_t)v;
-  if (gs__env_int(cycle_env, 1, 0, 60000, &v, err, sizeof err)) goto bad_env;
-  o.job.cycle_time_us = (uint32_t)v * 1000u;
-
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      return 0;
-    }
-    if (!val) {
-      fprintf(stderr, "gradsyncd: unknown flag or missing value: %s\n", a);
-      usage(stderr);
-      return 2;
-    }
-    i++;
-    if (!strcmp(a, "--listen")) {
-      so.listen = val;
-    } else if (!strcmp(a, "--world-size")) {
-      if (flag_int(a, val, 1, 65536, &v)) return 2;
-      o.world_size = (int32_t)v;
-    } else if (!strcmp(a, "--job-id")) {
-      o.job_id = val;
-    } else if (!strcmp(a, "--token")) {
-      so.token = val;
-    } else if (!strcmp(a, "--cycle-time-ms")) {
-      if (flag_int(a, val, 0, 60000, &v)) return 2;
-      o.job.cycle_time_us = (uint32_t)v * 1000u;
-    } else if (!strcmp(a, "--fusion-threshold")) {
-      if (flag_int(a, val, 0, (int64_t)1 << 40, &v)) return 2;
-      o.job.fusion_threshold_bytes = (uint64_t)v;
-    } else if (!strcmp(a, "--cache-capacity")) {
-      if (flag_int(a, val, 0, 1 << 24, &v)) return 2;
-      o.job.cache_capacity = (uint32_t)v;
-    } else if (!strcmp(a, "--emit-policy")) {
-      if (parse_policy(val, &o.window_policy)) return 2;
-    } else if (!strcmp(a, "--max-plans-in-flight")) {
-      if (flag_int(a, val, 1, 1024, &v)) return 2;
-      o.max_plans_in_flight = (int)v;
-    } else if (!strcmp(a, "--stall-warning-s")) {
-      if (flag_int(a, val, 0, 86400, &v)) return 2;
-      o.job.stall_warning_s = (uint32_t)v;
-    } else if (!strcmp(a, "--stall-shutdown-s")) {
-      if (flag_int(a, val, 0, 86400 * 7, &v)) return 2;
-      o.job.stall_shutdown_s = (uint32_t)v;
-    } else if (!strcmp(a, "--deadlock-time-ms")) {
-      if (flag_int(a, val, 0, 86400000, &v)) return 2;
-      o.job.deadlock_time_ms = (uint32_t)v;
-    } else if (!strcmp(a, "--deadlock-action")) {
-      if (parse_action(val, &o.deadlock_warn_only)) return 2;
-    } else if (!strcmp(a, "--rank-timeout-ms")) {
-      if (flag_int(a, val, 0, 86400000, &v)) return 2;
-      o.job.rank_timeout_ms = (uint32_t)v;
-    } else if (!strcmp(a, "--heartbeat-ms")) {
-      if (flag_int(a, val, 10, 60000, &v)) return 2;
-      o.job.heartbeat_ms = (uint32_t)v;
-    } else if (!strcmp(a, "--log-level")) {
-      static const char *const lv[] = {"error", "warn", "info", "debug"};
-      int found = 0;
-      for (int k = 0; k < 4; k++)
-        if (!strcmp(val, lv[k])) {
-          gs__log_set_level((gs__log_level)k);
-          found = 1;
-        }
-      if (!found) {
-        fprintf(stderr, "gradsyncd: --log-level '%s': expected error, warn, info or debug\n", val);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "gradsyncd: unknown flag %s\n", a);
-      usage(stderr);
-      return 2;
-    }
-  }
+  o.job_id = gs__settings_str(&cfg, GS__S_JOB_ID);
+  o.world_size = (int32_t)gs__settings_int(&cfg, GS__S_WORLD_SIZE);
+  o.job.cycle_time_us = (uint32_t)gs__settings_int(&cfg, GS__S_CYCLE_TIME);
+  o.job.fusion_threshold_bytes = (uint64_t)gs__settings_int(&cfg, GS__S_FUSION_THRESHOLD);
+  o.job.cache_capacity = (uint32_t)gs__settings_int(&cfg, GS__S_CACHE_CAPACITY);
+  o.window_policy = gs__settings_int(&cfg, GS__S_EMIT_POLICY) == 1;
+  o.max_plans_in_flight = (int)gs__settings_int(&cfg, GS__S_MAX_PLANS_IN_FLIGHT);
+  o.job.stall_warning_s = (uint32_t)gs__settings_int(&cfg, GS__S_STALL_WARNING);
+  o.job.stall_shutdown_s = (uint32_t)gs__settings_int(&cfg, GS__S_STALL_SHUTDOWN);
+  o.job.deadlock_time_ms = (uint32_t)gs__settings_int(&cfg, GS__S_DEADLOCK_TIME);
+  o.deadlock_warn_only = gs__settings_int(&cfg, GS__S_DEADLOCK_ACTION) == 1;
+  o.job.rank_timeout_ms = (uint32_t)gs__settings_int(&cfg, GS__S_RANK_TIMEOUT);
+  o.job.heartbeat_ms = (uint32_t)gs__settings_int(&cfg, GS__S_HEARTBEAT);
+  char line[4096];
+  gs__settings_describe(&cfg, GS__FOR_SERVER, line, sizeof line);
+  GS_LOG_INFO("settings: %s", line);
 
   /* Block the stop signals before gRPC starts threads so they inherit the
    * mask; the event loop collects them with sigtimedwait. */
@@ -241,6 +92,7 @@ int main(int argc, char **argv) {
   int rc = 1;
   if (gs__server_create(&so, &s, err, sizeof err) != GS__OK) {
     GS_LOG_ERROR("%s", err);
+    gs__settings_free(&cfg);
     return 1;
   }
   if (gs__coordinator_create(&o, s, &co, err, sizeof err) != GS__OK ||
@@ -264,9 +116,11 @@ out_destroy:
   gs__server_destroy(s);
   gs__coordinator_destroy(co);
   if (rc == 0) GS_LOG_INFO("stopped");
+  gs__settings_free(&cfg);
   return rc;
 
-bad_env:
+bad_usage:
   fprintf(stderr, "gradsyncd: %s\n", err);
+  gs__settings_free(&cfg);
   return 2;
 }

@@ -15,9 +15,10 @@
 #include "client.h"
 #include "clock.h"
 #include "dtype.h"
-#include "env.h"
 #include "gradsync.h"
 #include "log.h"
+#include "scheduler.h"
+#include "settings.h"
 #include "status.h"
 #include "worker.h"
 
@@ -86,59 +87,127 @@ void gs_options_init(gs_options *o) {
 /* ---- gs_init -------------------------------------------------------------- */
 
 typedef struct resolved {
-  const char *coordinator, *token, *advertise;
+  gs__settings set; /* owns the strings below */
+  const char *coordinator, *token, *advertise, *data_addr, *job_id;
+  int port_lo, port_hi; /* GRADSYNC_DATA_PORT_RANGE; 0 = any */
   int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local;
+  /* where rank, size, local rank and local size came from */
+  const char *rank_from, *size_from, *local_rank_from, *local_size_from;
 } resolved;
 
-static gs_status env_or(int given, const char *var, int def, int min, int max, int *out) {
+static const char *real_getenv(const char *name, void *arg) {
+  (void)arg;
+  return getenv(name);
+}
+
+/* given (from gs_options) >= 0 wins; else the setting when the environment
+ * gave it; else the scheduler's value; else *out stays -1. */
+static void pick(int given, const char *given_name, const gs__settings *set, gs__setting_id id,
+                 int sched, const char *sched_from, int *out, const char **from) {
   if (given >= 0) {
     *out = given;
-    return GS_OK;
+    *from = given_name;
+  } else if (gs__settings_given(set, id)) {
+    *out = (int)gs__settings_int(set, id);
+    *from = set->v[id].from;
+  } else if (sched >= 0) {
+    *out = sched;
+    *from = sched_from;
+  } else {
+    *out = -1;
+    *from = NULL;
   }
-  const char *const names[] = {var, NULL};
-  int64_t v;
-  char err[512];
-  if (gs__env_int(names, def, min, max, &v, err, sizeof err) != GS__OK)
-    return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
-  *out = (int)v;
-  return GS_OK;
 }
 
 static gs_status resolve(const gs_options *o, resolved *r) {
   gs_options dflt;
   gs_options_init(&dflt);
   if (!o) o = &dflt;
-  gs_status st;
-  r->coordinator = o->coordinator ? o->coordinator : getenv("GRADSYNC_COORDINATOR");
-  if (!r->coordinator || !*r->coordinator)
+  char err[1024];
+  if (gs__settings_load(&r->set, GS__FOR_WORKER, err, sizeof err) != GS__OK)
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
+  gs__settings *set = &r->set;
+  /* Options given in code go through the same checks as the environment. */
+  struct {
+    const char *text;
+    gs__setting_id id;
+    const char *name;
+  } texts[] = {{o->coordinator, GS__S_COORDINATOR, "gs_options.coordinator"},
+               {o->job_token, GS__S_JOB_TOKEN, "gs_options.job_token"},
+               {o->advertise_addr, GS__S_ADVERTISE_ADDR, "gs_options.advertise_addr"}};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+    if (texts[i].text && gs__settings_set(set, texts[i].id, texts[i].text, GS__SRC_API,
+                                          texts[i].name, err, sizeof err) != GS__OK)
+      return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
+  r->coordinator = gs__settings_str(set, GS__S_COORDINATOR);
+  if (!r->coordinator)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "gs_init: no coordinator address: set GRADSYNC_COORDINATOR=host:port (or "
                          "start the job with gradsync-run, which sets it)");
-  if ((st = env_or(o->size, "GRADSYNC_SIZE", -1, 1, 65536, &r->size))) return st;
-  if (r->size < 1)
+  if (o->size == 0 || o->size > 65536 || o->rank > 65535 || o->local_size == 0 ||
+      o->local_size > 65536 || o->local_rank > 65535)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: gs_options rank %d / size %d / local rank %d / local size %d: "
+                         "sizes must be 1..65536 and ranks below them (-1 = from the environment)",
+                         o->rank, o->size, o->local_rank, o->local_size);
+
+  gs__sched_info sc;
+  if (gs__sched_detect(real_getenv, NULL, &sc, err, sizeof err) != GS__OK)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: %s; fix the launcher's variables or set GRADSYNC_RANK and "
+                         "GRADSYNC_SIZE",
+                         err);
+  pick(o->rank, "gs_options.rank", set, GS__S_RANK, sc.rank, sc.rank_from, &r->rank, &r->rank_from);
+  pick(o->size, "gs_options.size", set, GS__S_SIZE, sc.size, sc.size_from, &r->size, &r->size_from);
+  pick(o->local_rank, "gs_options.local_rank", set, GS__S_LOCAL_RANK, sc.local_rank,
+       sc.local_rank_from, &r->local_rank, &r->local_rank_from);
+  pick(o->local_size, "gs_options.local_size", set, GS__S_LOCAL_SIZE, sc.local_size,
+       sc.local_size_from, &r->local_size, &r->local_size_from);
+  if (r->rank < 0 || r->size < 0) {
+    char seen[1024];
+    gs__sched_seen(real_getenv, NULL, seen, sizeof seen);
+    char got[256] = "";
+    if (r->rank >= 0) snprintf(got, sizeof got, "; rank %d came from %s", r->rank, r->rank_from);
+    if (r->size >= 0) snprintf(got, sizeof got, "; size %d came from %s", r->size, r->size_from);
     return gs__set_error(
         GS_ERR_INVALID_ARG,
-        "gs_init: the job size is unknown: set GRADSYNC_SIZE (or gs_options.size)");
-  if ((st = env_or(o->rank, "GRADSYNC_RANK", -1, 0, 65535, &r->rank))) return st;
-  if (r->rank < 0)
-    return gs__set_error(GS_ERR_INVALID_ARG,
-                         "gs_init: this process's rank is unknown: set GRADSYNC_RANK (or "
-                         "gs_options.rank)");
+        "gs_init: this process's %s unknown: set GRADSYNC_RANK and GRADSYNC_SIZE (or gs_options), "
+        "or start it under a launcher gradsync reads (OpenMPI, MPICH/PMI, torchrun, Slurm, a "
+        "Kubernetes Indexed Job with GRADSYNC_SIZE). Scheduler variables found: %s%s",
+        r->rank < 0 && r->size < 0 ? "rank and job size are"
+        : r->rank < 0              ? "rank is"
+                                   : "job size is",
+        seen[0] ? seen : "none", got);
+  }
   if (r->rank >= r->size)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "gs_init: rank %d is out of range for a job of %d ranks (valid: 0..%d)",
-                         r->rank, r->size, r->size - 1);
-  if ((st = env_or(o->local_rank, "GRADSYNC_LOCAL_RANK", 0, 0, 65535, &r->local_rank))) return st;
-  if ((st = env_or(o->local_size, "GRADSYNC_LOCAL_SIZE", 1, 1, 65536, &r->local_size))) return st;
-  if ((st = env_or(o->join_timeout_ms, "GRADSYNC_JOIN_TIMEOUT_MS", 60000, 1, 86400000,
-                   &r->join_timeout_ms)))
-    return st;
-  if ((st = env_or(o->data_timeout_ms, "GRADSYNC_DATA_TIMEOUT_MS", 60000, 1, 86400000,
-                   &r->data_timeout_ms)))
-    return st;
-  if ((st = env_or(o->scale_local, "GRADSYNC_SCALE_LOCAL", 1, 0, 1, &r->scale_local))) return st;
-  r->token = o->job_token ? o->job_token : getenv("GRADSYNC_JOB_TOKEN");
-  r->advertise = o->advertise_addr ? o->advertise_addr : getenv("GRADSYNC_ADVERTISE_ADDR");
+                         "gs_init: rank %d (from %s) is out of range for a job of %d ranks (from "
+                         "%s; valid ranks: 0..%d)",
+                         r->rank, r->rank_from, r->size, r->size_from, r->size - 1);
+  if (r->local_rank < 0) {
+    r->local_rank = 0;
+    r->local_rank_from = "default";
+  }
+  if (r->local_size < 0) {
+    r->local_size = 1;
+    r->local_size_from = "default";
+  }
+  r->join_timeout_ms =
+      o->join_timeout_ms > 0 ? o->join_timeout_ms : (int)gs__settings_int(set, GS__S_JOIN_TIMEOUT);
+  r->data_timeout_ms =
+      o->data_timeout_ms > 0 ? o->data_timeout_ms : (int)gs__settings_int(set, GS__S_DATA_TIMEOUT);
+  r->scale_local =
+      o->scale_local >= 0 ? (o->scale_local != 0) : (int)gs__settings_int(set, GS__S_SCALE_LOCAL);
+  r->token = gs__settings_str(set, GS__S_JOB_TOKEN);
+  r->advertise = gs__settings_str(set, GS__S_ADVERTISE_ADDR);
+  r->data_addr = gs__settings_str(set, GS__S_DATA_ADDR);
+  r->job_id = gs__settings_str(set, GS__S_JOB_ID);
+  if (gs__settings_str(set, GS__S_DATA_PORT_RANGE)) {
+    r->port_lo = (int)set->v[GS__S_DATA_PORT_RANGE].i;
+    r->port_hi = (int)set->v[GS__S_DATA_PORT_RANGE].i2;
+  }
+  if (gs__settings_given(set, GS__S_LOG_LEVEL))
+    gs__log_set_level((gs__log_level)gs__settings_int(set, GS__S_LOG_LEVEL));
   return GS_OK;
 }
 
@@ -247,11 +316,18 @@ static void ctx_free(gs_ctx *ctx) {
 gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: out is NULL");
   *out = NULL;
-  resolved r = {0};
+  resolved r;
+  memset(&r, 0, sizeof r);
   gs_status st = resolve(opts, &r);
-  if (st) return st;
+  if (st) {
+    gs__settings_free(&r.set);
+    return st;
+  }
   gs_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return gs__set_error(GS_ERR_NO_MEMORY, "gs_init: out of memory");
+  if (!ctx) {
+    gs__settings_free(&r.set);
+    return gs__set_error(GS_ERR_NO_MEMORY, "gs_init: out of memory");
+  }
   ctx->rank = r.rank;
   ctx->size = r.size;
   ctx->local_rank = r.local_rank;
@@ -286,8 +362,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   snprintf(jr.host, sizeof jr.host, "%s", ctx->host);
   jr.pid = (int32_t)getpid();
   snprintf(jr.version, sizeof jr.version, "%s", GS_VERSION_STRING);
-  const char *job = getenv("GRADSYNC_JOB_ID");
-  snprintf(jr.job_id, sizeof jr.job_id, "%s", job ? job : "");
+  snprintf(jr.job_id, sizeof jr.job_id, "%s", r.job_id ? r.job_id : "");
   rc = gs__client_join(ctx->client, &jr, r.join_timeout_ms, &ctx->join, err, sizeof err);
   if (rc) {
     st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
@@ -309,6 +384,9 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   ro.size = r.size;
   ro.coordinator = r.coordinator;
   ro.advertise_addr = r.advertise;
+  ro.data_addr = r.data_addr;
+  ro.port_lo = r.port_lo;
+  ro.port_hi = r.port_hi;
   ro.key_prefix = prefix;
   uint64_t now = gs__now_ms();
   ro.connect_timeout_ms = now < deadline ? (int)(deadline - now) : 1;
@@ -336,7 +414,13 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
     goto out_stop_exec;
   }
   ctx->thread_started = 1;
-  GS_LOG_DEBUG("rank %d of %d ready (coordinator %s)", r.rank, r.size, r.coordinator);
+  char line[4096];
+  gs__settings_describe(&r.set, GS__FOR_WORKER, line, sizeof line);
+  GS_LOG_INFO("joined the job at %s as rank %d of %d, local rank %d of %d (rank from %s, size "
+              "from %s, local rank from %s, local size from %s); settings: %s",
+              r.coordinator, r.rank, r.size, r.local_rank, r.local_size, r.rank_from, r.size_from,
+              r.local_rank_from, r.local_size_from, line);
+  gs__settings_free(&r.set);
   *out = ctx;
   return GS_OK;
 
@@ -348,6 +432,7 @@ out_stop_exec:
   pthread_join(ctx->exec_thread, NULL);
 out_free_ctx:
   ctx_free(ctx);
+  gs__settings_free(&r.set);
   return st;
 }
 

@@ -73,13 +73,17 @@ typedef struct gs__tcp_ring_opts {
   const char *coordinator;    /* "host:port": the advertised address is the
                                  local address of a socket toward it */
   const char *advertise_addr; /* overrides the above when non-NULL/non-empty */
+  const char *data_addr;      /* bind the listener here (NULL = every interface);
+                                 also advertised unless advertise_addr is set */
+  int port_lo, port_hi;       /* listen on the first free port of [lo, hi];
+                                 0, 0 = any port */
   const char *key_prefix;     /* kv keys are "<prefix>ring/addr/<rank>" */
   int connect_timeout_ms;     /* rendezvous + connect (e.g. the join timeout) */
   int io_timeout_ms;          /* longest wait for a peer during a collective */
   gs__kv kv;
 } gs__tcp_ring_opts;
 
-/* Listens on all interfaces (port 0), publishes "<addr>:<port>" under its
+/* Listens on data_addr or all interfaces (IPv4 and IPv6), publishes "<addr>:<port>" under its
  * key, reads its left and right neighbours' keys and connects the ring.
  * Returns when both neighbours are connected, or fails after
  * connect_timeout_ms naming the rank(s) not reached. size 1 needs no peer. */

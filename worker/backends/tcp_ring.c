@@ -180,8 +180,9 @@ static int split_host_port(const char *s, char *host, size_t hostlen, char *port
 
 /* ---- rendezvous --------------------------------------------------------- */
 
-/* The local IPv4 address the kernel would use toward the coordinator: a UDP
- * socket connect()ed there (nothing is sent) is bound to it. */
+/* The local address (IPv4 or IPv6) the kernel would use toward the
+ * coordinator: a UDP socket connect()ed there (nothing is sent) is bound to
+ * it. Tries each address the coordinator's name resolves to. */
 static int local_addr_toward(const char *coordinator, char *out, size_t outlen, char *err,
                              size_t errlen) {
   char host[256], port[32], eb[128];
@@ -197,36 +198,141 @@ static int local_addr_toward(const char *coordinator, char *out, size_t outlen, 
              coordinator);
     return GS__ERR_INVALID_ARG;
   }
-  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
   int rc = getaddrinfo(host, port, &hints, &ai);
   if (rc != 0) {
     snprintf(err, errlen,
-             "tcp ring: cannot resolve the coordinator host \"%s\" to an IPv4 address (%s); "
-             "set GRADSYNC_ADVERTISE_ADDR to this host's address",
+             "tcp ring: cannot resolve the coordinator host \"%s\" (%s); set "
+             "GRADSYNC_ADVERTISE_ADDR (or GRADSYNC_DATA_ADDR) to this host's address",
              host, gai_strerror(rc));
     return GS__ERR_DATA_PLANE;
   }
-  int status = GS__ERR_DATA_PLANE;
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sin;
-  socklen_t sl = sizeof sin;
-  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
-      getsockname(fd, (struct sockaddr *)&sin, &sl) != 0) {
-    snprintf(err, errlen,
-             "tcp ring: cannot find a local address toward the coordinator %s: %s; set "
-             "GRADSYNC_ADVERTISE_ADDR to this host's address",
-             coordinator, errtext(errno, eb, sizeof eb));
-    goto out_close;
+  int e = 0;
+  for (struct addrinfo *p = ai; p; p = p->ai_next) {
+    int fd = socket(p->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (fd < 0 || connect(fd, p->ai_addr, p->ai_addrlen) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+      e = errno;
+      if (fd >= 0) close(fd);
+      continue;
+    }
+    close(fd);
+    const void *a = ss.ss_family == AF_INET6
+                        ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                        : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    if (inet_ntop(ss.ss_family, a, out, (socklen_t)outlen)) {
+      freeaddrinfo(ai);
+      return GS__OK;
+    }
+    e = errno;
   }
-  if (!inet_ntop(AF_INET, &sin.sin_addr, out, (socklen_t)outlen)) {
-    snprintf(err, errlen, "tcp ring: inet_ntop failed: %s", errtext(errno, eb, sizeof eb));
-    goto out_close;
-  }
-  status = GS__OK;
-out_close:
-  if (fd >= 0) close(fd);
   freeaddrinfo(ai);
-  return status;
+  snprintf(err, errlen,
+           "tcp ring: cannot find a local address toward the coordinator %s: %s; set "
+           "GRADSYNC_ADVERTISE_ADDR to this host's address",
+           coordinator, errtext(e, eb, sizeof eb));
+  return GS__ERR_DATA_PLANE;
+}
+
+/* Binds a listening socket: to data_addr when given (an IPv4 or IPv6
+ * address or a host name), else to every interface (IPv6 dual-stack, or
+ * IPv4 where the host has no IPv6); on the first free port of [lo, hi] when
+ * lo > 0, else on a port the kernel picks. Returns the socket and its port,
+ * or -1 with a message. */
+static int listen_on(const char *data_addr, int lo, int hi, int rank, int *port_out, char *err,
+                     size_t errlen) {
+  char eb[128];
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE},
+                  *ai = NULL;
+  const char *node = data_addr && *data_addr ? data_addr : NULL;
+  if (!node) hints.ai_family = AF_INET6;
+  int rc = getaddrinfo(node, "0", &hints, &ai);
+  if (rc != 0 && !node) { /* no IPv6 here: listen on IPv4 */
+    hints.ai_family = AF_INET;
+    rc = getaddrinfo(NULL, "0", &hints, &ai);
+  }
+  if (rc != 0) {
+    snprintf(err, errlen,
+             "tcp ring: rank %d cannot resolve GRADSYNC_DATA_ADDR \"%s\": %s; give an address "
+             "of this host",
+             rank, node ? node : "(any)", gai_strerror(rc));
+    return -1;
+  }
+  int lfd = -1, e = 0;
+  const char *where = node ? node : "all interfaces";
+  for (struct addrinfo *p = ai; p && lfd < 0; p = p->ai_next) {
+    int fd = socket(p->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 && !node && p->ai_family == AF_INET6) {
+      /* IPv6 disabled in this kernel: fall back to IPv4 */
+      struct sockaddr_in any4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+      memcpy(p->ai_addr, &any4, sizeof any4);
+      p->ai_addrlen = sizeof any4;
+      p->ai_family = AF_INET;
+      fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    }
+    if (fd < 0) {
+      e = errno;
+      continue;
+    }
+    int one = 1, zero = 0;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (p->ai_family == AF_INET6 && !node)
+      (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    tune_socket(fd); /* inherited by the accepted socket */
+    int first = lo > 0 ? lo : 0, last = lo > 0 ? hi : 0;
+    for (int port = first; port <= last; port++) {
+      if (p->ai_family == AF_INET6)
+        ((struct sockaddr_in6 *)p->ai_addr)->sin6_port = htons((uint16_t)port);
+      else
+        ((struct sockaddr_in *)p->ai_addr)->sin_port = htons((uint16_t)port);
+      if (bind(fd, p->ai_addr, p->ai_addrlen) == 0) {
+        e = 0;
+        break;
+      }
+      e = errno;
+      if (e != EADDRINUSE) break;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (e == 0 && listen(fd, 64) == 0 && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+      *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+      lfd = fd;
+    } else {
+      if (e == 0) e = errno;
+      close(fd);
+    }
+  }
+  freeaddrinfo(ai);
+  if (lfd < 0) {
+    if (lo > 0 && e == EADDRINUSE)
+      snprintf(err, errlen,
+               "tcp ring: rank %d cannot listen on %s: every port of GRADSYNC_DATA_PORT_RANGE="
+               "%d-%d is in use; widen the range (one port per rank on this host)",
+               rank, where, lo, hi);
+    else
+      snprintf(err, errlen, "tcp ring: rank %d cannot listen on %s%s: %s", rank, where,
+               lo > 0 ? " in GRADSYNC_DATA_PORT_RANGE" : "", errtext(e, eb, sizeof eb));
+  }
+  return lfd;
+}
+
+/* Is text a wildcard bind address (nothing to advertise)? */
+static int is_wildcard(const char *text) {
+  return !strcmp(text, "0.0.0.0") || !strcmp(text, "::") || !strcmp(text, "[::]");
+}
+
+/* "host:port", with an IPv6 literal in brackets. */
+static void format_addr(char *out, size_t cap, const char *host, int port) {
+  size_t n = strlen(host);
+  if (strchr(host, ':') && !(host[0] == '[' && host[n - 1] == ']'))
+    snprintf(out, cap, "[%s]:%d", host, port);
+  else
+    snprintf(out, cap, "%s:%d", host, port);
 }
 
 static void addr_key(char *key, size_t len, const char *prefix, int rank) {
@@ -289,12 +395,13 @@ static int dial(const char *addr, int64_t deadline, int *last_errno, char *why, 
     return -1;
   }
   for (;;) {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     int rc = getaddrinfo(host, port, &hints, &ai);
     if (rc != 0) {
       snprintf(why, whylen, "cannot resolve \"%s\": %s", host, gai_strerror(rc));
     } else {
-      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      /* the first address the name resolves to (as a client would) */
+      int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       if (fd < 0) {
         *last_errno = errno;
         freeaddrinfo(ai);
@@ -384,32 +491,20 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
   int64_t deadline = now_ms() + o->connect_timeout_ms;
   int status = GS__ERR_DATA_PLANE;
 
-  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (lfd < 0) {
-    snprintf(err, errlen, "tcp ring: rank %d: socket() failed: %s", r->rank,
-             errtext(errno, eb, sizeof eb));
-    return GS__ERR_DATA_PLANE;
-  }
-  int one = 1;
-  (void)setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  tune_socket(lfd); /* inherited by the accepted socket */
-  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-  socklen_t sl = sizeof sin;
-  if (bind(lfd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(lfd, 64) != 0 ||
-      getsockname(lfd, (struct sockaddr *)&sin, &sl) != 0) {
-    snprintf(err, errlen, "tcp ring: rank %d cannot listen on 0.0.0.0: %s", r->rank,
-             errtext(errno, eb, sizeof eb));
-    goto out_close_listener;
-  }
+  int my_port = 0;
+  int lfd = listen_on(o->data_addr, o->port_lo, o->port_hi, r->rank, &my_port, err, errlen);
+  if (lfd < 0) return GS__ERR_DATA_PLANE;
 
   if (o->advertise_addr && *o->advertise_addr) {
     snprintf(host, sizeof host, "%s", o->advertise_addr);
+  } else if (o->data_addr && *o->data_addr && !is_wildcard(o->data_addr)) {
+    snprintf(host, sizeof host, "%s", o->data_addr);
   } else {
     status = local_addr_toward(o->coordinator, host, sizeof host, err, errlen);
     if (status != GS__OK) goto out_close_listener;
     status = GS__ERR_DATA_PLANE;
   }
-  snprintf(my_addr, sizeof my_addr, "%s:%u", host, (unsigned)ntohs(sin.sin_port));
+  format_addr(my_addr, sizeof my_addr, host, my_port);
   addr_key(key, sizeof key, prefix, r->rank);
   int rc = o->kv.set(o->kv.ctx, key, my_addr, strlen(my_addr), err, errlen);
   if (rc != GS__OK) {
@@ -486,7 +581,7 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
              "that rank's log, and that this host's port %u is reachable from it (firewall, "
              "GRADSYNC_ADVERTISE_ADDR).",
              r->rank, r->left, r->left_addr, my_addr, o->connect_timeout_ms,
-             errtext(e, eb, sizeof eb), extra, (unsigned)ntohs(sin.sin_port));
+             errtext(e, eb, sizeof eb), extra, (unsigned)my_port);
     goto out_close_listener;
   }
 
@@ -1242,12 +1337,21 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
              opts->rank, opts->size);
     return GS__ERR_INVALID_ARG;
   }
+  struct in6_addr a6;
   if (opts->advertise_addr &&
-      (strchr(opts->advertise_addr, ':') || strlen(opts->advertise_addr) > 253)) {
+      ((strchr(opts->advertise_addr, ':') && inet_pton(AF_INET6, opts->advertise_addr, &a6) != 1) ||
+       strlen(opts->advertise_addr) > 253)) {
     snprintf(err, errlen,
-             "tcp ring: advertise_addr \"%.300s\" is not valid: give an IPv4 address or host "
-             "name without a port (the ring listens on IPv4, on a port it picks)",
+             "tcp ring: advertise_addr \"%.300s\" is not valid: give an IPv4 or IPv6 address "
+             "or a host name, without a port (the ring picks its port; see "
+             "GRADSYNC_DATA_PORT_RANGE)",
              opts->advertise_addr);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (opts->port_lo < 0 || opts->port_hi > 65535 || opts->port_lo > opts->port_hi ||
+      (opts->port_lo == 0 && opts->port_hi != 0)) {
+    snprintf(err, errlen, "tcp ring: port range %d-%d is not valid: need 1 <= low <= high <= 65535",
+             opts->port_lo, opts->port_hi);
     return GS__ERR_INVALID_ARG;
   }
   if (opts->size > 1) {

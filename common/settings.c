@@ -1,0 +1,597 @@
+/* The settings table (see settings.h for how to add a setting) and the one
+ * parser, printer and documenter that every program uses. Plain data and
+ * pure functions; gs__settings_load reads the environment. */
+#include "settings.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "status.h"
+
+#define DAY_MS 86400000LL
+
+/* One row per setting; the order of rows is the order of --help, the docs
+ * and the log line. Help text is plain prose (docs quote it as is). */
+static const gs__setting table[GS__S_COUNT] = {
+    [GS__S_LISTEN] = {"listen", "--listen", "GRADSYNC_LISTEN", NULL, GS__T_ADDRESS, "127.0.0.1:0",
+                      NULL, 0, 65535, NULL, GS__FOR_SERVER, "HOST:PORT",
+                      "Address to serve on; port 0 picks a free one (printed). IPv6 as "
+                      "[ADDR]:PORT."},
+    [GS__S_WORLD_SIZE] = {"world_size", "--world-size", "GRADSYNC_WORLD_SIZE", NULL, GS__T_INT, "0",
+                          "size given by the first rank", 0, 65536, NULL, GS__FOR_SERVER, "N",
+                          "Ranks in the job; joins with another size are refused. 0: the size "
+                          "the first rank gives."},
+    [GS__S_JOB_ID] = {"job_id", "--job-id", "GRADSYNC_JOB_ID", NULL, GS__T_STRING, NULL, "any", 0,
+                      0, NULL, GS__FOR_SERVER | GS__FOR_WORKER, "ID",
+                      "Job id: the coordinator refuses ranks that name another job."},
+    [GS__S_JOB_TOKEN] = {"job_token", "--token", "GRADSYNC_JOB_TOKEN", NULL, GS__T_SECRET, NULL,
+                         "none", 0, 0, NULL, GS__FOR_SERVER | GS__FOR_WORKER, "TOKEN",
+                         "Job token: the coordinator requires 'authorization: Bearer TOKEN' on "
+                         "Join, Session and Kv calls; ranks present it."},
+    [GS__S_CYCLE_TIME] = {"cycle_time_ms", "--cycle-time-ms", "GRADSYNC_CYCLE_TIME",
+                          "HOROVOD_CYCLE_TIME", GS__T_MILLI, "1", NULL, 0, 60000 * 1000LL, NULL,
+                          GS__FOR_SERVER, "MS",
+                          "Worker batching period in milliseconds (fractions allowed, e.g. 0.5), "
+                          "imposed on every rank; the window policy's emission period."},
+    [GS__S_FUSION_THRESHOLD] = {"fusion_threshold", "--fusion-threshold",
+                                "GRADSYNC_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", GS__T_INT,
+                                "1048576", NULL, 0, 1LL << 40, NULL, GS__FOR_SERVER, "BYTES",
+                                "Fuse compatible allreduces (and allgathers) up to this many "
+                                "bytes; 0 turns fusion off. 1 MiB, not Horovod's 64 MiB: see "
+                                "docs/benchmarks.md."},
+    [GS__S_EMIT_POLICY] = {"emit_policy", "--emit-policy", "GRADSYNC_EMIT_POLICY", NULL,
+                           GS__T_CHOICE, "adaptive", NULL, 0, 0, "adaptive|window", GS__FOR_SERVER,
+                           "POLICY",
+                           "adaptive: emit ready tensors at once while fewer than "
+                           "--max-plans-in-flight plans are unfinished, else let them accumulate "
+                           "(and fuse) until a plan finishes or the threshold fills; window: emit "
+                           "every cycle time (Horovod's behaviour)."},
+    [GS__S_MAX_PLANS_IN_FLIGHT] = {"max_plans_in_flight", "--max-plans-in-flight",
+                                   "GRADSYNC_MAX_PLANS_IN_FLIGHT", NULL, GS__T_INT, "2", NULL, 1,
+                                   1024, NULL, GS__FOR_SERVER, "N",
+                                   "Depth of the adaptive policy."},
+    [GS__S_CACHE_CAPACITY] = {"cache_capacity", "--cache-capacity", "GRADSYNC_CACHE_CAPACITY",
+                              "HOROVOD_CACHE_CAPACITY", GS__T_INT, "1024", NULL, 0, 1 << 24, NULL,
+                              GS__FOR_SERVER, "N",
+                              "Response cache entries (LRU); 0 turns the cache off."},
+    [GS__S_STALL_WARNING] = {"stall_warning_s", "--stall-warning-s",
+                             "GRADSYNC_STALL_CHECK_TIME_SECONDS",
+                             "HOROVOD_STALL_CHECK_TIME_SECONDS", GS__T_INT, "60", NULL, 0, 86400,
+                             NULL, GS__FOR_SERVER, "S",
+                             "Every S seconds, log tensors that some ranks submitted more than S "
+                             "seconds ago, grouped by missing rank; 0 = off."},
+    [GS__S_STALL_SHUTDOWN] = {"stall_shutdown_s", "--stall-shutdown-s",
+                              "GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS",
+                              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", GS__T_INT, "0", "0 (never)", 0,
+                              86400 * 7, NULL, GS__FOR_SERVER, "S",
+                              "Abort the job (GS_ERR_STALL) when a tensor has waited S seconds; "
+                              "0 = never."},
+    [GS__S_DEADLOCK_TIME] = {"deadlock_time_ms", "--deadlock-time-ms", "GRADSYNC_DEADLOCK_TIME_MS",
+                             NULL, GS__T_INT, "5000", NULL, 0, DAY_MS, NULL, GS__FOR_SERVER, "MS",
+                             "Every live rank blocked on unscheduled tensors and no new request "
+                             "for MS milliseconds = deadlock; 0 = off."},
+    [GS__S_DEADLOCK_ACTION] = {"deadlock_action", "--deadlock-action", "GRADSYNC_DEADLOCK_ACTION",
+                               NULL, GS__T_CHOICE, "abort", NULL, 0, 0, "abort|warn",
+                               GS__FOR_SERVER, "ACTION",
+                               "abort (every rank's blocked ops fail with GS_ERR_DEADLOCK) or "
+                               "warn (log only)."},
+    [GS__S_RANK_TIMEOUT] = {"rank_timeout_ms", "--rank-timeout-ms", "GRADSYNC_RANK_TIMEOUT_MS",
+                            NULL, GS__T_INT, "10000", NULL, 0, DAY_MS, NULL, GS__FOR_SERVER, "MS",
+                            "A connected rank silent this long is lost; 0 = off."},
+    [GS__S_HEARTBEAT] = {"heartbeat_ms", "--heartbeat-ms", "GRADSYNC_HEARTBEAT_MS", NULL, GS__T_INT,
+                         "1000", NULL, 10, 60000, NULL, GS__FOR_SERVER, "MS",
+                         "How often ranks send a heartbeat."},
+    [GS__S_LOG_LEVEL] = {"log_level", "--log-level", "GRADSYNC_LOG_LEVEL", NULL, GS__T_CHOICE,
+                         "info", NULL, 0, 0, "error|warn|info|debug",
+                         GS__FOR_SERVER | GS__FOR_WORKER, "LEVEL", "Log level (stderr)."},
+    [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
+                           "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
+                           "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},
+    [GS__S_RANK] = {"rank", NULL, "GRADSYNC_RANK", "HOROVOD_RANK", GS__T_INT, NULL,
+                    "from the scheduler", 0, 65535, NULL, GS__FOR_WORKER, "N",
+                    "This process's rank. Unset: read from the scheduler's environment (see "
+                    "\"Rank and size from the scheduler\")."},
+    [GS__S_SIZE] = {"size", NULL, "GRADSYNC_SIZE", "HOROVOD_SIZE", GS__T_INT, NULL,
+                    "from the scheduler", 1, 65536, NULL, GS__FOR_WORKER, "N",
+                    "Ranks in the job. Unset: read from the scheduler's environment."},
+    [GS__S_LOCAL_RANK] = {"local_rank", NULL, "GRADSYNC_LOCAL_RANK", "HOROVOD_LOCAL_RANK",
+                          GS__T_INT, NULL, "from the scheduler, else 0", 0, 65535, NULL,
+                          GS__FOR_WORKER, "N", "This process's rank among those on its host."},
+    [GS__S_LOCAL_SIZE] = {"local_size", NULL, "GRADSYNC_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE",
+                          GS__T_INT, NULL, "from the scheduler, else 1", 1, 65536, NULL,
+                          GS__FOR_WORKER, "N", "Ranks on this process's host."},
+    [GS__S_JOIN_TIMEOUT] = {"join_timeout_ms", NULL, "GRADSYNC_JOIN_TIMEOUT_MS", NULL, GS__T_INT,
+                            "60000", NULL, 1, DAY_MS, NULL, GS__FOR_WORKER, "MS",
+                            "How long gs_init waits for the coordinator, for every rank to join "
+                            "and for the ring to connect."},
+    [GS__S_DATA_TIMEOUT] = {"data_timeout_ms", NULL, "GRADSYNC_DATA_TIMEOUT_MS", NULL, GS__T_INT,
+                            "60000", NULL, 1, DAY_MS, NULL, GS__FOR_WORKER, "MS",
+                            "Longest wait for a peer inside one step of a collective."},
+    [GS__S_SCALE_LOCAL] = {"scale_local", NULL, "GRADSYNC_SCALE_LOCAL", NULL, GS__T_BOOL, "1", NULL,
+                           0, 1, NULL, GS__FOR_WORKER, "BOOL",
+                           "An average on a local tensor returns input / size (0: input "
+                           "unchanged)."},
+    [GS__S_ADVERTISE_ADDR] = {"advertise_addr", NULL, "GRADSYNC_ADVERTISE_ADDR", NULL, GS__T_STRING,
+                              NULL, "local address toward the coordinator", 0, 0, NULL,
+                              GS__FOR_WORKER, "HOST",
+                              "Address (or host name) peers use to reach this rank's ring "
+                              "listener."},
+    [GS__S_DATA_ADDR] = {"data_addr", NULL, "GRADSYNC_DATA_ADDR", NULL, GS__T_STRING, NULL,
+                         "all interfaces", 0, 0, NULL, GS__FOR_WORKER, "HOST",
+                         "Local address the ring listener binds to (IPv4, IPv6 or a host name); "
+                         "also advertised to peers unless GRADSYNC_ADVERTISE_ADDR is set."},
+    [GS__S_DATA_PORT_RANGE] = {"data_port_range", NULL, "GRADSYNC_DATA_PORT_RANGE", NULL,
+                               GS__T_RANGE, NULL, "any free port", 1, 65535, NULL, GS__FOR_WORKER,
+                               "LOW-HIGH",
+                               "Ports the ring listener may use (the first free one), so that "
+                               "a firewall can open just these."},
+};
+
+const gs__setting *gs__setting_get(gs__setting_id id) {
+  if ((int)id < 0 || id >= GS__S_COUNT) return NULL;
+  return &table[id];
+}
+
+/* ---- parsing ---------------------------------------------------------------- */
+
+static int bad(char *err, size_t errlen, const char *from, const char *text, const char *want) {
+  snprintf(err, errlen, "%s='%s' is not valid: expected %s", from, text, want);
+  return GS__ERR_INVALID_ARG;
+}
+
+static int parse_i64(const char *t, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(t, &end, 10);
+  if (errno || end == t || *end || isspace((unsigned char)*t)) return -1;
+  *out = v;
+  return 0;
+}
+
+/* "12", "0.5", "1.250" -> x1000, at most 3 fraction digits. */
+static int parse_milli(const char *t, int64_t *out) {
+  const char *p = t;
+  if (!isdigit((unsigned char)*p) && *p != '.') return -1;
+  int64_t whole = 0, frac = 0;
+  int digits = 0;
+  for (; isdigit((unsigned char)*p); p++) {
+    whole = whole * 10 + (*p - '0');
+    if (whole > INT64_MAX / 10000) return -1;
+    digits++;
+  }
+  if (*p == '.') {
+    p++;
+    int fd = 0;
+    for (; isdigit((unsigned char)*p); p++, fd++) {
+      if (fd >= 3) {
+        if (*p != '0') return -1; /* finer than 1/1000: refuse rather than round */
+        continue;
+      }
+      frac = frac * 10 + (*p - '0');
+      digits++;
+    }
+    for (int k = fd; k < 3; k++) frac *= 10;
+  }
+  if (*p || digits == 0) return -1;
+  *out = whole * 1000 + frac;
+  return 0;
+}
+
+static void format_milli(int64_t v, char *buf, size_t cap) {
+  if (v % 1000 == 0) {
+    snprintf(buf, cap, "%lld", (long long)(v / 1000));
+    return;
+  }
+  char frac[8];
+  snprintf(frac, sizeof frac, "%03lld", (long long)(v % 1000));
+  for (int k = 2; k > 0 && frac[k] == '0'; k--) frac[k] = 0;
+  snprintf(buf, cap, "%lld.%s", (long long)(v / 1000), frac);
+}
+
+static int choice_index(const char *choices, const char *t) {
+  int idx = 0;
+  const char *p = choices;
+  size_t n = strlen(t);
+  while (*p) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncasecmp(p, t, n) == 0) return idx;
+    idx++;
+    if (!bar) break;
+    p = bar + 1;
+  }
+  return -1;
+}
+
+static int choice_name(const char *choices, int idx, char *buf, size_t cap) {
+  const char *p = choices;
+  for (int k = 0; k < idx && p; k++) {
+    p = strchr(p, '|');
+    if (p) p++;
+  }
+  if (!p) return -1;
+  const char *bar = strchr(p, '|');
+  size_t len = bar ? (size_t)(bar - p) : strlen(p);
+  snprintf(buf, cap, "%.*s", (int)len, p);
+  return 0;
+}
+
+int gs__split_host_port(const char *text, char *host, size_t hostcap, int *port) {
+  const char *colon = NULL;
+  size_t hlen;
+  const char *h = text;
+  if (text[0] == '[') {
+    const char *close = strchr(text, ']');
+    if (!close) return -1;
+    h = text + 1;
+    hlen = (size_t)(close - h);
+    if (close[1] == ':')
+      colon = close + 1;
+    else if (close[1] != 0)
+      return -1;
+  } else {
+    const char *first = strchr(text, ':');
+    const char *last = strrchr(text, ':');
+    if (first && first == last) colon = first; /* host:port; more colons = bare IPv6 */
+    hlen = colon ? (size_t)(colon - text) : strlen(text);
+  }
+  if (hlen == 0 || hlen >= hostcap) return -1;
+  memcpy(host, h, hlen);
+  host[hlen] = 0;
+  *port = -1;
+  if (colon) {
+    int64_t p;
+    if (parse_i64(colon + 1, &p) || p < 0 || p > 65535) return -2;
+    *port = (int)p;
+  }
+  return 0;
+}
+
+int gs__settings_set(gs__settings *s, gs__setting_id id, const char *text, gs__setting_source src,
+                     const char *from, char *err, size_t errlen) {
+  const gs__setting *d = gs__setting_get(id);
+  if (!d || !text) return bad(err, errlen, from ? from : "?", text ? text : "", "a value");
+  if (!from) from = d->env;
+  int64_t i = 0, i2 = 0;
+  char want[256];
+  switch (d->type) {
+  case GS__T_INT:
+    if (parse_i64(text, &i) || i < d->min || i > d->max) {
+      snprintf(want, sizeof want, "an integer from %lld to %lld", (long long)d->min,
+               (long long)d->max);
+      return bad(err, errlen, from, text, want);
+    }
+    break;
+  case GS__T_MILLI:
+    if (parse_milli(text, &i) || i < d->min || i > d->max) {
+      char lo[32], hi[32];
+      format_milli(d->min, lo, sizeof lo);
+      format_milli(d->max, hi, sizeof hi);
+      snprintf(want, sizeof want, "a number from %s to %s (up to 3 decimals, e.g. 0.5)", lo, hi);
+      return bad(err, errlen, from, text, want);
+    }
+    break;
+  case GS__T_STRING:
+  case GS__T_SECRET:
+    break;
+  case GS__T_CHOICE:
+    i = choice_index(d->choices, text);
+    if (i < 0 && id == GS__S_LOG_LEVEL && strcasecmp(text, "warning") == 0) i = 1;
+    if (i < 0) {
+      snprintf(want, sizeof want, "one of %s", d->choices);
+      return bad(err, errlen, from, text, want);
+    }
+    break;
+  case GS__T_BOOL:
+    if (!strcmp(text, "1") || !strcasecmp(text, "true") || !strcasecmp(text, "yes") ||
+        !strcasecmp(text, "on"))
+      i = 1;
+    else if (!strcmp(text, "0") || !strcasecmp(text, "false") || !strcasecmp(text, "no") ||
+             !strcasecmp(text, "off"))
+      i = 0;
+    else
+      return bad(err, errlen, from, text, "1 or 0 (true/false, yes/no, on/off)");
+    break;
+  case GS__T_ADDRESS: {
+    char host[256];
+    int port = -1;
+    int rc = gs__split_host_port(text, host, sizeof host, &port);
+    if (rc == 0 && port < 0) rc = -1;
+    if (rc != 0 || port < d->min || port > d->max) {
+      snprintf(want, sizeof want, "HOST:PORT with a port from %lld to %lld (IPv6 as [ADDR]:PORT)",
+               (long long)d->min, (long long)d->max);
+      return bad(err, errlen, from, text, want);
+    }
+    i = port;
+    break;
+  }
+  case GS__T_RANGE: {
+    const char *dash = strchr(text, '-');
+    char lo[32];
+    int ok = dash && (size_t)(dash - text) < sizeof lo;
+    if (ok) {
+      snprintf(lo, sizeof lo, "%.*s", (int)(dash - text), text);
+      ok =
+          !parse_i64(lo, &i) && !parse_i64(dash + 1, &i2) && i >= d->min && i2 <= d->max && i <= i2;
+    }
+    if (!ok) {
+      snprintf(want, sizeof want, "LOW-HIGH with %lld <= LOW <= HIGH <= %lld (e.g. 29500-29599)",
+               (long long)d->min, (long long)d->max);
+      return bad(err, errlen, from, text, want);
+    }
+    break;
+  }
+  }
+  char *copy = strdup(text);
+  if (!copy) {
+    snprintf(err, errlen, "out of memory storing %s", from);
+    return GS__ERR_NO_MEMORY;
+  }
+  gs__setting_value *v = &s->v[id];
+  free(v->s);
+  v->s = copy;
+  v->i = i;
+  v->i2 = i2;
+  v->src = src;
+  v->from = from;
+  return GS__OK;
+}
+
+void gs__settings_init(gs__settings *s) {
+  memset(s, 0, sizeof *s);
+  char err[256];
+  for (int id = 0; id < GS__S_COUNT; id++)
+    if (table[id].def) {
+      /* Defaults are checked by test_settings; a bad one stays unset. */
+      gs__settings_set(s, (gs__setting_id)id, table[id].def, GS__SRC_DEFAULT, "default", err,
+                       sizeof err);
+    }
+}
+
+void gs__settings_free(gs__settings *s) {
+  if (!s) return;
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    free(s->v[id].s);
+    s->v[id].s = NULL;
+  }
+}
+
+int gs__settings_load(gs__settings *s, unsigned scope, char *err, size_t errlen) {
+  gs__settings_init(s);
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = &table[id];
+    if (!(d->scope & scope)) continue;
+    const char *v = getenv(d->env);
+    gs__setting_source src = GS__SRC_ENV;
+    const char *from = d->env;
+    if ((!v || !*v) && d->alias) {
+      v = getenv(d->alias);
+      src = GS__SRC_ALIAS;
+      from = d->alias;
+    }
+    if (!v || !*v) continue;
+    int rc = gs__settings_set(s, (gs__setting_id)id, v, src, from, err, errlen);
+    if (rc) return rc;
+  }
+  return GS__OK;
+}
+
+int gs__settings_take_flag(gs__settings *s, unsigned scope, int argc, char **argv, int *i,
+                           char *err, size_t errlen) {
+  const char *a = argv[*i];
+  if (a[0] != '-' || a[1] != '-') return 0;
+  const char *eq = strchr(a, '=');
+  size_t n = eq ? (size_t)(eq - a) : strlen(a);
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = &table[id];
+    if (!d->flag || !(d->scope & scope) || strlen(d->flag) != n || strncmp(d->flag, a, n) != 0)
+      continue;
+    const char *val;
+    int used = 0;
+    if (eq) {
+      val = eq + 1;
+    } else if (d->type == GS__T_BOOL) {
+      val = "1";
+    } else if (*i + 1 < argc) {
+      val = argv[*i + 1];
+      used = 1;
+    } else {
+      snprintf(err, errlen, "%s needs a value (%s)", d->flag, d->metavar);
+      return -1;
+    }
+    if (gs__settings_set(s, (gs__setting_id)id, val, GS__SRC_FLAG, d->flag, err, errlen) != GS__OK)
+      return -1;
+    *i += used;
+    return 1;
+  }
+  return 0;
+}
+
+int64_t gs__settings_int(const gs__settings *s, gs__setting_id id) {
+  return s->v[id].i;
+}
+
+const char *gs__settings_str(const gs__settings *s, gs__setting_id id) {
+  return s->v[id].src == GS__SRC_UNSET ? NULL : s->v[id].s;
+}
+
+int gs__settings_given(const gs__settings *s, gs__setting_id id) {
+  return s->v[id].src != GS__SRC_UNSET && s->v[id].src != GS__SRC_DEFAULT;
+}
+
+const char *gs__settings_format(const gs__settings *s, gs__setting_id id, char *buf, size_t cap) {
+  const gs__setting *d = &table[id];
+  const gs__setting_value *v = &s->v[id];
+  if (v->src == GS__SRC_UNSET) {
+    snprintf(buf, cap, "(unset)");
+    return buf;
+  }
+  switch (d->type) {
+  case GS__T_INT:
+  case GS__T_BOOL:
+    snprintf(buf, cap, "%lld", (long long)v->i);
+    break;
+  case GS__T_MILLI:
+    format_milli(v->i, buf, cap);
+    break;
+  case GS__T_SECRET:
+    snprintf(buf, cap, "(set)");
+    break;
+  case GS__T_CHOICE:
+    if (choice_name(d->choices, (int)v->i, buf, cap)) snprintf(buf, cap, "?");
+    break;
+  case GS__T_RANGE:
+    snprintf(buf, cap, "%lld-%lld", (long long)v->i, (long long)v->i2);
+    break;
+  case GS__T_STRING:
+  case GS__T_ADDRESS:
+    snprintf(buf, cap, "%s", v->s);
+    break;
+  }
+  return buf;
+}
+
+void gs__settings_describe(const gs__settings *s, unsigned scope, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int id = 0; id < GS__S_COUNT && used + 1 < cap; id++) {
+    const gs__setting *d = &table[id];
+    if (!(d->scope & scope)) continue;
+    char val[160];
+    gs__settings_format(s, (gs__setting_id)id, val, sizeof val);
+    int n;
+    if (gs__settings_given(s, (gs__setting_id)id))
+      n = snprintf(buf + used, cap - used, "%s%s=%s (%s)", used ? " " : "", d->key, val,
+                   s->v[id].from);
+    else
+      n = snprintf(buf + used, cap - used, "%s%s=%s", used ? " " : "", d->key, val);
+    if (n < 0) break;
+    used += (size_t)n;
+    if (used >= cap) used = cap - 1;
+  }
+}
+
+/* ---- help and docs ------------------------------------------------------- */
+
+static void default_text(const gs__setting *d, char *buf, size_t cap) {
+  if (d->def_doc)
+    snprintf(buf, cap, "%s", d->def_doc);
+  else if (d->def)
+    snprintf(buf, cap, "%s", d->def);
+  else
+    snprintf(buf, cap, "none");
+}
+
+static void accepted_text(const gs__setting *d, char *buf, size_t cap) {
+  char lo[32], hi[32];
+  switch (d->type) {
+  case GS__T_INT:
+    snprintf(buf, cap, "%lld..%lld", (long long)d->min, (long long)d->max);
+    break;
+  case GS__T_MILLI:
+    format_milli(d->min, lo, sizeof lo);
+    format_milli(d->max, hi, sizeof hi);
+    snprintf(buf, cap, "%s..%s, fractions allowed", lo, hi);
+    break;
+  case GS__T_CHOICE:
+    snprintf(buf, cap, "%s", d->choices);
+    break;
+  case GS__T_BOOL:
+    snprintf(buf, cap, "1|0");
+    break;
+  case GS__T_ADDRESS:
+    snprintf(buf, cap, "HOST:PORT, port %lld..%lld", (long long)d->min, (long long)d->max);
+    break;
+  case GS__T_RANGE:
+    snprintf(buf, cap, "LOW-HIGH, ports %lld..%lld", (long long)d->min, (long long)d->max);
+    break;
+  case GS__T_STRING:
+  case GS__T_SECRET:
+    snprintf(buf, cap, "text");
+    break;
+  }
+}
+
+/* Writes text wrapped to 80 columns, continuation lines indented by indent. */
+static void wrap(FILE *f, const char *text, int col, int indent) {
+  const char *p = text;
+  while (*p) {
+    while (*p == ' ') p++;
+    const char *w = p;
+    while (*p && *p != ' ') p++;
+    int len = (int)(p - w);
+    if (len == 0) break;
+    if (col > indent && col + 1 + len > 80) {
+      fprintf(f, "\n%*s", indent, "");
+      col = indent;
+    } else if (col > indent) {
+      fputc(' ', f);
+      col++;
+    }
+    fprintf(f, "%.*s", len, w);
+    col += len;
+  }
+  fputc('\n', f);
+}
+
+void gs__settings_usage(FILE *f, unsigned scope) {
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = &table[id];
+    if (!d->flag || !(d->scope & scope)) continue;
+    char head[96], def[96], acc[96], more[512];
+    snprintf(head, sizeof head, "  %s %s", d->flag, d->metavar);
+    fprintf(f, "%-28s", head);
+    int col = (int)strlen(head) < 28 ? 28 : (int)strlen(head);
+    if ((int)strlen(head) >= 28) {
+      fprintf(f, "\n%28s", "");
+      col = 28;
+    }
+    default_text(d, def, sizeof def);
+    accepted_text(d, acc, sizeof acc);
+    snprintf(more, sizeof more, "%s [%s; default %s; env %s%s%s]", d->help, acc, def, d->env,
+             d->alias ? ", " : "", d->alias ? d->alias : "");
+    wrap(f, more, col, 28);
+  }
+}
+
+/* Markdown cell text: '|' would end the cell. */
+static void md_cell(FILE *f, const char *text) {
+  for (const char *p = text; *p; p++) {
+    if (*p == '|')
+      fputs(", ", f);
+    else
+      fputc(*p, f);
+  }
+}
+
+void gs__settings_markdown(FILE *f, unsigned scope) {
+  int flags = scope == GS__FOR_SERVER; /* only gradsyncd has flags */
+  if (flags)
+    fprintf(f, "| flag | environment | accepted | default | meaning |\n|---|---|---|---|---|\n");
+  else
+    fprintf(f, "| environment | accepted | default | meaning |\n|---|---|---|---|\n");
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = &table[id];
+    if (!(d->scope & scope)) continue;
+    char def[96], acc[96];
+    default_text(d, def, sizeof def);
+    accepted_text(d, acc, sizeof acc);
+    if (flags) {
+      if (d->flag)
+        fprintf(f, "| `%s %s` ", d->flag, d->metavar);
+      else
+        fprintf(f, "| ");
+    }
+    fprintf(f, "| `%s`%s%s%s | ", d->env, d->alias ? ", `" : "", d->alias ? d->alias : "",
+            d->alias ? "`" : "");
+    md_cell(f, acc);
+    fputs(" | ", f);
+    md_cell(f, def);
+    fputs(" | ", f);
+    md_cell(f, d->help);
+    fputs(" |\n", f);
+  }
+}
