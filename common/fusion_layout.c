@@ -7,9 +7,21 @@ size_t gs__fusion_align(gs__device device) {
   return device == GS__DEVICE_GPU ? 256 : 64;
 }
 
-uint64_t gs__tensor_bytes(gs__dtype dt, const int64_t *shape, int ndim) {
+#include "status.h"
+
+int gs__tensor_bytes_checked(gs__dtype dt, const int64_t *shape, int ndim, uint64_t *out) {
   int64_t n = gs__shape_elements(shape, ndim);
-  return n < 0 ? 0 : (uint64_t)n * gs__dtype_size(dt);
+  if (n < 0 || __builtin_mul_overflow((uint64_t)n, (uint64_t)gs__dtype_size(dt), out)) {
+    *out = UINT64_MAX;
+    return GS__ERR_INVALID_ARG;
+  }
+  return GS__OK;
+}
+
+uint64_t gs__tensor_bytes(gs__dtype dt, const int64_t *shape, int ndim) {
+  uint64_t b;
+  gs__tensor_bytes_checked(dt, shape, ndim, &b);
+  return b;
 }
 
 uint64_t gs__fusion_offsets(const gs__response *r, uint64_t *offsets) {
@@ -18,7 +30,7 @@ uint64_t gs__fusion_offsets(const gs__response *r, uint64_t *offsets) {
   for (size_t i = 0; i < r->ntensors; i++) {
     at = gs__align_up(at, align);
     if (offsets) offsets[i] = at;
-    at += gs__tensor_bytes(r->dtype, r->tensors[i].shape, r->tensors[i].ndim);
+    at = gs__add_sat(at, gs__tensor_bytes(r->dtype, r->tensors[i].shape, r->tensors[i].ndim));
   }
   /* align is a multiple of every element size, so this is whole elements */
   return gs__align_up(at, align);

@@ -14,13 +14,29 @@
 size_t gs__fusion_align(gs__device device);
 /* Rounds n up to a multiple of align (a power of two). */
 static inline uint64_t gs__align_up(uint64_t n, size_t align) {
+  if (n > UINT64_MAX - (align - 1)) return UINT64_MAX; /* saturates */
   return (n + align - 1) & ~(uint64_t)(align - 1);
 }
-/* Bytes of one tensor of shape in dtype. */
+/* Bytes of one tensor of shape in dtype; UINT64_MAX when that overflows 64
+ * bits or a dimension is negative (check with gs__tensor_bytes_checked
+ * where a peer chose the shape). */
 uint64_t gs__tensor_bytes(gs__dtype dt, const int64_t *shape, int ndim);
+/* Bytes of one tensor into *out: GS__OK, or GS__ERR_INVALID_ARG when a
+ * dimension is negative or the size overflows 64 bits. */
+int gs__tensor_bytes_checked(gs__dtype dt, const int64_t *shape, int ndim, uint64_t *out);
+/* a * b and a + b, clamped to UINT64_MAX (sizes past any real buffer). */
+static inline uint64_t gs__mul_sat(uint64_t a, uint64_t b) {
+  uint64_t p;
+  return __builtin_mul_overflow(a, b, &p) ? UINT64_MAX : p;
+}
+static inline uint64_t gs__add_sat(uint64_t a, uint64_t b) {
+  uint64_t s;
+  return __builtin_add_overflow(a, b, &s) ? UINT64_MAX : s;
+}
 /* Offsets (bytes) of the tensors of r in its fusion buffer; offsets may be
  * NULL. Returns the buffer size: the end of the last tensor, rounded up to
- * the alignment and to a whole number of elements. */
+ * the alignment and to a whole number of elements; UINT64_MAX when the
+ * sizes overflow 64 bits (no buffer can hold that: callers fail the op). */
 uint64_t gs__fusion_offsets(const gs__response *r, uint64_t *offsets);
 
 #endif

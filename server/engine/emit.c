@@ -24,6 +24,39 @@ static char *left_message(const gs__engine *e, const entry *en) {
   return msg;
 }
 
+/* Bytes every rank's rows of an allgather or alltoall add up to;
+ * UINT64_MAX when that overflows 64 bits. */
+static uint64_t gathered_bytes(const gs__engine *e, const entry *en) {
+  const gs__tensor_request *r = &en->variants[0];
+  uint64_t row = r->ndim > 1 ? gs__tensor_bytes(r->dtype, r->shape + 1, r->ndim - 1)
+                             : gs__dtype_size(r->dtype);
+  uint64_t rows = 0;
+  for (int32_t q = 0; q < e->world; q++) rows = gs__add_sat(rows, (uint64_t)en->first_dims[q]);
+  return gs__mul_sat(rows, row);
+}
+
+/* An allgather or alltoall whose gathered size overflows 64 bits: the
+ * ranks' first dimensions are each valid but their sum is not. */
+static int gather_overflows(const gs__engine *e, const entry *en) {
+  const gs__tensor_request *r = &en->variants[0];
+  return (r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) && en->nvariants == 1 &&
+         gathered_bytes(e, en) == UINT64_MAX;
+}
+
+static char *gather_overflow_message(const gs__engine *e, const entry *en) {
+  char *msg = malloc(GS__MAX_TEXT);
+  if (!msg) return NULL;
+  int32_t big = 0;
+  for (int32_t q = 1; q < e->world; q++)
+    if (en->first_dims[q] > en->first_dims[big]) big = q;
+  snprintf(msg, GS__MAX_TEXT,
+           "tensor '%s': the %s of every rank's rows overflows 64 bits of bytes (rank %d (%s:%d) "
+           "sent the largest first dimension, %lld); check the shapes each rank passes",
+           en->name, gs__op_type_name(en->variants[0].op), big, gs__eng_rank_host(e, big),
+           e->ranks[big].pid, (long long)en->first_dims[big]);
+  return msg;
+}
+
 /* Turns one ready entry into a response (collective or error). */
 static int entry_response(const gs__engine *e, const entry *en, gs__response *resp) {
   const gs__tensor_request *r = &en->variants[0];
@@ -72,6 +105,12 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
     resp->error_message = gs__eng_mismatch_message(e, en);
     return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
   }
+  if (gather_overflows(e, en)) {
+    resp->kind = GS__RESP_ERROR;
+    resp->error_status = GS__ERR_INVALID_ARG;
+    resp->error_message = gather_overflow_message(e, en);
+    return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
+  }
   resp->kind = GS__RESP_COLLECTIVE;
   if (r->op == GS__OP_JOIN) resp->root_rank = e->last_joined; /* the last rank to join */
   if (r->op == GS__OP_ALLGATHER || r->op == GS__OP_ALLTOALL) {
@@ -85,7 +124,8 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
 
 static int entry_is_error(const gs__engine *e, const entry *en) {
   return e->left_rank >= 0 || en->nvariants > 1 ||
-         (en->count < e->world && en->variants[0].op != GS__OP_ALLREDUCE);
+         (en->count < e->world && en->variants[0].op != GS__OP_ALLREDUCE) ||
+         gather_overflows(e, en);
 }
 
 /* Whether c may join a fused response that starts with first. */
@@ -103,11 +143,7 @@ static int fusable(const gs__engine *e, const entry *first, const entry *c) {
 static uint64_t fused_bytes(const gs__engine *e, const entry *en) {
   const gs__tensor_request *r = &en->variants[0];
   if (r->op != GS__OP_ALLGATHER) return en->bytes;
-  uint64_t row = r->ndim > 1 ? gs__tensor_bytes(r->dtype, r->shape + 1, r->ndim - 1)
-                             : gs__dtype_size(r->dtype);
-  uint64_t rows = 0;
-  for (int32_t q = 0; q < e->world; q++) rows += (uint64_t)en->first_dims[q];
-  return rows * row;
+  return gathered_bytes(e, en);
 }
 
 static int append_tensor(const gs__engine *e, gs__response *resp, const entry *en) {
@@ -137,6 +173,9 @@ static int append_tensor(const gs__engine *e, gs__response *resp, const entry *e
  * Errors, broadcasts, barriers and the rest are never fused. */
 static void emit_ready(gs__engine *e, gs__outbox *box) {
   if (!e->nready) return;
+  /* The plan is built in msg and put into its reserved slot at the end:
+   * the log lines pushed meanwhile may move the outbox's items. */
+  size_t slot = box->n;
   gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
   gs__response *resps = calloc(e->nready, sizeof *resps);
   char *taken = calloc(e->nready, 1);
@@ -148,19 +187,21 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
     return;
   }
   uint64_t threshold = e->cfg.job.fusion_threshold_bytes;
-  o->msg.kind = GS__MSG_PLAN;
-  o->msg.plan.seq = e->next_plan_seq++;
-  o->msg.plan.responses = resps;
+  gs__plan_msg msg;
+  memset(&msg, 0, sizeof msg);
+  msg.kind = GS__MSG_PLAN;
+  msg.plan.seq = e->next_plan_seq++;
+  msg.plan.responses = resps;
   for (size_t i = 0; i < e->nready; i++) {
     if (taken[i]) continue;
     taken[i] = 1;
     entry *en = e->ready[i];
-    gs__response *rp = &resps[o->msg.plan.nresponses];
+    gs__response *rp = &resps[msg.plan.nresponses];
     if (entry_response(e, en, rp) != GS__OK) {
       gs__response_free(rp);
       continue;
     }
-    o->msg.plan.nresponses++;
+    msg.plan.nresponses++;
     if (rp->kind == GS__RESP_ERROR) {
       gs__eng_out_log(box, GS__LOG_WARN, "%s", rp->error_message);
       continue;
@@ -172,18 +213,18 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
     for (size_t j = i + 1; j < e->nready; j++) {
       if (taken[j]) continue;
       entry *c = e->ready[j];
-      uint64_t cb = fused_bytes(e, c), c_end = gs__align_up(end, align) + cb;
+      uint64_t cb = fused_bytes(e, c), c_end = gs__add_sat(gs__align_up(end, align), cb);
       if (fusable(e, en, c) && c_end <= threshold && append_tensor(e, rp, c) == GS__OK) {
         taken[j] = 1;
         end = c_end;
         e->tensors_planned++;
         continue;
       }
-      skipped += cb;
+      skipped = gs__add_sat(skipped, cb);
       if (skipped > threshold) break;
     }
   }
-  for (size_t i = 0; i < o->msg.plan.nresponses; i++) {
+  for (size_t i = 0; i < msg.plan.nresponses; i++) {
     gs__response *rp = &resps[i];
     if (rp->kind != GS__RESP_COLLECTIVE) continue;
     for (size_t k = 0; k < rp->ntensors; k++) {
@@ -192,10 +233,10 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
       if (en) rp->tensors[k].cache_id = gs__eng_cache_assign(e, &en->variants[0]);
     }
   }
-  recent_plan *rp_rec = &e->recent[o->msg.plan.seq % RECENT_PLANS];
-  rp_rec->seq = o->msg.plan.seq;
+  recent_plan *rp_rec = &e->recent[msg.plan.seq % RECENT_PLANS];
+  rp_rec->seq = msg.plan.seq;
   rp_rec->names[0] = 0;
-  for (size_t i = 0; i < o->msg.plan.nresponses; i++)
+  for (size_t i = 0; i < msg.plan.nresponses; i++)
     for (size_t k = 0; k < resps[i].ntensors; k++)
       gs__eng_append(rp_rec->names, sizeof rp_rec->names, "%s%s", rp_rec->names[0] ? ", " : "",
                      resps[i].tensors[k].name);
@@ -209,23 +250,23 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
         e->cfg.job.cache_capacity);
   }
   if (e->nevicted) {
-    o->msg.plan.evicted = e->evicted;
-    o->msg.plan.nevicted = e->nevicted;
+    msg.plan.evicted = e->evicted;
+    msg.plan.nevicted = e->nevicted;
     e->evicted = NULL;
     e->nevicted = e->evicted_cap = 0;
   }
-  gs__eng_template_apply(e, &o->msg.plan);
+  gs__eng_template_apply(e, &msg.plan);
   if (e->nforget) {
-    o->msg.plan.forget_templates = e->forget;
-    o->msg.plan.nforget = e->nforget;
+    msg.plan.forget_templates = e->forget;
+    msg.plan.nforget = e->nforget;
     e->forget = NULL;
     e->nforget = e->forget_cap = 0;
   }
   for (size_t i = 0; i < e->nready; i++) {
-    HASH_DEL(e->table, e->ready[i]);
-    gs__eng_entry_free(e->ready[i]);
+    gs__eng_entry_drop(e, e->ready[i]);
   }
   free(taken);
+  box->items[slot].msg = msg;
   e->nready = 0;
   e->ready_bytes = 0;
 }

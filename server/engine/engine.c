@@ -189,10 +189,7 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
                     gs__eng_rank_host(e, rank), s->pid, msg->leave_reason[0] ? ": " : "",
                     msg->leave_reason);
   }
-  if (e->left_rank >= 0) {
-    entry *en, *tmp;
-    HASH_ITER(hh, e->table, en, tmp) gs__eng_mark_ready(e, en);
-  }
+  if (e->left_rank >= 0) gs__eng_fail_pending(e);
   for (size_t i = 0; i < msg->nrequests; i++) {
     gs__eng_cache_check_full(e, &msg->requests[i]);
     gs__eng_add_request(e, rank, &msg->requests[i], now_ms, box);

@@ -29,7 +29,13 @@ typedef struct gs__engine_config {
   int deadlock_warn_only;          /* 1: log a deadlock, do not abort */
   gs__emit_policy policy;          /* when ready tensors are emitted */
   int max_plans_in_flight;         /* adaptive policy (0 = 1) */
+  uint32_t max_pending_per_rank;   /* tensors one rank may have pending (0 =
+                                      GS__MAX_PENDING_DEFAULT); past it that
+                                      rank's request fails, others unaffected.
+                                      Also bounds the size of a group. */
 } gs__engine_config;
+
+#define GS__MAX_PENDING_DEFAULT 65536
 
 typedef enum gs__out_kind {
   GS__OUT_TO_ALL,     /* msg to every rank whose session is open */

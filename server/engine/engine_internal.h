@@ -33,6 +33,7 @@ typedef struct rank_slot {
   uint64_t joined_ms, last_msg_ms;
   uint64_t last_done_seq; /* highest plan it reported executed */
   int joined;             /* called gs_join: counts as ready for everything */
+  uint32_t npending;      /* entries in the table it submitted */
   size_t nblocked;        /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
 } rank_slot;
@@ -66,8 +67,8 @@ typedef struct local_name {
 /* The members of a group that are complete so far. */
 typedef struct group {
   uint64_t id;
-  uint32_t size, n;
-  entry **members;
+  uint32_t size, n, cap;
+  entry **members; /* the n members so far (cap allocated) */
   UT_hash_handle hh;
 } group;
 
@@ -122,7 +123,7 @@ struct gs__engine {
   uint64_t ready_bytes;
   uint64_t next_window_ms;   /* window policy: next emission */
   uint64_t ready_ms;         /* when the world became ready */
-  uint64_t last_activity_ms; /* last new request or change of a blocked set */
+  uint64_t last_activity_ms; /* last new request (full or cache id) */
   int deadlock_reported;     /* this quiet episode was already reported */
   uint64_t next_stall_check_ms;
   uint64_t stall_reports, deadlocks;
@@ -167,11 +168,19 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
 
 /* table.c */
 void gs__eng_entry_free(entry *en);
+/* Removes en from the table, uncounts it from its submitters' pending
+ * counts and frees it. */
+void gs__eng_entry_drop(gs__engine *e, entry *en);
+/* The per-rank pending limit in force. */
+uint32_t gs__eng_max_pending(const gs__engine *e);
 void gs__eng_rank_error(gs__outbox *box, int32_t rank, const char *name, int status,
                         const char *text);
 /* The one-line mismatch error of en (malloc'd; NULL when out of memory). */
 char *gs__eng_mismatch_message(const gs__engine *e, const entry *en);
 int gs__eng_mark_ready(gs__engine *e, entry *en);
+/* Once a rank left nothing can complete: releases every group and queues
+ * every pending entry (emitted as errors). */
+void gs__eng_fail_pending(gs__engine *e);
 void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *r, uint64_t now_ms,
                          gs__outbox *box);
 void gs__eng_register_local(gs__engine *e, int32_t rank, const char *name, gs__outbox *box);

@@ -19,6 +19,17 @@ void gs__eng_entry_free(entry *en) {
   free(en);
 }
 
+void gs__eng_entry_drop(gs__engine *e, entry *en) {
+  HASH_DEL(e->table, en);
+  for (int32_t r = 0; r < e->world; r++)
+    if (en->variant_of[r] >= 0 && e->ranks[r].npending) e->ranks[r].npending--;
+  gs__eng_entry_free(en);
+}
+
+uint32_t gs__eng_max_pending(const gs__engine *e) {
+  return e->cfg.max_pending_per_rank ? e->cfg.max_pending_per_rank : GS__MAX_PENDING_DEFAULT;
+}
+
 /* What two requests must agree on, in the order mismatches are reported. */
 typedef enum {
   ATTR_OP,
@@ -191,6 +202,25 @@ static int check_request(const gs__engine *e, int32_t rank, const gs__tensor_req
              r->name, rank, gs__op_type_name(r->op));
     return GS__ERR_INVALID_ARG;
   }
+  uint32_t limit = gs__eng_max_pending(e);
+  if (r->group_size > limit) {
+    snprintf(err, errlen,
+             "tensor '%s': rank %d submitted it in a group of %u tensors, more than the %u "
+             "tensors a rank may have pending (gradsyncd --max-pending-per-rank %u); use "
+             "smaller groups",
+             r->name, rank, r->group_size, limit, limit);
+    return GS__ERR_INVALID_ARG;
+  }
+  uint64_t bytes;
+  if (gs__tensor_bytes_checked(r->dtype, r->shape, r->ndim, &bytes) != GS__OK) {
+    char shape[256];
+    gs__shape_format(r->shape, r->ndim, shape, sizeof shape);
+    snprintf(err, errlen,
+             "tensor '%s': rank %d submitted shape %s of %s, whose size in bytes overflows 64 "
+             "bits; check the shape passed to gradsync",
+             r->name, rank, shape, gs__dtype_name(r->dtype));
+    return GS__ERR_INVALID_ARG;
+  }
   return GS__OK;
 }
 
@@ -216,7 +246,7 @@ int gs__eng_mark_ready(gs__engine *e, entry *en) {
   }
   e->ready[e->nready++] = en;
   en->queued = 1;
-  e->ready_bytes += en->bytes;
+  e->ready_bytes = gs__add_sat(e->ready_bytes, en->bytes);
   return GS__OK;
 }
 
@@ -242,7 +272,8 @@ static void group_release(gs__engine *e, group *g) {
 
 /* A complete entry goes to the ready queue, unless it belongs to a group
  * whose other members are not complete yet: a group is emitted whole. A
- * completed join ends the join round. */
+ * completed join ends the join round. After a rank left nothing waits for a
+ * group: every entry goes out (as an error) at once. */
 static void on_complete(gs__engine *e, entry *en) {
   if (en->queued || en->in_group) return;
   const gs__tensor_request *r = &en->variants[0];
@@ -250,7 +281,7 @@ static void on_complete(gs__engine *e, entry *en) {
     for (int32_t q = 0; q < e->world; q++) e->ranks[q].joined = 0;
     e->njoined = 0;
   }
-  if (r->group_size <= 1 || en->nvariants > 1) {
+  if (r->group_size <= 1 || en->nvariants > 1 || e->left_rank >= 0) {
     gs__eng_mark_ready(e, en);
     return;
   }
@@ -258,9 +289,7 @@ static void on_complete(gs__engine *e, entry *en) {
   HASH_FIND(hh, e->groups, &r->group_id, sizeof r->group_id, g);
   if (!g) {
     g = calloc(1, sizeof *g);
-    if (g) g->members = calloc(r->group_size, sizeof *g->members);
-    if (!g || !g->members) {
-      free(g);
+    if (!g) {
       gs__eng_mark_ready(e, en); /* out of memory: emit it alone rather than lose it */
       return;
     }
@@ -268,9 +297,30 @@ static void on_complete(gs__engine *e, entry *en) {
     g->size = r->group_size;
     HASH_ADD(hh, e->groups, id, sizeof g->id, g);
   }
+  /* The members array grows with the members that arrived, never to the
+   * size a request claims (a peer controls that number). */
+  if (g->n == g->cap) {
+    uint32_t cap = g->cap ? g->cap * 2 : 8;
+    entry **m = realloc(g->members, cap * sizeof *m);
+    if (!m) {
+      gs__eng_mark_ready(e, en);
+      return;
+    }
+    g->members = m;
+    g->cap = cap;
+  }
   en->in_group = 1;
-  if (g->n < g->size) g->members[g->n++] = en;
-  if (g->n == g->size) group_release(e, g);
+  g->members[g->n++] = en;
+  if (g->n >= g->size) group_release(e, g);
+}
+
+void gs__eng_fail_pending(gs__engine *e) {
+  /* Groups first: their members must leave the group before they can be
+   * emitted and freed. */
+  group *g, *gtmp;
+  HASH_ITER(hh, e->groups, g, gtmp) group_release(e, g);
+  entry *en, *tmp;
+  HASH_ITER(hh, e->table, en, tmp) gs__eng_mark_ready(e, en);
 }
 
 /* ---- local (model-parallel) names ------------------------------------------- */
@@ -344,8 +394,7 @@ void gs__eng_register_local(gs__engine *e, int32_t rank, const char *name, gs__o
   for (size_t i = 0; i < n; i++) gs__eng_rank_error(box, subs[i], name, GS__ERR_MISMATCH, text);
   gs__eng_out_log(box, GS__LOG_WARN, "%s", text);
   free(subs);
-  HASH_DEL(e->table, en);
-  gs__eng_entry_free(en);
+  gs__eng_entry_drop(e, en);
 }
 
 void gs__eng_unregister_local(gs__engine *e, int32_t rank, const char *name) {
@@ -376,6 +425,19 @@ void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *
     local_conflict_text(e, ln, subs, n, r->op, err, sizeof err);
     gs__eng_rank_error(box, rank, r->name, GS__ERR_MISMATCH, err);
     free(subs);
+    return;
+  }
+  /* Checked before anything is stored: past the limit only this rank's op
+   * fails, and the table does not grow. */
+  uint32_t limit = gs__eng_max_pending(e);
+  if (e->ranks[rank].npending >= limit) {
+    snprintf(err, sizeof err,
+             "tensor '%s': rank %d (%s:%d) already has %u tensors pending at the coordinator, "
+             "the limit (gradsyncd --max-pending-per-rank %u); wait for earlier ops to complete "
+             "before submitting more, or raise the limit",
+             r->name, rank, gs__eng_rank_host(e, rank), e->ranks[rank].pid, e->ranks[rank].npending,
+             limit);
+    gs__eng_rank_error(box, rank, r->name, GS__ERR_INVALID_ARG, err);
     return;
   }
   entry *en = NULL;
@@ -423,6 +485,7 @@ void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *
   en->variant_of[rank] = v;
   en->first_dims[rank] = r->ndim > 0 ? r->shape[0] : 0;
   en->count++;
+  e->ranks[rank].npending++;
   if (r->op == GS__OP_JOIN && !e->ranks[rank].joined) {
     e->ranks[rank].joined = 1;
     e->njoined++;

@@ -1647,13 +1647,9 @@ static void test_tick_deadlock(void **state) {
   assert_int_equal(f->box.n, 0);
   assert_int_equal(stats(f).deadlocks, 0);
 
+  /* Now rank 1 waits too. No rank submitted anything for 6 s: a change of
+   * a blocked set is no activity, so this is a deadlock at once. */
   send_blocked(f, 1, "grads/B");
-  f->now += 4000;
-  gs__engine_tick(f->e, f->now, &f->box);
-  assert_int_equal(f->box.n, 0); /* not quiet for 5 s yet */
-  f->now += 1000;
-  send_heartbeat(f, 0);
-  send_heartbeat(f, 1);
   gs__engine_tick(f->e, f->now, &f->box);
   const gs__out *o = only_msg(f);
   assert_int_equal(o->kind, GS__OUT_TO_ALL);
@@ -2046,6 +2042,311 @@ static void test_stats_over_a_job(void **state) {
   assert_int_equal(only_msg(f)->msg.kind, GS__MSG_ABORT);
 }
 
+/* ---- hardening (issue 8) ------------------------------------------------------------ */
+
+/* An engine of n ranks with a per-rank pending limit, all connected. */
+static void start_world_limited(fx *f, int32_t n, uint32_t max_pending) {
+  gs__engine_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.world_size = n;
+  cfg.job.cycle_time_us = 5000;
+  cfg.job.deadlock_time_ms = 5000;
+  cfg.job.heartbeat_ms = 1000;
+  cfg.max_plans_in_flight = 1 << 20;
+  cfg.max_pending_per_rank = max_pending;
+  assert_int_equal(gs__engine_create(&cfg, &f->e), GS__OK);
+  f->world = n;
+  connect_all(f);
+}
+
+/* The one TO_RANK error in the outbox. */
+static const gs__out *only_rank_error(const fx *f, int32_t rank) {
+  const gs__out *o = only_msg(f);
+  assert_int_equal(o->kind, GS__OUT_TO_RANK);
+  assert_int_equal(o->rank, rank);
+  assert_int_equal(o->msg.kind, GS__MSG_RANK_ERROR);
+  return o;
+}
+
+/* Regression (was a bug in emit_ready): the plan's outbox item was kept as
+ * a pointer while the warning logged for each error response grew the
+ * outbox with realloc, so the plan's later fields were written into freed
+ * memory; gradsyncd died with SIGSEGV when two ranks' models differed in
+ * the size of 8 or more layers submitted together.
+ * Input: world 2, rank 0 submits 20 tensors of [4], rank 1 the same names
+ * as [5], each in one message.
+ * Expected: one plan of 20 GS__ERR_MISMATCH responses naming both shapes.
+ * Got: a plan cut short (ASan: heap-use-after-free in emit_ready). */
+static void test_many_mismatches_in_one_plan(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  gs__outbox_free(&f->box); /* a fresh outbox: the plan's slot is among the first */
+  enum { N = 20 };
+  gs__tensor_request a[N], b[N];
+  static const int64_t k_vec5[] = {5};
+  for (int i = 0; i < N; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "layer%02d/kernel", i);
+    a[i] = req_of(name, GS__OP_ALLREDUCE, k_vec4, 1);
+    b[i] = req_of(name, GS__OP_ALLREDUCE, k_vec5, 1);
+  }
+  send_reqs(f, 0, a, N);
+  assert_int_equal(nmsgs(f), 0);
+  send_reqs(f, 1, b, N);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->seq, 1);
+  assert_int_equal(p->nresponses, N);
+  for (int i = 0; i < N; i++) {
+    char want[256];
+    snprintf(want, sizeof want,
+             "tensor 'layer%02d/kernel': mismatched shapes: ranks [0] sent [4], ranks [1] sent [5]",
+             i);
+    assert_int_equal(p->responses[i].kind, GS__RESP_ERROR);
+    assert_int_equal(p->responses[i].error_status, GS__ERR_MISMATCH);
+    assert_string_equal(p->responses[i].error_message, want);
+  }
+  assert_true(logged(f, "tensor 'layer19/kernel': mismatched shapes"));
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+/* Regression (same cause as above): rank 0 calls gs_shutdown while rank 1
+ * has 10 ops pending. Every one of them must fail in the plan the leave
+ * produces; the plan was cut to 8 responses (the outbox's first capacity)
+ * and the rest waited for the deadlock detector.
+ * Expected: one plan of 10 GS__ERR_SHUTDOWN responses naming rank 0. */
+static void test_leave_fails_every_pending_op(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  gs__outbox_free(&f->box);
+  enum { N = 10 };
+  gs__tensor_request r[N];
+  for (int i = 0; i < N; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "grad/%d", i);
+    r[i] = ar(name);
+  }
+  send_reqs(f, 1, r, N);
+  assert_int_equal(nmsgs(f), 0);
+  send_leave(f, 0, "gs_shutdown");
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, N);
+  for (int i = 0; i < N; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "tensor 'grad/%d': rank 0 (host-0, pid 1000) has already left", i);
+    assert_int_equal(p->responses[i].kind, GS__RESP_ERROR);
+    assert_int_equal(p->responses[i].error_status, GS__ERR_SHUTDOWN);
+    assert_contains(p->responses[i].error_message, want);
+  }
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+/* Regression (was a bug in the leave path of gs__engine_rank_message): a
+ * leave queued every pending entry, also those waiting in a group for their
+ * group's other members; they were emitted and freed while the group still
+ * pointed at them, and the next member of that group made group_release
+ * write into freed memory (ASan: heap-use-after-free in group_release).
+ * Input: world 3, every rank submits g/a of group 7 (2 tensors), rank 2
+ * leaves, rank 0 submits g/b of group 7.
+ * Expected: g/a, then g/b, each failed once with GS__ERR_SHUTDOWN.
+ * Got: group_release wrote into the freed g/a (fails under ASan and
+ * valgrind, which CI runs; a plain build happened to look right). */
+static void test_leave_with_grouped_requests_pending(void **state) {
+  fx *f = *state;
+  start_world(f, 3);
+  for (int32_t r = 0; r < 3; r++) send1(f, r, grouped("g/a", 7, 2));
+  assert_int_equal(nmsgs(f), 0); /* complete, waiting for g/b */
+  send_leave(f, 2, "");
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  assert_string_equal(p->responses[0].tensors[0].name, "g/a");
+  assert_int_equal(p->responses[0].error_status, GS__ERR_SHUTDOWN);
+  gs__outbox_clear(&f->box);
+  send1(f, 0, grouped("g/b", 7, 2));
+  p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  assert_int_equal(p->responses[0].ntensors, 1);
+  assert_string_equal(p->responses[0].tensors[0].name, "g/b");
+  assert_int_equal(p->responses[0].error_status, GS__ERR_SHUTDOWN);
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+/* Regression: a 20-byte request claiming a group of 2^20 tensors made the
+ * engine allocate 2^20 pointers for it. A group larger than what one rank
+ * may have pending can never complete: refused to that rank alone, before
+ * anything is allocated; a group's members are stored as they arrive. */
+static void test_group_size_bounded(void **state) {
+  fx *f = *state;
+  start_world_limited(f, 2, 4);
+  send1(f, 0, grouped("g/huge", 5, 1u << 20));
+  const gs__out *o = only_rank_error(f, 0);
+  assert_int_equal(o->msg.status, GS__ERR_INVALID_ARG);
+  assert_string_equal(o->msg.name, "g/huge");
+  assert_string_equal(o->msg.text,
+                      "tensor 'g/huge': rank 0 submitted it in a group of 1048576 tensors, more "
+                      "than the 4 tensors a rank may have pending (gradsyncd "
+                      "--max-pending-per-rank 4); use smaller groups");
+  assert_int_equal(stats(f).pending_tensors, 0);
+  gs__outbox_clear(&f->box);
+  /* A group within the limit still goes out whole. */
+  for (int32_t r = 0; r < 2; r++) {
+    send1(f, r, grouped("g/a", 6, 4));
+    send1(f, r, grouped("g/b", 6, 4));
+    send1(f, r, grouped("g/c", 6, 4));
+  }
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 0, grouped("g/d", 6, 4));
+  send1(f, 1, grouped("g/d", 6, 4));
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 4);
+  for (size_t i = 0; i < 4; i++) assert_int_equal(p->responses[i].kind, GS__RESP_COLLECTIVE);
+}
+
+/* --max-pending-per-rank: past the limit that rank's op fails with an error
+ * naming the limit, the tensor and the rank; the others are unaffected, and
+ * the rank may submit again once its ops complete. */
+static void test_max_pending_per_rank(void **state) {
+  fx *f = *state;
+  start_world_limited(f, 2, 3);
+  gs__tensor_request abc[] = {ar("a"), ar("b"), ar("c"), ar("d")};
+  send_reqs(f, 0, abc, 3);
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 0, ar("d"));
+  const gs__out *o = only_rank_error(f, 0);
+  assert_int_equal(o->msg.status, GS__ERR_INVALID_ARG);
+  assert_string_equal(o->msg.name, "d");
+  assert_string_equal(o->msg.text,
+                      "tensor 'd': rank 0 (host-0:1000) already has 3 tensors pending at the "
+                      "coordinator, the limit (gradsyncd --max-pending-per-rank 3); wait for "
+                      "earlier ops to complete before submitting more, or raise the limit");
+  assert_int_equal(stats(f).pending_tensors, 3);
+  gs__outbox_clear(&f->box);
+  /* Rank 1 is not limited by rank 0's entries: its own three go through. */
+  send_reqs(f, 1, abc, 3);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 3);
+  for (size_t i = 0; i < 3; i++) assert_int_equal(p->responses[i].kind, GS__RESP_COLLECTIVE);
+  gs__outbox_clear(&f->box);
+  /* Completed ops no longer count: rank 0 may submit d now. */
+  send1(f, 0, ar("d"));
+  assert_int_equal(nmsgs(f), 0);
+  send1(f, 1, ar("d"));
+  assert_int_equal(only_plan(f)->responses[0].kind, GS__RESP_COLLECTIVE);
+  gs__outbox_clear(&f->box);
+  /* Rank 1 alone fills its quota; rank 0 keeps submitting freely. */
+  gs__tensor_request xyz[] = {ar("x"), ar("y"), ar("z"), ar("w")};
+  send_reqs(f, 1, xyz, 4);
+  o = only_rank_error(f, 1);
+  assert_string_equal(o->msg.name, "w");
+  assert_contains(o->msg.text, "rank 1 (host-1:1001) already has 3 tensors pending");
+  gs__outbox_clear(&f->box);
+  send_reqs(f, 0, xyz, 3);
+  assert_int_equal(only_plan(f)->nresponses, 3);
+}
+
+/* The default limit is 65536 tensors per rank. */
+static void test_max_pending_default(void **state) {
+  fx *f = *state;
+  start_world_limited(f, 2, 0);
+  enum { N = 65536 };
+  gs__tensor_request *rs = malloc((N + 1) * sizeof *rs);
+  assert_non_null(rs);
+  for (int i = 0; i <= N; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%d", i);
+    rs[i] = ar(name);
+  }
+  send_reqs(f, 0, rs, N + 1);
+  free(rs);
+  const gs__out *o = only_rank_error(f, 0);
+  assert_string_equal(o->msg.name, "t65536");
+  assert_contains(o->msg.text, "already has 65536 tensors pending at the coordinator, the limit "
+                               "(gradsyncd --max-pending-per-rank 65536)");
+  assert_int_equal(stats(f).pending_tensors, N);
+}
+
+/* A shape whose size in bytes overflows 64 bits (each dimension and the
+ * element count valid) fails that rank's op, naming the tensor, the rank
+ * and the shape. */
+static void test_shape_bytes_overflow(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  static const int64_t huge[] = {INT64_C(1) << 31, INT64_C(1) << 31}; /* 2^62 elements */
+  gs__tensor_request r = req_of("big", GS__OP_ALLREDUCE, huge, 2);
+  r.dtype = GS__FLOAT64; /* x 8 bytes: 2^65 */
+  send1(f, 1, r);
+  const gs__out *o = only_rank_error(f, 1);
+  assert_int_equal(o->msg.status, GS__ERR_INVALID_ARG);
+  assert_string_equal(o->msg.name, "big");
+  assert_string_equal(o->msg.text, "tensor 'big': rank 1 submitted shape [2147483648,2147483648] "
+                                   "of float64, whose size in bytes overflows 64 bits; check the "
+                                   "shape passed to gradsync");
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+/* An allgather whose ranks' first dimensions are each valid but sum to more
+ * than 64 bits of bytes fails on every rank with an error naming the tensor
+ * and the rank with the largest part; nothing fuses with it. */
+static void test_allgather_size_overflow(void **state) {
+  fx *f = *state;
+  make_engine_ex(f, 2, NULL, 1 << 20, GS__POLICY_ADAPTIVE, 1 << 20, 5000, 0);
+  connect_all(f);
+  static const int64_t half[] = {INT64_C(1) << 61}; /* x 4 bytes = 2^63 per rank */
+  static const int64_t more[] = {(INT64_C(1) << 61) + 5};
+  static const int64_t small[] = {2};
+  gs__tensor_request g0 = req_of("gather/big", GS__OP_ALLGATHER, half, 1);
+  gs__tensor_request g1 = req_of("gather/big", GS__OP_ALLGATHER, more, 1);
+  gs__tensor_request s = req_of("gather/small", GS__OP_ALLGATHER, small, 1);
+  gs__tensor_request r0[] = {g0, s}, r1[] = {g1, s};
+  send_reqs(f, 0, r0, 2);
+  send_reqs(f, 1, r1, 2);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 2);
+  assert_int_equal(p->responses[0].kind, GS__RESP_ERROR);
+  assert_int_equal(p->responses[0].error_status, GS__ERR_INVALID_ARG);
+  assert_int_equal(p->responses[0].ntensors, 1);
+  assert_string_equal(p->responses[0].error_message,
+                      "tensor 'gather/big': the allgather of every rank's rows overflows 64 bits "
+                      "of bytes (rank 1 (host-1:1001) sent the largest first dimension, "
+                      "2305843009213693957); check the shapes each rank passes");
+  assert_int_equal(p->responses[1].kind, GS__RESP_COLLECTIVE);
+  assert_string_equal(p->responses[1].tensors[0].name, "gather/small");
+}
+
+/* Regression (was a bug in the deadlock detector): a rank waiting with
+ * gs_wait(h, 1000) in a loop, or polling with gs_test, may report its
+ * blocked-on set anew (even empty for a moment between two waits); each
+ * report restarted the deadlock window, so the desync was never reported.
+ * Only new requests are activity.
+ * Expected: the deadlock report 5 s after the last request, naming both
+ * tensors and ranks. */
+static void test_deadlock_despite_blocked_reports(void **state) {
+  fx *f = *state;
+  start_world_checks(f, 2, 0, 0, 5000, 0);
+  send1(f, 0, ar("grads/A"));
+  send1(f, 1, ar("grads/B"));
+  uint64_t last_request = f->now;
+  send_blocked(f, 0, "grads/A");
+  send_blocked(f, 1, "grads/B");
+  /* Every second each rank re-enters its timed wait: a gap, then blocked
+   * again. */
+  while (f->now < last_request + 4900) {
+    f->now += 1000 - 40;
+    send_blocked(f, 0, NULL);
+    send_blocked(f, 0, "grads/A");
+    send_blocked(f, 1, NULL);
+    send_blocked(f, 1, "grads/B");
+    gs__engine_tick(f->e, f->now, &f->box);
+    if (f->now - last_request < 5000) assert_int_equal(nmsgs(f), 0);
+  }
+  f->now = last_request + 5100;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const gs__out *o = only_msg(f);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_int_equal(o->msg.status, GS__ERR_DEADLOCK);
+  assert_contains(o->msg.text, "rank 0 (host-0:1000) waits on [grads/A] (missing from rank 1); "
+                               "rank 1 (host-1:1001) waits on [grads/B] (missing from rank 0)");
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -2094,6 +2395,15 @@ int main(void) {
       T(test_deadlock_window_restarts_on_new_request),
       T(test_deadlock_warn_only_logs),
       T(test_stats_over_a_job),
+      T(test_many_mismatches_in_one_plan),
+      T(test_leave_fails_every_pending_op),
+      T(test_leave_with_grouped_requests_pending),
+      T(test_group_size_bounded),
+      T(test_max_pending_per_rank),
+      T(test_max_pending_default),
+      T(test_shape_bytes_overflow),
+      T(test_allgather_size_overflow),
+      T(test_deadlock_despite_blocked_reports),
       /* Last: its teardown hits the use-after-free in gs__engine_destroy,
        * which stops an ASan run (see the test). */
       T(test_response_cache),
