@@ -53,6 +53,12 @@ static const gs__setting table[GS__S_COUNT] = {
                                    "GRADSYNC_MAX_PLANS_IN_FLIGHT", NULL, GS__T_INT, "2", NULL, 1,
                                    1024, NULL, GS__FOR_SERVER, "N",
                                    "Depth of the adaptive policy."},
+    [GS__S_MAX_PENDING_PER_RANK] = {"max_pending_per_rank", "--max-pending-per-rank",
+                                    "GRADSYNC_MAX_PENDING_PER_RANK", NULL, GS__T_INT, "65536", NULL,
+                                    1, 1 << 24, NULL, GS__FOR_SERVER, "N",
+                                    "Tensors one rank may have pending at the coordinator (and "
+                                    "the largest group); past it that rank's op fails with an "
+                                    "error naming the limit, other ranks are unaffected."},
     [GS__S_CACHE_CAPACITY] = {"cache_capacity", "--cache-capacity", "GRADSYNC_CACHE_CAPACITY",
                               "HOROVOD_CACHE_CAPACITY", GS__T_INT, "1024", NULL, 0, 1 << 24, NULL,
                               GS__FOR_SERVER, "N",

@@ -389,6 +389,7 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
   ec.deadlock_warn_only = o->deadlock_warn_only;
   ec.policy = o->window_policy ? GS__POLICY_WINDOW : GS__POLICY_ADAPTIVE;
   ec.max_plans_in_flight = o->max_plans_in_flight;
+  ec.max_pending_per_rank = o->max_pending_per_rank;
   int rc = gs__engine_create(&ec, &co->engine);
   if (rc) {
     snprintf(err, errlen, "invalid world size %d (expected 0..%d)", o->world_size, GS__MAX_WORLD);

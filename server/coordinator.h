@@ -19,6 +19,7 @@ typedef struct gs__coordinator_opts {
   int deadlock_warn_only; /* --deadlock-action warn */
   int window_policy;      /* --emit-policy window */
   int max_plans_in_flight;
+  uint32_t max_pending_per_rank; /* --max-pending-per-rank (0 = the engine's default) */
 } gs__coordinator_opts;
 
 /* Creates the coordinator with its engine for server s (borrowed: it must

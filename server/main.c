@@ -68,6 +68,7 @@ int main(int argc, char **argv) {
   o.job.cache_capacity = (uint32_t)gs__settings_int(&cfg, GS__S_CACHE_CAPACITY);
   o.window_policy = gs__settings_int(&cfg, GS__S_EMIT_POLICY) == 1;
   o.max_plans_in_flight = (int)gs__settings_int(&cfg, GS__S_MAX_PLANS_IN_FLIGHT);
+  o.max_pending_per_rank = (uint32_t)gs__settings_int(&cfg, GS__S_MAX_PENDING_PER_RANK);
   o.job.stall_warning_s = (uint32_t)gs__settings_int(&cfg, GS__S_STALL_WARNING);
   o.job.stall_shutdown_s = (uint32_t)gs__settings_int(&cfg, GS__S_STALL_SHUTDOWN);
   o.job.deadlock_time_ms = (uint32_t)gs__settings_int(&cfg, GS__S_DEADLOCK_TIME);

@@ -467,6 +467,75 @@ static void test_duplicate_name_3(void **state) {
   }
 }
 
+/* ---- 9. hardening: ordinary mistakes never crash the coordinator ----------------- */
+
+/* Regression (issue 8): two models that differ in the size of 12 layers
+ * submitted together killed gradsyncd (SIGSEGV in emit_ready) and every
+ * rank got GS_ERR_COORDINATOR_LOST. Now every rank gets GS_ERR_MISMATCH for
+ * every layer, naming both shapes and the ranks, and the job goes on. */
+static void test_models_differ_in_many_layers_3(void **state) {
+  (void)state;
+  char *args[] = {"model-diff", "12", NULL};
+  job w;
+  run_world(&w, 3, NULL, args, "model-diff");
+  for (int i = 0; i < 12; i++) {
+    char prefix[64], want[256];
+    snprintf(prefix, sizeof prefix, "model-diff: layer%02d: ", i);
+    snprintf(want, sizeof want,
+             "%sGS_ERR_MISMATCH: tensor 'model/layer%02d/kernel': mismatched shapes: ranks [0] "
+             "sent [4], ranks [1,2] sent [5]",
+             prefix, i);
+    for (int r = 0; r < 3; r++) {
+      char line[4096];
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+      if (strncmp(line, want, strlen(want)) != 0)
+        job_fail("rank %d, layer %d:\n  got:      %s\n  expected: %s...", r, i, line, want);
+    }
+  }
+  job_expect_no_output(w.coord, "GS_ERR_COORDINATOR_LOST", 0);
+}
+
+/* Regression (issue 8): rank 0 calls gs_shutdown while the others have 10
+ * ops pending; the plan the leave produced was cut to 8 responses and the
+ * rest waited for the deadlock detector (off here: they would hang). Every
+ * op fails with GS_ERR_SHUTDOWN naming rank 0. */
+static void test_early_leave_fails_every_pending_op_3(void **state) {
+  (void)state;
+  char *coord_args[] = {"--deadlock-time-ms", "0", NULL};
+  char *args[] = {"early-leave", "10", NULL};
+  job w;
+  run_world(&w, 3, coord_args, args, "early-leave");
+  for (int r = 1; r < 3; r++)
+    for (int i = 0; i < 10; i++) {
+      char prefix[96], line[4096];
+      snprintf(prefix, sizeof prefix, "early-leave: rank %d: op%02d: ", r, i);
+      line_or_fail(w.ranks[r], prefix, line, sizeof line);
+      if (!strstr(line, "GS_ERR_SHUTDOWN") || !strstr(line, "rank 0 ") ||
+          !strstr(line, "has already left the job"))
+        job_fail("rank %d, op %d: %s", r, i, line);
+    }
+}
+
+/* --max-pending-per-rank: past the limit only the offender's op fails, with
+ * an error naming the limit, the tensor and the rank; the ops within it
+ * complete with the right values on every rank. */
+static void test_max_pending_per_rank_2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--max-pending-per-rank", "20", NULL};
+  char *args[] = {"pending-limit", "20", NULL};
+  job w;
+  run_world(&w, 2, coord_args, args, "pending-limit");
+  char line[4096];
+  line_or_fail(w.ranks[0], "pending-limit: rank 0: pending/t020: ", line, sizeof line);
+  const char *want = "pending-limit: rank 0: pending/t020: GS_ERR_INVALID_ARG: tensor "
+                     "'pending/t020': rank 0 (";
+  if (strncmp(line, want, strlen(want)) != 0 ||
+      !strstr(line, ") already has 20 tensors pending at the coordinator, the limit (gradsyncd "
+                    "--max-pending-per-rank 20)"))
+    job_fail("rank 0 past the limit:\n  got: %s", line);
+  job_expect_no_output(w.ranks[1], "GS_ERR_INVALID_ARG", 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_mismatch_every_attribute_3, setup, job_teardown),
@@ -483,6 +552,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_join_3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_join_4, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_duplicate_name_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_models_differ_in_many_layers_3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_early_leave_fails_every_pending_op_3, setup,
+                                      job_teardown),
+      cmocka_unit_test_setup_teardown(test_max_pending_per_rank_2, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("negotiation", tests, NULL, NULL);
 }

@@ -1226,6 +1226,117 @@ static int mode_duplicate(gs_ctx *ctx) {
   return 0;
 }
 
+/* ---- hardening modes (driven by test_negotiation.c) ---------------------------- */
+
+/* N layers submitted at once whose sizes differ between rank 0 (4
+ * elements) and the others (5), as two ranks running different models:
+ * every layer fails with GS_ERR_MISMATCH on every rank and the job goes on. */
+static int mode_model_diff(gs_ctx *ctx, int n) {
+  float(*bufs)[5] = wu_xcalloc((size_t)n, sizeof *bufs);
+  gs_handle **hs = wu_xcalloc((size_t)n, sizeof *hs);
+  size_t count = g_rank == 0 ? 4 : 5;
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "model/layer%02d/kernel", i);
+    submitted_or_die(
+        ctx,
+        gs_allreduce_async(ctx, name, bufs[i], bufs[i], count, GS_FLOAT32, GS_SUM, NULL, &hs[i]),
+        name, "gs_allreduce_async");
+  }
+  for (int i = 0; i < n; i++) {
+    gs_status s = gs_wait(hs[i], WAIT_MS);
+    /* No rank in the line: the driver compares the lines across ranks. */
+    printf("model-diff: layer%02d: %s: %s\n", i, wu_status_name(s), gs_handle_error(hs[i]));
+    if (s != GS_ERR_MISMATCH)
+      wu_die("tensor 'model/layer%02d/kernel': expected GS_ERR_MISMATCH, got %s", i,
+             wu_status_name(s));
+    gs_handle_free(hs[i]);
+  }
+  free(hs);
+  free(bufs);
+  one_allreduce(ctx, "model-diff/after"); /* the coordinator is still there */
+  printf("model-diff: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
+/* Rank 0 shuts down early while the other ranks have N ops pending: every
+ * one of those fails with GS_ERR_SHUTDOWN naming rank 0, long before any
+ * deadlock detector (the driver turns it off). */
+static int mode_early_leave(gs_ctx *ctx, int n) {
+  one_allreduce(ctx, "early-leave/first");
+  if (g_rank == 0) {
+    sleep_ms(1000); /* the others' ops reach the coordinator first (either order must pass) */
+    printf("early-leave: rank 0 shuts down with the others' ops pending\n");
+    printf("early-leave: passed (rank %d of %d)\n", g_rank, g_size);
+    return 0;
+  }
+  int32_t(*bufs)[8] = wu_xcalloc((size_t)n, sizeof *bufs);
+  gs_handle **hs = wu_xcalloc((size_t)n, sizeof *hs);
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "early-leave/op%02d", i);
+    submitted_or_die(
+        ctx, gs_allreduce_async(ctx, name, bufs[i], bufs[i], 8, GS_INT32, GS_SUM, NULL, &hs[i]),
+        name, "gs_allreduce_async");
+  }
+  for (int i = 0; i < n; i++) {
+    gs_status s = gs_wait(hs[i], WAIT_MS);
+    printf("early-leave: rank %d: op%02d: %s: %s\n", g_rank, i, wu_status_name(s),
+           gs_handle_error(hs[i]));
+    if (s != GS_ERR_SHUTDOWN)
+      wu_die("tensor 'early-leave/op%02d': expected GS_ERR_SHUTDOWN, got %s: %s", i,
+             wu_status_name(s), gs_handle_error(hs[i]));
+    gs_handle_free(hs[i]);
+  }
+  free(hs);
+  free(bufs);
+  printf("early-leave: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
+/* gradsyncd --max-pending-per-rank L: rank 0 submits L + 1 ops at once and
+ * the last fails with an error naming the limit; the others submit the
+ * first L. Those L complete with the right sums on every rank, and the job
+ * goes on. */
+static int mode_pending_limit(gs_ctx *ctx, int limit) {
+  enum { N = 16 };
+  int n = g_rank == 0 ? limit + 1 : limit;
+  float(*bufs)[N] = wu_xcalloc((size_t)n, sizeof *bufs);
+  gs_handle **hs = wu_xcalloc((size_t)n, sizeof *hs);
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "pending/t%03d", i);
+    for (int j = 0; j < N; j++) bufs[i][j] = (float)((g_rank + 1) * (i + j));
+    submitted_or_die(
+        ctx, gs_allreduce_async(ctx, name, bufs[i], bufs[i], N, GS_FLOAT32, GS_SUM, NULL, &hs[i]),
+        name, "gs_allreduce_async");
+  }
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "pending/t%03d", i);
+    gs_status s = gs_wait(hs[i], WAIT_MS);
+    if (i == limit) {
+      printf("pending-limit: rank %d: %s: %s: %s\n", g_rank, name, wu_status_name(s),
+             gs_handle_error(hs[i]));
+      if (s != GS_ERR_INVALID_ARG)
+        wu_die("tensor '%s': expected GS_ERR_INVALID_ARG past the limit, got %s", name,
+               wu_status_name(s));
+    } else {
+      if (s != GS_OK)
+        wu_die("tensor '%s': gs_wait: %s: %s", name, wu_status_name(s), gs_handle_error(hs[i]));
+      float want[N];
+      for (int j = 0; j < N; j++) want[j] = (float)(rank_weight_sum() * (i + j));
+      check_f32(name, bufs[i], want, N);
+    }
+    gs_handle_free(hs[i]);
+  }
+  free(hs);
+  free(bufs);
+  one_allreduce(ctx, "pending/after");
+  printf("pending-limit: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static void usage(void) {
@@ -1233,7 +1344,8 @@ static void usage(void) {
                   "                      hold MS | join | exit-code RANK CODE | mismatch-all |\n"
                   "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
                   "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
-                  "                      join-steps STEPS | duplicate\n");
+                  "                      join-steps STEPS | duplicate | model-diff N |\n"
+                  "                      early-leave N | pending-limit L\n");
   exit(2);
 }
 
@@ -1329,6 +1441,21 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "duplicate") == 0) {
     gs_ctx *ctx = join_or_die();
     rc = mode_duplicate(ctx);
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "model-diff") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_model_diff(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "early-leave") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_early_leave(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "pending-limit") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_pending_limit(ctx, atoi(argv[2]));
     shutdown_or_die(ctx);
   } else {
     usage();
