@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# runtime-packages.sh ELF...: the Debian packages that hold the shared
+# runtime-packages.sh [--libs] ELF...: the Debian packages that hold the shared
 # libraries the given programs and libraries load (ldd, then dpkg -S), one
 # per line, sorted. Libraries found in none (gradsync's own, next to the
 # programs) are skipped when they lie under one of the given files' dirs,
-# otherwise it is an error: the image would miss them.
+# otherwise it is an error: the image would miss them. With --libs: the
+# real paths of those libraries instead (for prune-libraries.sh).
 set -euo pipefail
+libs=0
+if [ "${1:-}" = --libs ]; then
+  libs=1
+  shift
+fi
 own_dirs=()
 for f in "$@"; do own_dirs+=("$(cd "$(dirname "$f")/.." && pwd)"); done
 pkgs=()
@@ -24,6 +30,6 @@ while read -r lib; do
     fi
     continue
   fi
-  pkgs+=("$pkg")
+  if [ "$libs" = 1 ]; then pkgs+=("$real"); else pkgs+=("$pkg"); fi
 done < <(ldd "$@" | awk '/:$/ {next} $2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
 printf '%s\n' "${pkgs[@]}" | sort -u
