@@ -303,6 +303,8 @@ static int run_step(job *j, long step, const options *o, double *row) {
   sleep_us(step_jitter(step, o->jitter_us));
   long gap_us = o->gap_us;
   gs_stats before, after;
+  gs_stats_init(&before);
+  gs_stats_init(&after);
   gs_get_stats(j->ctx, &before);
   double t0 = now_ms(), t_last = t0;
   for (size_t k = j->n; k-- > 0;) {

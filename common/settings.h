@@ -55,6 +55,8 @@ typedef enum gs__setting_id {
   GS__S_ADVERTISE_ADDR,
   GS__S_DATA_ADDR,
   GS__S_DATA_PORT_RANGE,
+  GS__S_BACKEND,
+  GS__S_CUDA_DEVICE,
   GS__S_COUNT
 } gs__setting_id;
 

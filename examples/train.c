@@ -409,7 +409,7 @@ static gs_handle *start_average(job *j, const char *name, float *buf, const int6
                                 int ndim) {
   size_t count = 1;
   for (int i = 0; i < ndim; i++) count *= (size_t)shape[i];
-  gs_allreduce_opts opts = {.shape = shape, .ndim = ndim};
+  gs_allreduce_opts opts = {.struct_size = sizeof(gs_allreduce_opts), .shape = shape, .ndim = ndim};
   gs_handle *h = NULL;
   gs_status st =
       gs_allreduce_async(j->ctx, name, buf, buf, count, GS_FLOAT32, GS_AVERAGE, &opts, &h);
@@ -787,12 +787,13 @@ static int check_identical(job *j, const mlp *m) {
 static int check_towers(job *j, const mlp *m, int steps) {
   if (!m->fc[0].local) return 0;
   gs_stats stats;
+  gs_stats_init(&stats);
   gs_status st = gs_get_stats(j->ctx, &stats);
   if (st != GS_OK) fail(j, NULL, "gs_get_stats", "tower", st);
   int64_t mine[2] = {mlp_checksum(m, 1), (int64_t)stats.local_ops}, shape[2] = {1, 2};
   const char *name = "checksum/towers";
   gs_handle *h = NULL;
-  st = gs_allgather_async(j->ctx, name, mine, shape, 2, GS_INT64, &h);
+  st = gs_allgather_async(j->ctx, name, mine, shape, 2, GS_INT64, NULL, &h);
   if (st != GS_OK) fail(j, NULL, "allgather", name, st);
   st = gs_wait(h, WAIT_MS);
   if (st != GS_OK) fail(j, h, "allgather", name, st);

@@ -178,6 +178,14 @@ gs_status gs_aggregator_allreduce_async(gs_aggregator *agg, const char *name, vo
   if (!agg) return gs__set_error(GS_ERR_INVALID_ARG, "%s: agg is NULL", what);
   gs_status st = check_op(what, name, op);
   if (st) return st;
+  gs_allreduce_opts ro;
+  gs_allreduce_opts_init(&ro);
+  if (opts) {
+    if ((st = gs__opts_copy(&ro, opts, "gs_allreduce_opts"))) return st;
+    opts = &ro;
+  }
+  /* The passes accumulate on the host. */
+  if ((st = gs__host_only(agg->ctx, grad, what, name))) return st;
   if (count > 0 && !grad)
     return gs__set_error(GS_ERR_INVALID_ARG, "%s: tensor '%s': grad is NULL for %zu elements", what,
                          name ? name : "?", count);
@@ -245,6 +253,13 @@ gs_status gs_aggregator_sparse_allreduce_async(gs_aggregator *agg, const char *n
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "%s: out is NULL", what);
   *out = NULL;
   if (!agg) return gs__set_error(GS_ERR_INVALID_ARG, "%s: agg is NULL", what);
+  gs_sparse_opts so;
+  gs_sparse_opts_init(&so);
+  if (opts) {
+    gs_status cst = gs__opts_copy(&so, opts, "gs_sparse_opts");
+    if (cst) return cst;
+    opts = &so;
+  }
   if (!opts || !opts->sparse_as_dense)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "%s: tensor '%s': sparse gradients in an aggregator need "
@@ -287,7 +302,8 @@ gs_status gs_aggregator_sparse_allreduce_async(gs_aggregator *agg, const char *n
     gs__reduce(opts->dense_out, e->acc, count, (gs__dtype)dtype, GS__SUM);
     if (agg->average) gs__divide(opts->dense_out, count, (gs__dtype)dtype, agg->passes);
   }
-  gs_allreduce_opts ao = {0};
+  gs_allreduce_opts ao;
+  gs_allreduce_opts_init(&ao);
   ao.shape = shape;
   ao.ndim = 2;
   st = gs_allreduce_async(agg->ctx, name, opts->dense_out, opts->dense_out, count, dtype, op, &ao,
@@ -323,7 +339,8 @@ gs_status gs_broadcast_parameters(gs_ctx *ctx, size_t n, const char *const *name
    * other ranks wait for them too. */
   for (size_t i = 0; i < n; i++) {
     if (gs_is_local(ctx, names[i])) continue;
-    gs_status st = gs_broadcast_async(ctx, names[i], bufs[i], counts[i], dtypes[i], root, &hs[i]);
+    gs_status st =
+        gs_broadcast_async(ctx, names[i], bufs[i], counts[i], dtypes[i], root, NULL, &hs[i]);
     if (st && !first) {
       first = st;
       if (asprintf(&first_msg, "parameter %zu ('%s') could not be submitted: %s", i,

@@ -79,9 +79,54 @@ size_t gs_dtype_size(gs_dtype dtype) {
 void gs_options_init(gs_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
   o->rank = o->size = o->local_rank = o->local_size = -1;
   o->join_timeout_ms = o->data_timeout_ms = -1;
   o->scale_local = -1;
+  o->cuda_device = -1;
+}
+
+void gs_allreduce_opts_init(gs_allreduce_opts *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+}
+
+void gs_op_opts_init(gs_op_opts *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+}
+
+void gs_sparse_opts_init(gs_sparse_opts *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+}
+
+void gs_stats_init(gs_stats *s) {
+  if (!s) return;
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+}
+
+/* Every public options/stats struct starts with its size (see gradsync.h):
+ * the caller's struct may be shorter (an older header: the rest keeps our
+ * defaults) but not longer (a newer header: fields we cannot honour). */
+gs_status gs__opts_copy(void *dst, const void *src, const char *type) {
+  size_t ours, given;
+  memcpy(&ours, dst, sizeof ours);
+  memcpy(&given, src, sizeof given);
+  if (given <= sizeof(size_t) || given > ours)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "%s.struct_size is %zu, but this libgradsync %s accepts %zu..%zu: "
+                         "initialise the struct with %s_init before setting fields%s",
+                         type, given, GS_VERSION_STRING, sizeof(size_t) + 1, ours, type,
+                         given > ours ? " (or link the gradsync version whose header you compiled "
+                                        "against)"
+                                      : "");
+  memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), given - sizeof(size_t));
+  return GS_OK;
 }
 
 /* ---- gs_init -------------------------------------------------------------- */
@@ -90,7 +135,9 @@ typedef struct resolved {
   gs__settings set; /* owns the strings below */
   const char *coordinator, *token, *advertise, *data_addr, *job_id;
   int port_lo, port_hi; /* GRADSYNC_DATA_PORT_RANGE; 0 = any */
-  int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local;
+  int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local,
+      cuda_device;
+  const char *backend; /* auto, tcp or nccl */
   /* where rank, size, local rank and local size came from */
   const char *rank_from, *size_from, *local_rank_from, *local_size_from;
 } resolved;
@@ -119,10 +166,13 @@ static void pick(int given, const char *given_name, const gs__settings *set, gs_
   }
 }
 
-static gs_status resolve(const gs_options *o, resolved *r) {
+static gs_status resolve(const gs_options *given, resolved *r) {
   gs_options dflt;
   gs_options_init(&dflt);
-  if (!o) o = &dflt;
+  gs_status st;
+  if (given && (st = gs__opts_copy(&dflt, given, "gs_options")))
+    return gs__set_error(st, "gs_init: %s", gs_last_error(NULL));
+  const gs_options *o = &dflt;
   char err[1024];
   if (gs__settings_load(&r->set, GS__FOR_WORKER, err, sizeof err) != GS__OK)
     return gs__set_error(GS_ERR_INVALID_ARG, "gs_init: %s", err);
@@ -208,6 +258,18 @@ static gs_status resolve(const gs_options *o, resolved *r) {
   }
   if (gs__settings_given(set, GS__S_LOG_LEVEL))
     gs__log_set_level((gs__log_level)gs__settings_int(set, GS__S_LOG_LEVEL));
+  static const char *const kinds[] = {"auto", "tcp", "nccl"}; /* the setting's choices */
+  int64_t ki = gs__settings_int(set, GS__S_BACKEND);
+  r->backend = o->backend ? o->backend : kinds[ki >= 0 && ki < 3 ? ki : 0];
+  if (!r->backend || !*r->backend) r->backend = "auto";
+  if (strcmp(r->backend, "auto") && gs__backend_kind_parse(r->backend) < 0)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: gs_options.backend '%s' is not one of auto, tcp, nccl",
+                         r->backend);
+  r->cuda_device = o->cuda_device >= 0 ? o->cuda_device
+                   : gs__settings_given(set, GS__S_CUDA_DEVICE)
+                       ? (int)gs__settings_int(set, GS__S_CUDA_DEVICE)
+                       : r->local_rank;
   return GS_OK;
 }
 
@@ -288,8 +350,110 @@ static int kv_get(void *c, const char *key, int timeout_ms, void **val, size_t *
   return gs__client_kv_get(c, key, timeout_ms, val, len, err, errlen);
 }
 
+/* What gs_init decided about the data plane before joining. */
+typedef struct selection {
+  int want;   /* GS__BACKEND_TCP / GS__BACKEND_NCCL, or -1 for auto */
+  int gpu_ok; /* nccl can run in this process on r->cuda_device */
+  char why[1024];
+} selection;
+
+static gs_status select_backend(gs_ctx *ctx, const resolved *r, selection *sel) {
+  sel->want = strcmp(r->backend, "auto") ? gs__backend_kind_parse(r->backend) : -1;
+  int ndev = 0;
+  /* Probed for tcp too: a GPU buffer must then be refused, not read. */
+  sel->gpu_ok = gs__backend_usable(GS__BACKEND_NCCL, &ndev, sel->why, sizeof sel->why);
+  ctx->cuda_devices = ndev;
+  if (sel->gpu_ok && r->cuda_device >= ndev) {
+    snprintf(sel->why, sizeof sel->why,
+             "CUDA device %d (GRADSYNC_CUDA_DEVICE, else the local rank) does not exist: %d "
+             "device(s) visible; set GRADSYNC_CUDA_DEVICE or CUDA_VISIBLE_DEVICES",
+             r->cuda_device, ndev);
+    sel->gpu_ok = 0;
+  }
+  if (sel->want == GS__BACKEND_NCCL && !sel->gpu_ok)
+    return gs__set_error(GS_ERR_UNSUPPORTED,
+                         "gs_init (rank %d on %s): the nccl backend was asked for "
+                         "(GRADSYNC_BACKEND=nccl) but cannot run here: %s. Run on a GPU "
+                         "machine, or set GRADSYNC_BACKEND=tcp (or auto, which falls back to the "
+                         "TCP ring) to use host buffers",
+                         r->rank, ctx->host, sel->why);
+  return GS_OK;
+}
+
+/* Connects the host ring (always: host buffers and metadata use it), then
+ * agrees with the other ranks on the GPU backend and starts it. */
+static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, uint64_t deadline) {
+  char err[4096], prefix[64];
+  snprintf(prefix, sizeof prefix, "epoch/%llu/", (unsigned long long)ctx->join.epoch);
+  uint64_t now = gs__now_ms();
+  int connect_ms = now < deadline ? (int)(deadline - now) : 1;
+  if (connect_ms < 5000) connect_ms = 5000;
+  gs__kv kv = {ctx->client, kv_set, kv_get};
+  gs__tcp_ring_opts ro = {.rank = r->rank,
+                          .size = r->size,
+                          .coordinator = r->coordinator,
+                          .advertise_addr = r->advertise,
+                          .data_addr = r->data_addr,
+                          .port_lo = r->port_lo,
+                          .port_hi = r->port_hi,
+                          .key_prefix = prefix,
+                          .connect_timeout_ms = connect_ms,
+                          .io_timeout_ms = r->data_timeout_ms,
+                          .kv = kv};
+  int rc =
+      gs__backend_create(GS__BACKEND_TCP, &ro, &ctx->backends[GS__DEVICE_CPU], err, sizeof err);
+  if (rc)
+    return gs__set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s",
+                         r->rank, err);
+  gs__backend *ring = ctx->backends[GS__DEVICE_CPU];
+  int use_nccl = sel->want == GS__BACKEND_NCCL;
+  if (sel->want < 0) {
+    /* auto: NCCL needs every rank, so the lowest rank without a usable GPU
+     * decides for all (one tiny allreduce on the ring). */
+    int32_t v = sel->gpu_ok ? INT32_MAX : r->rank;
+    rc = ring->v->allreduce(ring, &v, 1, GS__INT32, GS__MIN, err, sizeof err);
+    if (rc)
+      return gs__set_error(GS_ERR_DATA_PLANE,
+                           "gs_init (rank %d): agreeing on the data-plane backend failed: %s",
+                           r->rank, err);
+    if (v == INT32_MAX) {
+      use_nccl = 1;
+      GS_LOG_INFO("backend nccl (auto: CUDA device %d on every rank; %s)", r->cuda_device,
+                  sel->why);
+    } else if (!sel->gpu_ok) {
+      GS_LOG_INFO("backend tcp (%s)", sel->why);
+    } else {
+      GS_LOG_INFO("backend tcp (rank %d has no usable CUDA device, and NCCL needs every rank; "
+                  "GPU buffers are refused)",
+                  (int)v);
+    }
+  } else if (!use_nccl) {
+    GS_LOG_INFO("backend tcp (GRADSYNC_BACKEND=tcp)");
+  } else {
+    GS_LOG_INFO("backend nccl (GRADSYNC_BACKEND=nccl, CUDA device %d)", r->cuda_device);
+  }
+  if (!use_nccl) return GS_OK;
+  now = gs__now_ms();
+  connect_ms = now < deadline ? (int)(deadline - now) : 1;
+  if (connect_ms < 5000) connect_ms = 5000;
+  gs__nccl_opts no = {.rank = r->rank,
+                      .size = r->size,
+                      .device = r->cuda_device,
+                      .key_prefix = prefix,
+                      .connect_timeout_ms = connect_ms,
+                      .io_timeout_ms = r->data_timeout_ms,
+                      .kv = kv};
+  rc = gs__backend_create(GS__BACKEND_NCCL, &no, &ctx->backends[GS__DEVICE_GPU], err, sizeof err);
+  if (rc)
+    return gs__set_error((gs_status)rc,
+                         "gs_init (rank %d on %s): starting the nccl backend failed: %s. Set "
+                         "GRADSYNC_BACKEND=tcp to run on the CPU ring instead",
+                         r->rank, ctx->host, err);
+  return GS_OK;
+}
+
 static void ctx_free(gs_ctx *ctx) {
-  gs__backend_destroy(ctx->backend);
+  for (int d = GS__DEVICE_COUNT - 1; d >= 0; d--) gs__backend_destroy(ctx->backends[d]);
   gs__client_destroy(ctx->client);
   while (ctx->plans_head) { /* left by a failed gs_init only */
     plan_node *n = ctx->plans_head;
@@ -298,7 +462,6 @@ static void ctx_free(gs_ctx *ctx) {
     free(n);
   }
   free(ctx->done_plans);
-  free(ctx->fusion_buf);
   gs__cache_clear(ctx);
   gs__local *l, *ltmp;
   HASH_ITER(hh, ctx->locals, l, ltmp) {
@@ -346,6 +509,10 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   snprintf(log_name, sizeof log_name, "gradsync[rank %d]", r.rank);
   gs__log_init(log_name);
 
+  /* An impossible backend fails at once, before this rank joins. */
+  selection sel;
+  if ((st = select_backend(ctx, &r, &sel))) goto out_free_ctx;
+
   uint64_t deadline = gs__now_ms() + (uint64_t)r.join_timeout_ms;
   char err[4096];
   int rc = gs__client_create(r.coordinator, r.token, &ctx->client, err, sizeof err);
@@ -376,31 +543,8 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   st = wait_world(ctx, deadline, r.join_timeout_ms);
   if (st) goto out_free_ctx;
 
-  gs__tcp_ring_opts ro;
-  memset(&ro, 0, sizeof ro);
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "epoch/%llu/", (unsigned long long)ctx->join.epoch);
-  ro.rank = r.rank;
-  ro.size = r.size;
-  ro.coordinator = r.coordinator;
-  ro.advertise_addr = r.advertise;
-  ro.data_addr = r.data_addr;
-  ro.port_lo = r.port_lo;
-  ro.port_hi = r.port_hi;
-  ro.key_prefix = prefix;
-  uint64_t now = gs__now_ms();
-  ro.connect_timeout_ms = now < deadline ? (int)(deadline - now) : 1;
-  if (ro.connect_timeout_ms < 5000) ro.connect_timeout_ms = 5000;
-  ro.io_timeout_ms = r.data_timeout_ms;
-  ro.kv.ctx = ctx->client;
-  ro.kv.set = kv_set;
-  ro.kv.get = kv_get;
-  rc = gs__tcp_ring_create(&ro, &ctx->backend, err, sizeof err);
-  if (rc) {
-    st = gs__set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s",
-                       r.rank, err);
-    goto out_free_ctx;
-  }
+  st = start_backends(ctx, &r, &sel, deadline);
+  if (st) goto out_free_ctx;
   ctx->last_send_ms = gs__now_ms();
   if (pthread_create(&ctx->exec_thread, NULL, gs__executor_main, ctx) != 0) {
     st = gs__set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the exec thread: %s",
@@ -583,11 +727,55 @@ gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out) {
   return GS_OK;
 }
 
+gs_status gs__op_device(gs_ctx *ctx, struct gs_handle *h, const void *send, const void *recv) {
+  h->req.device = GS__DEVICE_CPU;
+  if (!ctx->cuda_devices) return GS_OK; /* no CUDA here: every pointer is host memory */
+  gs__device ds = send ? gs__pointer_device(send, NULL) : GS__DEVICE_CPU;
+  gs__device dr = recv ? gs__pointer_device(recv, NULL) : ds;
+  if (!send) ds = dr;
+  if (ds != dr)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': the send buffer is in %s memory but the recv buffer in %s "
+                         "memory; pass both on the same device",
+                         h->req.name, gs__device_name(ds), gs__device_name(dr));
+  if (ds == GS__DEVICE_GPU && !ctx->backends[GS__DEVICE_GPU])
+    return gs__set_error(GS_ERR_UNSUPPORTED,
+                         "tensor '%s' is in GPU memory, but rank %d runs the tcp backend, which "
+                         "takes host buffers only; set GRADSYNC_BACKEND=nccl (or auto, on a job "
+                         "where every rank has a GPU), or copy the tensor to the host",
+                         h->req.name, ctx->rank);
+  h->req.device = ds;
+  return GS_OK;
+}
+
+gs_status gs__host_only(gs_ctx *ctx, const void *p, const char *what, const char *name) {
+  if (!ctx || !ctx->cuda_devices || !p || gs__pointer_device(p, NULL) != GS__DEVICE_GPU)
+    return GS_OK;
+  return gs__set_error(GS_ERR_UNSUPPORTED,
+                       "%s: tensor '%s' is in GPU memory, but this op works on host buffers only; "
+                       "copy it to the host first",
+                       what, name ? name : "?");
+}
+
+/* Reads a gs_op_opts (NULL = defaults) into *o. */
+static gs_status op_opts(const gs_op_opts *given, gs_op_opts *o) {
+  gs_op_opts_init(o);
+  return given ? gs__opts_copy(o, given, "gs_op_opts") : GS_OK;
+}
+
 /* Checks an allreduce's arguments and builds its handle (not submitted). */
 static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send, void *recv,
                                 size_t count, gs_dtype dtype, gs_reduce_op op,
-                                const gs_allreduce_opts *opts, struct gs_handle **out) {
+                                const gs_allreduce_opts *given, struct gs_handle **out) {
   *out = NULL;
+  gs_allreduce_opts copy;
+  gs_allreduce_opts_init(&copy);
+  const gs_allreduce_opts *opts = NULL;
+  if (given) {
+    gs_status cst = gs__opts_copy(&copy, given, "gs_allreduce_opts");
+    if (cst) return cst;
+    opts = &copy;
+  }
   if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)",
@@ -644,6 +832,12 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
   }
   h->send = send;
   h->recv = recv;
+  h->stream = opts ? opts->stream : NULL;
+  gs_status dst = gs__op_device(ctx, h, count ? send : NULL, count ? recv : NULL);
+  if (dst) {
+    free(h);
+    return dst;
+  }
   *out = h;
   return GS_OK;
 }
@@ -658,6 +852,13 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
   if (st) return st;
   if (gs_is_local(ctx, name)) {
     /* Model-parallel: never leaves this rank. */
+    if (h->req.device == GS__DEVICE_GPU) {
+      free(h);
+      return gs__set_error(GS_ERR_UNSUPPORTED,
+                           "tensor '%s': local (model-parallel) tensors in GPU memory are not "
+                           "supported yet; keep local tensors on the host",
+                           name);
+    }
     size_t bytes = count * gs__dtype_size((gs__dtype)dtype);
     if (send != recv && bytes) memcpy(recv, send, bytes);
     if (op == GS_AVERAGE && ctx->scale_local) gs__divide(recv, count, (gs__dtype)dtype, ctx->size);
@@ -771,7 +972,12 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "gs_grouped_allreduce_async: %zu tensors exceed the limit of %u per group",
                          n, 1u << 20);
-  gs_allreduce_opts o = opts ? *opts : (gs_allreduce_opts){0};
+  gs_allreduce_opts o;
+  gs_allreduce_opts_init(&o);
+  if (opts) {
+    gs_status cst = gs__opts_copy(&o, opts, "gs_allreduce_opts");
+    if (cst) return cst;
+  }
   o.shape = NULL; /* a group call has no per-tensor shapes */
   o.ndim = 0;
   struct gs_handle **hs = calloc(n, sizeof *hs);
@@ -806,9 +1012,12 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
 }
 
 gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send, const int64_t *shape,
-                             int ndim, gs_dtype dtype, gs_handle **out) {
+                             int ndim, gs_dtype dtype, const gs_op_opts *opts, gs_handle **out) {
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_allgather_async: out is NULL");
   *out = NULL;
+  gs_op_opts o;
+  gs_status ost = op_opts(opts, &o);
+  if (ost) return ost;
   if (ndim < 1)
     return gs__set_error(
         GS_ERR_INVALID_ARG,
@@ -824,14 +1033,22 @@ gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send, co
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL for %zu elements",
                          name, n);
   }
+  if ((st = gs__op_device(ctx, h, h->count ? send : NULL, NULL))) {
+    free(h);
+    return st;
+  }
   h->send = send;
+  h->stream = o.stream;
   return gs__op_submit(ctx, h, out);
 }
 
 gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count, gs_dtype dtype,
-                             int root, gs_handle **out) {
+                             int root, const gs_op_opts *opts, gs_handle **out) {
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_broadcast_async: out is NULL");
   *out = NULL;
+  gs_op_opts o;
+  gs_status ost = op_opts(opts, &o);
+  if (ost) return ost;
   if (ctx && (root < 0 || root >= ctx->size))
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "tensor '%s': broadcast root %d is not a rank of this job (0..%d)",
@@ -845,8 +1062,13 @@ gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t co
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': buffer is NULL for %zu elements", name,
                          count);
   }
+  if ((st = gs__op_device(ctx, h, count ? buf : NULL, NULL))) {
+    free(h);
+    return st;
+  }
   h->req.root_rank = root;
   h->send = h->recv = buf;
+  h->stream = o.stream;
   return gs__op_submit(ctx, h, out);
 }
 
@@ -866,9 +1088,13 @@ gs_status gs_barrier(gs_ctx *ctx) {
 }
 
 gs_status gs_alltoall_async(gs_ctx *ctx, const char *name, const void *send, const int64_t *shape,
-                            int ndim, gs_dtype dtype, const int64_t *splits, gs_handle **out) {
+                            int ndim, gs_dtype dtype, const int64_t *splits, const gs_op_opts *opts,
+                            gs_handle **out) {
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_alltoall_async: out is NULL");
   *out = NULL;
+  gs_op_opts o;
+  gs_status ost = op_opts(opts, &o);
+  if (ost) return ost;
   if (ndim < 1 || !shape)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "tensor '%s': alltoall needs at least one dimension (got ndim=%d)",
@@ -921,7 +1147,13 @@ gs_status gs_alltoall_async(gs_ctx *ctx, const char *name, const void *send, con
     free(h);
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL", name);
   }
+  if ((st = gs__op_device(ctx, h, h->count ? send : NULL, NULL))) {
+    free(h->splits);
+    free(h);
+    return st;
+  }
   h->send = send;
+  h->stream = o.stream;
   return gs__op_submit(ctx, h, out);
 }
 
@@ -938,9 +1170,12 @@ gs_status gs_alltoall_recv_splits(const gs_handle *h, int64_t *splits, size_t n)
 
 gs_status gs_reducescatter_async(gs_ctx *ctx, const char *name, const void *send,
                                  const int64_t *shape, int ndim, gs_dtype dtype, gs_reduce_op op,
-                                 gs_handle **out) {
+                                 const gs_op_opts *opts, gs_handle **out) {
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_reducescatter_async: out is NULL");
   *out = NULL;
+  gs_op_opts o;
+  gs_status ost = op_opts(opts, &o);
+  if (ost) return ost;
   if (op != GS_SUM && op != GS_AVERAGE)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "tensor '%s': reducescatter supports only GS_SUM and GS_AVERAGE",
@@ -956,8 +1191,13 @@ gs_status gs_reducescatter_async(gs_ctx *ctx, const char *name, const void *send
     free(h);
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': send buffer is NULL", name);
   }
+  if ((st = gs__op_device(ctx, h, h->count ? send : NULL, NULL))) {
+    free(h);
+    return st;
+  }
   h->req.reduce_op = (gs__reduce_op)op;
   h->send = send;
+  h->stream = o.stream;
   return gs__op_submit(ctx, h, out);
 }
 
@@ -1103,8 +1343,18 @@ void gs_handle_free(gs_handle *h) {
 
 gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out) {
   if (!ctx || !out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_get_stats: NULL argument");
+  gs_stats s;
+  gs_stats_init(&s);
+  size_t given = out->struct_size;
+  if (given <= sizeof(size_t) || given > sizeof s)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_get_stats: out->struct_size is %zu; initialise it with gs_stats_init "
+                         "(this library accepts %zu..%zu)",
+                         given, sizeof(size_t) + 1, sizeof s);
   pthread_mutex_lock((pthread_mutex_t *)&ctx->mu);
-  *out = ctx->stats;
+  s = ctx->stats;
   pthread_mutex_unlock((pthread_mutex_t *)&ctx->mu);
+  s.struct_size = given;
+  memcpy(out, &s, given); /* an older caller gets the fields it knows */
   return GS_OK;
 }

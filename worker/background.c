@@ -24,7 +24,10 @@
 void gs__handle_unref(struct gs_handle *h) {
   if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) == 1) {
     free(h->error);
-    free(h->result);
+    if (h->result_free)
+      h->result_free(h->result);
+    else
+      free(h->result);
     free(h->rank_dims);
     free(h->splits);
     if (h->free_data) h->free_data(h->data);
@@ -68,7 +71,12 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
 static void fail_job(gs_ctx *ctx, gs_status status, const char *msg) {
   GS_LOG_ERROR("%s", msg);
   gs__ctx_fail(ctx, status, msg);
-  ctx->backend->v->abort(ctx->backend);
+  gs__ctx_abort_backends(ctx);
+}
+
+void gs__ctx_abort_backends(gs_ctx *ctx) {
+  for (int d = 0; d < GS__DEVICE_COUNT; d++)
+    if (ctx->backends[d]) ctx->backends[d]->v->abort(ctx->backends[d]);
 }
 
 static void cache_drop(gs_ctx *ctx, gs__wcache *c) {

@@ -30,17 +30,42 @@ static int job_failed(gs_ctx *ctx) {
   return f;
 }
 
-/* Grows the persistent fusion buffer to at least bytes. */
-static uint8_t *fusion_buffer(gs_ctx *ctx, size_t bytes) {
-  if (bytes > ctx->fusion_cap) {
-    size_t cap = ctx->fusion_cap ? ctx->fusion_cap : 1 << 20;
-    while (cap < bytes) cap *= 2;
-    uint8_t *b = realloc(ctx->fusion_buf, cap);
-    if (!b) return NULL;
-    ctx->fusion_buf = b;
-    ctx->fusion_cap = cap;
+/* The backend of a response's device. */
+static gs__backend *backend_of(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+  gs__backend *b =
+      (int)r->device >= 0 && r->device < GS__DEVICE_COUNT ? ctx->backends[r->device] : NULL;
+  if (!b)
+    snprintf(err, errlen,
+             "internal: plan for tensor '%s' is on %s memory, for which rank %d has no backend (a "
+             "gradsync bug: submission checks the device)",
+             r->ntensors ? r->tensors[0].name : "?", gs__device_name(r->device), ctx->rank);
+  return b;
+}
+
+/* Orders the backend's work after the callers' streams of the n ops (NULL
+ * entries skipped). Host backends need nothing. */
+static int begin(gs__backend *b, struct gs_handle *const *hs, size_t n, char *err, size_t errlen) {
+  if (!b->v->begin) return GS__OK;
+  void **streams = calloc(n ? n : 1, sizeof *streams);
+  if (!streams) {
+    snprintf(err, errlen, "out of memory ordering %zu tensors", n);
+    return GS__ERR_NO_MEMORY;
   }
-  return ctx->fusion_buf;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!hs[i]) continue;
+    size_t j = 0;
+    while (j < k && streams[j] != hs[i]->stream) j++;
+    if (j == k) streams[k++] = hs[i]->stream;
+  }
+  int rc = b->v->begin(b, streams, k, err, errlen);
+  free(streams);
+  return rc;
+}
+
+/* Waits until everything enqueued since begin is done. */
+static int finish(gs__backend *b, char *err, size_t errlen) {
+  return b->v->finish ? b->v->finish(b, err, errlen) : GS__OK;
 }
 
 /* Completes a successful op, running its finish step first. */
@@ -50,56 +75,47 @@ static void succeed(gs_ctx *ctx, struct gs_handle *h) {
   gs__handle_complete(ctx, h, (gs_status)rc, rc ? err : NULL);
 }
 
-static void add_stats(gs_ctx *ctx, size_t ntensors) {
+static void add_stats(gs_ctx *ctx, const gs__backend *b, size_t ntensors) {
   pthread_mutex_lock(&ctx->mu);
   ctx->stats.collectives++;
+  if (b->v->device == GS__DEVICE_GPU) ctx->stats.gpu_collectives++;
   ctx->stats.tensors += ntensors;
   if (ntensors > 1) ctx->stats.fused_collectives++;
   pthread_mutex_unlock(&ctx->mu);
 }
 
-/* Copies h's input into the wire buffer at dst: converted to the wire
- * dtype when compressed, then prescaled. */
-static void pack(uint8_t *dst, const struct gs_handle *h, const gs__response *r) {
-  if (!h->count) return;
-  if (h->compress) {
-    const float *src = h->send;
-    uint16_t *d = (uint16_t *)dst;
-    for (size_t k = 0; k < h->count; k++)
-      d[k] = r->dtype == GS__FLOAT16 ? gs__float_to_half(src[k]) : gs__float_to_bf16(src[k]);
-  } else {
-    memcpy(dst, h->send, h->count * gs__dtype_size(r->dtype));
-  }
-  gs__scale(dst, h->count, r->dtype, r->prescale);
-}
-
-/* The reverse of pack: postscale, then back to h's recv (and dtype). */
-static void unpack(struct gs_handle *h, uint8_t *src, const gs__response *r) {
-  if (!h->count) return;
-  gs__scale(src, h->count, r->dtype, r->postscale);
-  if (h->compress) {
-    const uint16_t *s = (const uint16_t *)src;
-    float *d = h->recv;
-    for (size_t k = 0; k < h->count; k++)
-      d[k] = r->dtype == GS__FLOAT16 ? gs__half_to_float(s[k]) : gs__bf16_to_float(s[k]);
-  } else {
-    memcpy(h->recv, src, h->count * gs__dtype_size(r->dtype));
-  }
+/* Wraps a backend failure with the tensor, rank and host; an abort stays
+ * an abort, anything else is a data-plane failure. */
+static int data_plane_error(gs_ctx *ctx, const char *name, int fused, int rc, char *err,
+                            size_t errlen) {
+  if (rc == GS__ERR_NO_MEMORY || rc == GS__ERR_INTERNAL) return rc;
+  char *detail = strdup(err);
+  snprintf(err, errlen, "tensor '%s'%s (rank %d on %s): %s", name,
+           fused ? " and the tensors fused with it" : "", ctx->rank, ctx->host,
+           detail ? detail : "data-plane failure");
+  free(detail);
+  return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
 }
 
 /* Runs one allreduce response: a lone unscaled tensor in place in its recv
- * buffer; otherwise packed (with prescale) into the fusion buffer at the
- * offsets of the shared layout, reduced once, and unpacked (with
- * postscale). Returns GS__OK, or a failure that ends the job (message in
- * err). */
+ * buffer; otherwise packed (with prescale, as one batch) into the backend's
+ * fusion staging at the offsets of the shared layout, reduced once, and
+ * unpacked (with postscale, one batch). Returns GS__OK, or a failure that
+ * ends the job (message in err). */
 static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
   size_t n = r->ntensors, esize = gs__dtype_size(r->dtype);
   struct gs_handle **hs = calloc(n, sizeof *hs);
   uint64_t *offs = calloc(n, sizeof *offs);
+  gs__copy *cp = calloc(2 * n + 1, sizeof *cp); /* tensors and the gaps before them */
   int rc = GS__OK;
-  if (!hs || !offs) {
+  if (!hs || !offs || !cp) {
     snprintf(err, errlen, "out of memory running a collective of %zu tensors", n);
     rc = GS__ERR_NO_MEMORY;
+    goto out_free;
+  }
+  gs__backend *b = backend_of(ctx, r, err, errlen);
+  if (!b) {
+    rc = GS__ERR_INTERNAL;
     goto out_free;
   }
   int missing = 0;
@@ -123,23 +139,25 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   }
   /* The layout follows from the plan alone: every rank reduces the same
    * number of elements, whichever tensors it holds. A lone unscaled tensor
-   * is reduced in place in its recv buffer (or in the fusion buffer when it
+   * is reduced in place in its recv buffer (or in the staging buffer when it
    * is compressed or this rank has joined); anything else is packed at the
    * offsets of the shared layout. */
   int packed = n > 1 || r->prescale != 1.0 || r->postscale != 1.0;
   uint64_t total = packed ? gs__fusion_offsets(r, offs)
                           : gs__tensor_bytes(r->dtype, r->tensors[0].shape, r->tensors[0].ndim);
-  size_t count = (size_t)(total / esize);
+  size_t count = (size_t)(total / esize), ncp = 0;
+  if ((rc = begin(b, hs, n, err, errlen))) goto out_fail;
   void *buf;
   if (!packed && hs[0] && !hs[0]->compress) {
     struct gs_handle *h = hs[0];
-    if (h->send != h->recv && h->count) memcpy(h->recv, h->send, h->count * esize);
+    if (h->send != h->recv && h->count) {
+      cp[0] = (gs__copy){h->send, h->recv, h->count, r->dtype, r->dtype, 1.0};
+      if ((rc = b->v->copy(b, cp, 1, err, errlen))) goto out_fail;
+    }
     buf = h->recv;
   } else {
-    uint8_t *fb = fusion_buffer(ctx, total ? total : 1);
+    uint8_t *fb = b->v->staging(b, total ? total : 1, err, errlen);
     if (!fb) {
-      snprintf(err, errlen, "out of memory for a fusion buffer of %llu bytes",
-               (unsigned long long)total);
       rc = GS__ERR_NO_MEMORY;
       goto out_free;
     }
@@ -147,35 +165,45 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     for (size_t i = 0; i < n; i++) {
       const gs__plan_tensor *t = &r->tensors[i];
       size_t bytes = (size_t)gs__tensor_bytes(r->dtype, t->shape, t->ndim);
-      memset(fb + at, 0, offs[i] - at); /* alignment padding */
-      if (!hs[i])
-        memset(fb + offs[i], 0, bytes); /* joined: zeros */
+      if (offs[i] > at) /* alignment padding: whole elements (alignment % esize == 0) */
+        cp[ncp++] =
+            (gs__copy){NULL, fb + at, (size_t)(offs[i] - at) / esize, r->dtype, r->dtype, 1.0};
+      if (!hs[i]) /* joined: zeros */
+        cp[ncp++] = (gs__copy){NULL, fb + offs[i], bytes / esize, r->dtype, r->dtype, 1.0};
       else
-        pack(fb + offs[i], hs[i], r);
+        cp[ncp++] = (gs__copy){hs[i]->send,  fb + offs[i],
+                               hs[i]->count, hs[i]->compress ? GS__FLOAT32 : r->dtype,
+                               r->dtype,     r->prescale};
       at = offs[i] + bytes;
     }
-    memset(fb + at, 0, total - at);
+    if (total > at)
+      cp[ncp++] = (gs__copy){NULL, fb + at, (size_t)(total - at) / esize, r->dtype, r->dtype, 1.0};
+    if ((rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
     buf = fb;
   }
-  rc = ctx->backend->v->allreduce(ctx->backend, buf, count, r->dtype, r->reduce_op, err, errlen);
-  if (rc) {
-    char *detail = strdup(err);
-    snprintf(err, errlen, "tensor '%s'%s (rank %d on %s): %s", r->tensors[0].name,
-             n > 1 ? " and the tensors fused with it" : "", ctx->rank, ctx->host,
-             detail ? detail : "data-plane failure");
-    free(detail);
-    rc = rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
-    goto out_free;
-  }
-  add_stats(ctx, n - (size_t)missing); /* before the completions, so waiters see them */
-  for (size_t i = 0; i < n; i++) {
-    if (!hs[i]) continue;
-    if (buf != hs[i]->recv) unpack(hs[i], (uint8_t *)buf + offs[i], r);
-    succeed(ctx, hs[i]);
-  }
+  rc = b->v->allreduce(b, buf, count, r->dtype, r->reduce_op, err, errlen);
+  if (rc) goto out_fail;
+  ncp = 0;
+  for (size_t i = 0; i < n; i++)
+    if (hs[i] && buf != hs[i]->recv)
+      cp[ncp++] = (gs__copy){(uint8_t *)buf + offs[i],
+                             hs[i]->recv,
+                             hs[i]->count,
+                             r->dtype,
+                             hs[i]->compress ? GS__FLOAT32 : r->dtype,
+                             r->postscale};
+  if (ncp && (rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
+  if ((rc = finish(b, err, errlen))) goto out_fail;
+  add_stats(ctx, b, n - (size_t)missing); /* before the completions, so waiters see them */
+  for (size_t i = 0; i < n; i++)
+    if (hs[i]) succeed(ctx, hs[i]);
+  goto out_free;
+out_fail:
+  rc = data_plane_error(ctx, r->tensors[0].name, n > 1, rc, err, errlen);
 out_free:
   free(hs);
   free(offs);
+  free(cp);
   return rc;
 }
 
@@ -191,29 +219,28 @@ static int lone_op(gs_ctx *ctx, const gs__response *r, struct gs_handle **h, cha
   return GS__ERR_INTERNAL;
 }
 
-static int data_plane_error(gs_ctx *ctx, const char *name, int rc, char *err, size_t errlen) {
-  char *detail = strdup(err);
-  snprintf(err, errlen, "tensor '%s' (rank %d on %s): %s", name, ctx->rank, ctx->host,
-           detail ? detail : "data-plane failure");
-  free(detail);
-  return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
-}
-
 /* Allgather, alone or fused: the per-rank first dimensions come in the
  * plan. In a fused allgather rank q's block holds, tensor after tensor, the
  * rows rank q contributes to each, so every rank computes the same block
  * sizes from the plan alone; the gathered rows are then split per tensor
- * into buffers the handles own. */
+ * into buffers the handles own (on the backend's device). */
 static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
   size_t n = r->ntensors, nr = (size_t)ctx->size, me = (size_t)ctx->rank;
   struct gs_handle **hs = calloc(n, sizeof *hs);
   uint64_t *row = calloc(n, sizeof *row);
   size_t *bytes = calloc(nr, sizeof *bytes);
+  void **outs = calloc(n, sizeof *outs);
+  gs__copy *cp = calloc(n * nr + 1, sizeof *cp);
   uint8_t *send = NULL, *recv = NULL;
   int rc = GS__OK;
-  if (!hs || !row || !bytes) {
+  gs__backend *b = NULL;
+  if (!hs || !row || !bytes || !outs || !cp) {
     snprintf(err, errlen, "out of memory running an allgather of %zu tensors", n);
     rc = GS__ERR_NO_MEMORY;
+    goto out_free;
+  }
+  if (!(b = backend_of(ctx, r, err, errlen))) {
+    rc = GS__ERR_INTERNAL;
     goto out_free;
   }
   uint64_t total = 0;
@@ -240,70 +267,93 @@ static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     for (size_t q = 0; q < nr; q++) bytes[q] += (size_t)(row[i] * (uint64_t)t->rank_dims[q]);
   }
   for (size_t q = 0; q < nr; q++) total += bytes[q];
-  recv = malloc(total ? total : 1);
-  if (n > 1) send = malloc(bytes[me] ? bytes[me] : 1);
+  recv = b->v->mem_alloc(b, total ? total : 1);
+  if (n > 1) send = b->v->staging(b, bytes[me] ? bytes[me] : 1, err, errlen);
   if (!recv || (n > 1 && !send)) {
     snprintf(err, errlen, "out of memory for an allgather of %llu bytes",
              (unsigned long long)total);
     rc = GS__ERR_NO_MEMORY;
     goto out_free;
   }
+  if ((rc = begin(b, hs, n, err, errlen))) goto out_fail;
   if (n > 1) {
-    size_t at = 0;
+    size_t at = 0, ncp = 0;
     for (size_t i = 0; i < n; i++) {
-      size_t b = (size_t)(row[i] * (uint64_t)r->tensors[i].rank_dims[me]);
-      if (b) memcpy(send + at, hs[i]->send, b);
-      at += b;
+      size_t bb = (size_t)(row[i] * (uint64_t)r->tensors[i].rank_dims[me]);
+      if (bb) cp[ncp++] = (gs__copy){hs[i]->send, send + at, bb, GS__UINT8, GS__UINT8, 1.0};
+      at += bb;
     }
+    if (ncp && (rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
   }
-  rc = ctx->backend->v->allgatherv(ctx->backend, n > 1 ? send : hs[0]->send, recv, bytes, err,
-                                   errlen);
-  if (rc) {
-    rc = data_plane_error(ctx, r->tensors[0].name, rc, err, errlen);
-    goto out_free;
-  }
-  add_stats(ctx, n);
-  for (size_t i = 0; i < n; i++) {
-    const gs__plan_tensor *t = &r->tensors[i];
-    struct gs_handle *h = hs[i];
-    int64_t *dims = malloc(nr * sizeof *dims);
-    uint64_t mine = 0;
-    for (size_t q = 0; q < nr; q++) mine += row[i] * (uint64_t)t->rank_dims[q];
-    void *out = n == 1 ? recv : malloc(mine ? mine : 1);
-    if (!dims || !out) {
-      free(dims);
-      if (out != recv) free(out);
-      gs__handle_complete(ctx, h, GS_ERR_NO_MEMORY, "out of memory for an allgather result");
-      continue;
-    }
-    if (n > 1) {
-      /* Tensor i's rows sit in every rank's block after the tensors before it. */
+  rc = b->v->allgatherv(b, n > 1 ? send : hs[0]->send, recv, bytes, err, errlen);
+  if (rc) goto out_fail;
+  if (n == 1) {
+    outs[0] = recv;
+    recv = NULL; /* handed to the handle */
+  } else {
+    /* Tensor i's rows sit in every rank's block after the tensors before it. */
+    size_t ncp = 0;
+    for (size_t i = 0; i < n; i++) {
+      const gs__plan_tensor *t = &r->tensors[i];
+      uint64_t mine = 0;
+      for (size_t q = 0; q < nr; q++) mine += row[i] * (uint64_t)t->rank_dims[q];
+      if (!(outs[i] = b->v->mem_alloc(b, mine ? mine : 1))) {
+        snprintf(err, errlen, "out of memory for an allgather result of %llu bytes",
+                 (unsigned long long)mine);
+        rc = GS__ERR_NO_MEMORY;
+        goto out_fail;
+      }
       size_t block = 0, at = 0;
       for (size_t q = 0; q < nr; q++) {
         size_t within = 0;
         for (size_t k = 0; k < i; k++)
           within += (size_t)(row[k] * (uint64_t)r->tensors[k].rank_dims[q]);
-        size_t b = (size_t)(row[i] * (uint64_t)t->rank_dims[q]);
-        if (b) memcpy((uint8_t *)out + at, recv + block + within, b);
-        at += b;
+        size_t bb = (size_t)(row[i] * (uint64_t)t->rank_dims[q]);
+        if (bb)
+          cp[ncp++] = (gs__copy){
+              recv + block + within, (uint8_t *)outs[i] + at, bb, GS__UINT8, GS__UINT8, 1.0};
+        at += bb;
         block += bytes[q];
       }
-    } else {
-      recv = NULL; /* handed to the handle */
     }
-    for (size_t q = 0; q < nr; q++) dims[q] = t->rank_dims[q];
-    h->result = out; /* published to other threads by the completion below */
+    if (ncp && (rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
+  }
+  if ((rc = finish(b, err, errlen))) goto out_fail;
+  add_stats(ctx, b, n);
+  for (size_t i = 0; i < n; i++) {
+    const gs__plan_tensor *t = &r->tensors[i];
+    struct gs_handle *h = hs[i];
+    int64_t *dims = malloc(nr * sizeof *dims);
+    if (!dims) {
+      gs__handle_complete(ctx, h, GS_ERR_NO_MEMORY, "out of memory for an allgather result");
+      continue;
+    }
+    uint64_t mine = 0;
+    for (size_t q = 0; q < nr; q++) {
+      dims[q] = t->rank_dims[q];
+      mine += row[i] * (uint64_t)t->rank_dims[q];
+    }
+    h->result = outs[i]; /* published to other threads by the completion below */
+    h->result_free = b->v->mem_free;
+    outs[i] = NULL;
     h->result_bytes = (size_t)mine;
     h->rank_dims = dims;
     h->nrank_dims = nr;
     succeed(ctx, h);
   }
+  goto out_free;
+out_fail:
+  rc = data_plane_error(ctx, r->tensors[0].name, n > 1, rc, err, errlen);
 out_free:
+  if (b) {
+    for (size_t i = 0; outs && i < n; i++) b->v->mem_free(outs[i]);
+    b->v->mem_free(recv);
+  }
+  free(outs);
+  free(cp);
   free(hs);
   free(row);
   free(bytes);
-  free(send);
-  free(recv);
   return rc;
 }
 
@@ -311,10 +361,14 @@ static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   struct gs_handle *h;
   int rc = lone_op(ctx, r, &h, err, errlen);
   if (rc || !h) return rc;
-  rc = ctx->backend->v->broadcast(ctx->backend, h->recv, h->count * gs__dtype_size(r->dtype),
-                                  r->root_rank, err, errlen);
-  if (rc) return data_plane_error(ctx, h->req.name, rc, err, errlen);
-  add_stats(ctx, 1);
+  gs__backend *b = backend_of(ctx, r, err, errlen);
+  if (!b) return GS__ERR_INTERNAL;
+  if ((rc = begin(b, &h, 1, err, errlen)) ||
+      (rc = b->v->broadcast(b, h->recv, h->count * gs__dtype_size(r->dtype), r->root_rank, err,
+                            errlen)) ||
+      (rc = finish(b, err, errlen)))
+    return data_plane_error(ctx, h->req.name, 0, rc, err, errlen);
+  add_stats(ctx, b, 1);
   succeed(ctx, h);
   return GS__OK;
 }
@@ -324,15 +378,16 @@ static int no_backend_op(const char *name, const char *what, char *err, size_t e
   return GS__ERR_UNSUPPORTED;
 }
 
-/* Alltoall: the ranks first gather everyone's splits over the data plane
- * (so the coordinator never carries the size x size matrix), then exchange
- * the rows. The result and the rows received from each rank stay with the
- * handle. */
+/* Alltoall: the ranks first gather everyone's splits over the host data
+ * plane (so the coordinator never carries the size x size matrix), then
+ * exchange the rows on the tensor's device. The result and the rows
+ * received from each rank stay with the handle. */
 static int run_alltoall(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
   struct gs_handle *h;
   int rc = lone_op(ctx, r, &h, err, errlen);
   if (rc || !h) return rc;
-  gs__backend *b = ctx->backend;
+  gs__backend *b = backend_of(ctx, r, err, errlen), *host = ctx->backends[GS__DEVICE_CPU];
+  if (!b) return GS__ERR_INTERNAL;
   size_t n = (size_t)ctx->size;
   if (!b->v->alltoallv) {
     rc = no_backend_op(h->req.name, "alltoall", err, errlen);
@@ -351,9 +406,9 @@ static int run_alltoall(gs_ctx *ctx, const gs__response *r, char *err, size_t er
     goto out_free;
   }
   for (size_t q = 0; q < n; q++) bytes[q] = n * sizeof *matrix;
-  rc = b->v->allgatherv(b, h->splits, matrix, bytes, err, errlen);
+  rc = host->v->allgatherv(host, h->splits, matrix, bytes, err, errlen);
   if (rc) {
-    rc = data_plane_error(ctx, h->req.name, rc, err, errlen);
+    rc = data_plane_error(ctx, h->req.name, 0, rc, err, errlen);
     goto out_free;
   }
   uint64_t total = 0;
@@ -363,28 +418,30 @@ static int run_alltoall(gs_ctx *ctx, const gs__response *r, char *err, size_t er
     recv_bytes[q] = (size_t)(row * (uint64_t)recv_rows[q]);
     total += recv_bytes[q];
   }
-  out = malloc(total ? total : 1);
+  out = b->v->mem_alloc(b, total ? total : 1);
   if (!out) {
     snprintf(err, errlen, "tensor '%s': out of memory for %llu bytes", h->req.name,
              (unsigned long long)total);
     rc = GS__ERR_NO_MEMORY;
     goto out_free;
   }
-  rc = b->v->alltoallv(b, h->send, send_bytes, out, recv_bytes, err, errlen);
-  if (rc) {
-    rc = data_plane_error(ctx, h->req.name, rc, err, errlen);
+  if ((rc = begin(b, &h, 1, err, errlen)) ||
+      (rc = b->v->alltoallv(b, h->send, send_bytes, out, recv_bytes, err, errlen)) ||
+      (rc = finish(b, err, errlen))) {
+    rc = data_plane_error(ctx, h->req.name, 0, rc, err, errlen);
     goto out_free;
   }
   h->result = out;
+  h->result_free = b->v->mem_free;
   h->result_bytes = (size_t)total;
   h->rank_dims = recv_rows;
   h->nrank_dims = n;
   out = NULL;
   recv_rows = NULL;
-  add_stats(ctx, 1);
+  add_stats(ctx, b, 1);
   succeed(ctx, h);
 out_free:
-  free(out);
+  b->v->mem_free(out);
   free(matrix);
   free(bytes);
   free(send_bytes);
@@ -400,7 +457,8 @@ static int run_reducescatter(gs_ctx *ctx, const gs__response *r, char *err, size
   struct gs_handle *h;
   int rc = lone_op(ctx, r, &h, err, errlen);
   if (rc || !h) return rc;
-  gs__backend *b = ctx->backend;
+  gs__backend *b = backend_of(ctx, r, err, errlen);
+  if (!b) return GS__ERR_INTERNAL;
   size_t n = (size_t)ctx->size, esize = gs__dtype_size(r->dtype);
   if (!b->v->reducescatter) {
     rc = no_backend_op(h->req.name, "reducescatter", err, errlen);
@@ -411,13 +469,11 @@ static int run_reducescatter(gs_ctx *ctx, const gs__response *r, char *err, size
   size_t row_elems = (size_t)gs__shape_elements(h->req.shape + 1, h->req.ndim - 1);
   size_t *counts = malloc(n * sizeof *counts);
   int64_t *dims = malloc(n * sizeof *dims);
-  void *work = malloc(h->count ? h->count * esize : 1);
+  void *work = b->v->mem_alloc(b, h->count ? h->count * esize : 1), *out = NULL;
   if (!counts || !dims || !work) {
-    free(counts);
-    free(dims);
-    free(work);
     snprintf(err, errlen, "tensor '%s': out of memory for a reducescatter", h->req.name);
-    return GS__ERR_NO_MEMORY;
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
   }
   size_t start = 0;
   for (size_t q = 0; q < n; q++) {
@@ -425,24 +481,36 @@ static int run_reducescatter(gs_ctx *ctx, const gs__response *r, char *err, size
     counts[q] = (size_t)dims[q] * row_elems;
     if ((int)q < ctx->rank) start += counts[q];
   }
-  if (h->count) memcpy(work, h->send, h->count * esize);
-  rc = b->v->reducescatter(b, work, counts, r->dtype, r->reduce_op, err, errlen);
-  if (rc) {
-    free(counts);
-    free(dims);
-    free(work);
-    return data_plane_error(ctx, h->req.name, rc, err, errlen);
+  size_t mine = counts[ctx->rank];
+  if (!(out = b->v->mem_alloc(b, mine ? mine * esize : 1))) {
+    snprintf(err, errlen, "tensor '%s': out of memory for a reducescatter", h->req.name);
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
   }
-  size_t mine = counts[ctx->rank] * esize;
-  if (start) memmove(work, (uint8_t *)work + start * esize, mine);
-  h->result = work;
-  h->result_bytes = mine;
+  gs__copy in = {h->send, work, h->count, r->dtype, r->dtype, 1.0};
+  gs__copy res = {(uint8_t *)work + start * esize, out, mine, r->dtype, r->dtype, 1.0};
+  if ((rc = begin(b, &h, 1, err, errlen)) ||
+      (h->count && (rc = b->v->copy(b, &in, 1, err, errlen))) ||
+      (rc = b->v->reducescatter(b, work, counts, r->dtype, r->reduce_op, err, errlen)) ||
+      (mine && (rc = b->v->copy(b, &res, 1, err, errlen))) || (rc = finish(b, err, errlen))) {
+    rc = data_plane_error(ctx, h->req.name, 0, rc, err, errlen);
+    goto out_free;
+  }
+  h->result = out;
+  h->result_free = b->v->mem_free;
+  h->result_bytes = mine * esize;
   h->rank_dims = dims;
   h->nrank_dims = n;
-  free(counts);
-  add_stats(ctx, 1);
+  out = NULL;
+  dims = NULL;
+  add_stats(ctx, b, 1);
   succeed(ctx, h);
-  return GS__OK;
+out_free:
+  b->v->mem_free(work);
+  b->v->mem_free(out);
+  free(counts);
+  free(dims);
+  return rc;
 }
 
 /* Runs one collective response. */

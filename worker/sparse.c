@@ -204,7 +204,8 @@ static gs_status as_dense(gs_ctx *ctx, const char *name, const int64_t *indices,
   if (count) memset(opts->dense_out, 0, count * gs_dtype_size(dtype));
   gs__sparse_scatter_add(opts->dense_out, indices, values, nnz, row_len, dtype);
   int64_t shape[2] = {opts->dense_rows, (int64_t)row_len};
-  gs_allreduce_opts ao = {0};
+  gs_allreduce_opts ao;
+  gs_allreduce_opts_init(&ao);
   ao.shape = shape;
   ao.ndim = 2;
   return gs_allreduce_async(ctx, name, opts->dense_out, opts->dense_out, count, dtype, op, &ao,
@@ -220,6 +221,16 @@ gs_status gs_sparse_allreduce_async(gs_ctx *ctx, const char *name, const int64_t
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "%s: ctx is NULL", what);
   gs_status st = gs__sparse_check_op(what, name, op);
   if (st) return st;
+  gs_sparse_opts so;
+  gs_sparse_opts_init(&so);
+  if (opts) {
+    if ((st = gs__opts_copy(&so, opts, "gs_sparse_opts"))) return st;
+    opts = &so;
+  }
+  if ((st = gs__host_only(ctx, values, what, name)) ||
+      (st = gs__host_only(ctx, indices, what, name)) ||
+      (opts && (st = gs__host_only(ctx, opts->dense_out, what, name))))
+    return st;
   if (opts && opts->sparse_as_dense)
     return as_dense(ctx, name, indices, values, nnz, row_len, dtype, op, opts, out);
   /* dense_rows is optional here; when given, the indices are checked

@@ -53,6 +53,8 @@ struct gs_handle {
   struct gs_handle *next_submit; /* submission queue (under mu) */
   int planned;                   /* a plan names it (under mu) */
   int compress;                  /* float32 buffers, req.dtype on the wire */
+  void *stream;                  /* caller's cudaStream_t (GPU buffers; NULL = default) */
+  void (*result_free)(void *p);  /* frees result (NULL = free()); set with result */
   UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
 };
 
@@ -129,10 +131,15 @@ struct gs_ctx {
   /* exec thread (executor.c): the backend */
   pthread_t exec_thread;
   int exec_started;
-  gs__backend *backend; /* abort() may be called from the comm thread */
-  uint8_t *fusion_buf;  /* persistent CPU fusion buffer */
-  size_t fusion_cap;
+  /* One backend per device kind (from the factory): the TCP ring for host
+   * buffers, always; NCCL for GPU buffers when selected. Each owns its
+   * fusion staging. abort() may be called from the comm thread. */
+  gs__backend *backends[GS__DEVICE_COUNT];
+  int cuda_devices; /* CUDA devices seen at gs_init (0 = every buffer is host) */
 };
+
+/* Aborts every backend (any thread). */
+void gs__ctx_abort_backends(gs_ctx *ctx);
 
 /* background.c: the comm thread */
 void *gs__background_main(void *arg);
@@ -162,6 +169,19 @@ gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out);
 
 /* Frees the worker's response-cache copy (comm thread, or after it ended). */
 void gs__cache_clear(gs_ctx *ctx);
+/* Checks where a buffer pair lives and that this rank has a backend for it
+ * (recv may be NULL); sets h->req.device. */
+gs_status gs__op_device(gs_ctx *ctx, struct gs_handle *h, const void *send, const void *recv);
+
+/* GS_ERR_UNSUPPORTED naming what and the tensor when p is GPU memory (for
+ * ops that read their buffers on the host). */
+gs_status gs__host_only(gs_ctx *ctx, const void *p, const char *what, const char *name);
+
+/* Copies a caller's options struct (src, of the type name) into dst, which
+ * holds the defaults and whose struct_size is ours, honouring the
+ * caller's struct_size. */
+gs_status gs__opts_copy(void *dst, const void *src, const char *type);
+
 /* Releases one reference of h. */
 void gs__handle_unref(struct gs_handle *h);
 

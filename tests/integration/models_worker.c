@@ -110,6 +110,7 @@ static void barrier(gs_ctx *ctx) {
 
 static gs_stats stats(gs_ctx *ctx) {
   gs_stats st;
+  gs_stats_init(&st);
   wu_must(gs_get_stats(ctx, &st), "gs_get_stats", "-");
   return st;
 }
@@ -558,7 +559,7 @@ static int mode_compress(gs_ctx *ctx) {
     send[k] = wu_xcalloc(CP_COUNT, sizeof(float));
     recv[k] = cases[k].out_of_place ? wu_xcalloc(CP_COUNT, sizeof(float)) : send[k];
     for (size_t i = 0; i < CP_COUNT; i++) send[k][i] = fval(g_rank, (unsigned)k, i);
-    gs_allreduce_opts o = {.compression = cases[k].c};
+    gs_allreduce_opts o = {.struct_size = sizeof(gs_allreduce_opts), .compression = cases[k].c};
     wu_must(gs_allreduce_async(ctx, cases[k].name, send[k], recv[k], CP_COUNT, GS_FLOAT32,
                                cases[k].op, &o, &h[k]),
             "gs_allreduce_async", cases[k].name);
@@ -588,7 +589,8 @@ static int mode_compress(gs_ctx *ctx) {
                {"mix/fp16-vs-bf16", GS_COMPRESS_BF16, "bfloat16"}};
   for (size_t k = 0; k < sizeof mixes / sizeof mixes[0]; k++) {
     float v[6] = {1, 2, 3, 4, 5, 6};
-    gs_allreduce_opts o = {.compression = g_rank == 0 ? GS_COMPRESS_FP16 : mixes[k].others};
+    gs_allreduce_opts o = {.struct_size = sizeof(gs_allreduce_opts),
+                           .compression = g_rank == 0 ? GS_COMPRESS_FP16 : mixes[k].others};
     gs_handle *hm = NULL;
     wu_must(gs_allreduce_async(ctx, mixes[k].name, v, v, 6, GS_FLOAT32, GS_SUM, &o, &hm),
             "gs_allreduce_async", mixes[k].name);
@@ -602,7 +604,8 @@ static int mode_compress(gs_ctx *ctx) {
 
   /* Invalid settings, refused at the call. */
   double d[2] = {1, 2};
-  gs_allreduce_opts o16 = {.compression = GS_COMPRESS_FP16};
+  gs_allreduce_opts o16 = {.struct_size = sizeof(gs_allreduce_opts),
+                           .compression = GS_COMPRESS_FP16};
   gs_handle *hx = NULL;
   gs_status s = gs_allreduce_async(ctx, "c/float64", d, d, 2, GS_FLOAT64, GS_SUM, &o16, &hx);
   expect_error("compress float64", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
@@ -611,7 +614,8 @@ static int mode_compress(gs_ctx *ctx) {
                (const char *)NULL);
   check(hx == NULL, "a refused call returned a handle");
   float f[2] = {1, 2};
-  gs_allreduce_opts o9 = {.compression = (gs_compression)9};
+  gs_allreduce_opts o9 = {.struct_size = sizeof(gs_allreduce_opts),
+                          .compression = (gs_compression)9};
   s = gs_allreduce_async(ctx, "c/unknown", f, f, 2, GS_FLOAT32, GS_SUM, &o9, &hx);
   expect_error("compression 9", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                "tensor 'c/unknown': compression 9 needs a float32 tensor and one of "
@@ -637,7 +641,8 @@ static int mode_scale(gs_ctx *ctx) {
   }
   /* Powers of two scale exactly: the result is the exact sum, scaled. */
   for (size_t i = 0; i < SC_COUNT; i++) a[i] = (float)ival(g_rank, 1, 0, i);
-  gs_allreduce_opts o1 = {.prescale = 0.25, .postscale = 8};
+  gs_allreduce_opts o1 = {
+      .struct_size = sizeof(gs_allreduce_opts), .prescale = 0.25, .postscale = 8};
   if (allreduce_f32(ctx, "s/pre-post/sum", a, SC_COUNT, GS_SUM, &o1)) {
     for (size_t i = 0; i < SC_COUNT; i++) want[i] = (float)(2 * sum[i]);
     expect_f32("s/pre-post/sum", a, want, SC_COUNT);
@@ -645,7 +650,8 @@ static int mode_scale(gs_ctx *ctx) {
   /* With an average: the exact (prescaled) sum divided by size in float32,
    * then postscaled. */
   for (size_t i = 0; i < SC_COUNT; i++) a[i] = (float)ival(g_rank, 1, 0, i);
-  gs_allreduce_opts o2 = {.prescale = 0.5, .postscale = 4};
+  gs_allreduce_opts o2 = {
+      .struct_size = sizeof(gs_allreduce_opts), .prescale = 0.5, .postscale = 4};
   if (allreduce_f32(ctx, "s/pre-post/avg", a, SC_COUNT, GS_AVERAGE, &o2)) {
     for (size_t i = 0; i < SC_COUNT; i++) want[i] = (0.5f * (float)sum[i]) / (float)g_size * 4.0f;
     expect_f32("s/pre-post/avg", a, want, SC_COUNT);
@@ -653,7 +659,8 @@ static int mode_scale(gs_ctx *ctx) {
   {
     gs_handle *h = NULL;
     for (size_t i = 0; i < SC_COUNT; i++) d[i] = ival(g_rank, 1, 0, i) / 16.0;
-    gs_allreduce_opts o = {.prescale = 2, .postscale = 0.125};
+    gs_allreduce_opts o = {
+        .struct_size = sizeof(gs_allreduce_opts), .prescale = 2, .postscale = 0.125};
     wu_must(gs_allreduce_async(ctx, "s/float64", d, d, SC_COUNT, GS_FLOAT64, GS_SUM, &o, &h),
             "gs_allreduce_async", "s/float64");
     if (wait_ok(h, "s/float64")) {
@@ -665,7 +672,8 @@ static int mode_scale(gs_ctx *ctx) {
   {
     gs_handle *h = NULL;
     for (size_t i = 0; i < SC_COUNT; i++) n[i] = ival(g_rank, 1, 0, i);
-    gs_allreduce_opts o = {.prescale = 4, .postscale = 0.25};
+    gs_allreduce_opts o = {
+        .struct_size = sizeof(gs_allreduce_opts), .prescale = 4, .postscale = 0.25};
     wu_must(gs_allreduce_async(ctx, "s/int32", n, n, SC_COUNT, GS_INT32, GS_SUM, &o, &h),
             "gs_allreduce_async", "s/int32");
     if (wait_ok(h, "s/int32")) {
@@ -679,8 +687,9 @@ static int mode_scale(gs_ctx *ctx) {
    * the same as the plain average, bit for bit (scaling by powers of two
    * commutes with rounding). With prescale 2 on top: twice it. */
   for (size_t i = 0; i < SC_COUNT; i++) a[i] = b[i] = c[i] = (float)ival(g_rank, 2, 0, i);
-  gs_allreduce_opts op = {.gradient_predivide_factor = 4};
-  gs_allreduce_opts op2 = {.gradient_predivide_factor = 4, .prescale = 2};
+  gs_allreduce_opts op = {.struct_size = sizeof(gs_allreduce_opts), .gradient_predivide_factor = 4};
+  gs_allreduce_opts op2 = {
+      .struct_size = sizeof(gs_allreduce_opts), .gradient_predivide_factor = 4, .prescale = 2};
   int ok = allreduce_f32(ctx, "p/plain", a, SC_COUNT, GS_AVERAGE, NULL);
   ok &= allreduce_f32(ctx, "p/predivide", b, SC_COUNT, GS_AVERAGE, &op);
   ok &= allreduce_f32(ctx, "p/predivide+prescale", c, SC_COUNT, GS_AVERAGE, &op2);
@@ -698,7 +707,7 @@ static int mode_scale(gs_ctx *ctx) {
 
   /* Non-finite scales are refused at the call. */
   gs_handle *hx = NULL;
-  gs_allreduce_opts inf = {.prescale = INFINITY};
+  gs_allreduce_opts inf = {.struct_size = sizeof(gs_allreduce_opts), .prescale = INFINITY};
   gs_status s = gs_allreduce_async(ctx, "s/bad", a, a, 4, GS_FLOAT32, GS_SUM, &inf, &hx);
   expect_error("prescale inf", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                "tensor 's/bad': prescale inf and postscale 1 must be finite numbers",
@@ -709,7 +718,8 @@ static int mode_scale(gs_ctx *ctx) {
   snprintf(want_text, sizeof want_text,
            "tensor 's/mismatch': mismatched prescale factors: ranks [0] sent 0.5, ranks %s sent 1",
            others);
-  gs_allreduce_opts half = {.prescale = g_rank == 0 ? 0.5 : 0};
+  gs_allreduce_opts half = {.struct_size = sizeof(gs_allreduce_opts),
+                            .prescale = g_rank == 0 ? 0.5 : 0};
   wu_must(gs_allreduce_async(ctx, "s/mismatch", a, a, 4, GS_FLOAT32, GS_SUM, &half, &hx),
           "gs_allreduce_async", "s/mismatch");
   s = gs_wait(hx, QUICK_MS);
@@ -804,7 +814,8 @@ static void a2a_run(gs_ctx *ctx, const char *name, int64_t (*split)(int r, int q
       for (int c = 0; c < A2A_COLS; c++) send[at * A2A_COLS + c] = a2a_value(g_rank, q, k, c);
   int64_t shape[2] = {rows, A2A_COLS};
   gs_handle *h = NULL;
-  gs_status s = gs_alltoall_async(ctx, name, send, shape, 2, GS_FLOAT32, split ? splits : NULL, &h);
+  gs_status s =
+      gs_alltoall_async(ctx, name, send, shape, 2, GS_FLOAT32, split ? splits : NULL, NULL, &h);
   if (!check(s == GS_OK, "tensor '%s': gs_alltoall_async: %s: %s", name, wu_status_name(s),
              gs_last_error(ctx))) {
     free(send);
@@ -857,7 +868,7 @@ static int mode_alltoall(gs_ctx *ctx) {
   gs_handle *h = NULL;
   int64_t shape[2] = {g_size + 1, 2};
   for (int q = 0; q < g_size; q++) splits[q] = 1;
-  gs_status s = gs_alltoall_async(ctx, "a2a/badsum", x, shape, 2, GS_FLOAT32, splits, &h);
+  gs_status s = gs_alltoall_async(ctx, "a2a/badsum", x, shape, 2, GS_FLOAT32, splits, NULL, &h);
   snprintf(want, sizeof want,
            "tensor 'a2a/badsum': alltoall splits add up to %d rows but the first dimension is "
            "%d; the %d splits must sum to it",
@@ -867,18 +878,18 @@ static int mode_alltoall(gs_ctx *ctx) {
   splits[0] = 3;
   splits[1] = -1;
   shape[0] = g_size;
-  s = gs_alltoall_async(ctx, "a2a/negative", x, shape, 2, GS_FLOAT32, splits, &h);
+  s = gs_alltoall_async(ctx, "a2a/negative", x, shape, 2, GS_FLOAT32, splits, NULL, &h);
   expect_error("a negative split", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                "tensor 'a2a/negative': alltoall split 1 is negative (-1)", (const char *)NULL);
   shape[0] = g_size + 1;
-  s = gs_alltoall_async(ctx, "a2a/indivisible", x, shape, 2, GS_FLOAT32, NULL, &h);
+  s = gs_alltoall_async(ctx, "a2a/indivisible", x, shape, 2, GS_FLOAT32, NULL, NULL, &h);
   snprintf(want, sizeof want,
            "tensor 'a2a/indivisible': alltoall without splits needs a first dimension divisible "
            "by the %d ranks, but it is %d; pass splits",
            g_size, g_size + 1);
   expect_error("equal parts of an indivisible first dimension", s, gs_last_error(ctx),
                GS_ERR_INVALID_ARG, want, (const char *)NULL);
-  s = gs_alltoall_async(ctx, "a2a/scalar", x, shape, 0, GS_FLOAT32, NULL, &h);
+  s = gs_alltoall_async(ctx, "a2a/scalar", x, shape, 0, GS_FLOAT32, NULL, NULL, &h);
   expect_error("no dimension", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                "tensor 'a2a/scalar': alltoall needs at least one dimension (got ndim=0)",
                (const char *)NULL);
@@ -893,7 +904,7 @@ static int mode_alltoall(gs_ctx *ctx) {
    * k / 2. */
   int64_t v[2 * MAX_RANKS], shape1[1] = {2 * g_size};
   for (int k = 0; k < 2 * g_size; k++) v[k] = g_rank * 100 + k;
-  s = gs_alltoall_async(ctx, "a2a/int64", v, shape1, 1, GS_INT64, NULL, &h);
+  s = gs_alltoall_async(ctx, "a2a/int64", v, shape1, 1, GS_INT64, NULL, NULL, &h);
   if (check(s == GS_OK, "tensor 'a2a/int64': gs_alltoall_async: %s: %s", wu_status_name(s),
             gs_last_error(ctx))) {
     const void *data = NULL;
@@ -934,7 +945,7 @@ static void rs_run(gs_ctx *ctx, const char *name, int64_t rows, gs_dtype dt, gs_
   }
   int64_t shape[2] = {rows, RS_COLS};
   gs_handle *h = NULL;
-  gs_status s = gs_reducescatter_async(ctx, name, send, shape, 2, dt, op, &h);
+  gs_status s = gs_reducescatter_async(ctx, name, send, shape, 2, dt, op, NULL, &h);
   if (!check(s == GS_OK, "tensor '%s': gs_reducescatter_async: %s: %s", name, wu_status_name(s),
              gs_last_error(ctx))) {
     free(send);
@@ -980,11 +991,11 @@ static int mode_reducescatter(gs_ctx *ctx) {
   float x[8] = {0};
   int64_t shape[2] = {4, 2};
   gs_handle *h = NULL;
-  gs_status s = gs_reducescatter_async(ctx, "rs/min", x, shape, 2, GS_FLOAT32, GS_MIN, &h);
+  gs_status s = gs_reducescatter_async(ctx, "rs/min", x, shape, 2, GS_FLOAT32, GS_MIN, NULL, &h);
   expect_error("reducescatter with min", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                "tensor 'rs/min': reducescatter supports only GS_SUM and GS_AVERAGE",
                (const char *)NULL);
-  s = gs_reducescatter_async(ctx, "rs/scalar", x, shape, 0, GS_FLOAT32, GS_SUM, &h);
+  s = gs_reducescatter_async(ctx, "rs/scalar", x, shape, 0, GS_FLOAT32, GS_SUM, NULL, &h);
   expect_error("reducescatter without a dimension", s, gs_last_error(ctx), GS_ERR_INVALID_ARG,
                "tensor 'rs/scalar': reducescatter needs at least one dimension (got ndim=0)",
                (const char *)NULL);

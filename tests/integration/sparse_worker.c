@@ -66,6 +66,7 @@ static void wait_ok(gs_handle *h, const char *name) {
 
 static uint64_t collectives(gs_ctx *ctx) {
   gs_stats st;
+  gs_stats_init(&st);
   wu_must(gs_get_stats(ctx, &st), "gs_get_stats", "-");
   return st.collectives;
 }
@@ -236,7 +237,8 @@ static int mode_sparse(gs_ctx *ctx) {
           wu_put(c->dt, c->vals, i * SP_ROW_LEN + j, sp_value(c->dt, g_rank, c->id, k, i, j));
       }
       memset(c->dense_out, 0x5A, SP_ROWS * SP_ROW_LEN * 8); /* garbage: must be zeroed */
-      gs_sparse_opts o = {c->as_dense, c->as_dense ? SP_ROWS : 0, c->dense_out};
+      gs_sparse_opts o = {sizeof(gs_sparse_opts), c->as_dense, c->as_dense ? SP_ROWS : 0,
+                          c->dense_out};
       /* A rank without rows may pass NULL buffers. */
       wu_must(gs_sparse_allreduce_async(ctx, c->name, c->nnz ? c->idx : NULL,
                                         c->nnz ? c->vals : NULL, c->nnz, SP_ROW_LEN, c->dt, c->op,
@@ -351,14 +353,14 @@ static int mode_mlp(gs_ctx *ctx) {
 
   gs_handle *hd, *hs, *ha;
   int64_t shape[2] = {MLP_V, MLP_D};
-  gs_allreduce_opts ao = {.shape = shape, .ndim = 2};
+  gs_allreduce_opts ao = {.struct_size = sizeof(gs_allreduce_opts), .shape = shape, .ndim = 2};
   wu_must(gs_allreduce_async(ctx, "mlp/embedding/dense", dense_grad, dense_grad, MLP_V * MLP_D,
                              GS_FLOAT32, GS_AVERAGE, &ao, &hd),
           "gs_allreduce_async", "mlp/embedding/dense");
   wu_must(gs_sparse_allreduce_async(ctx, "mlp/embedding/rows", ids, rows, MLP_B, MLP_D, GS_FLOAT32,
                                     GS_AVERAGE, NULL, &hs),
           "gs_sparse_allreduce_async", "mlp/embedding/rows");
-  gs_sparse_opts so = {1, MLP_V, as_dense};
+  gs_sparse_opts so = {sizeof(gs_sparse_opts), 1, MLP_V, as_dense};
   wu_must(gs_sparse_allreduce_async(ctx, "mlp/embedding/as_dense", ids, rows, MLP_B, MLP_D,
                                     GS_FLOAT32, GS_AVERAGE, &so, &ha),
           "gs_sparse_allreduce_async", "mlp/embedding/as_dense");
@@ -422,7 +424,7 @@ static int mode_errors(gs_ctx *ctx) {
                (const char *const[]){"tensor 'err/min'", "reduce op min",
                                      "valid ops are GS_SUM and GS_AVERAGE", NULL});
 
-  gs_sparse_opts so = {1, 7, dense};
+  gs_sparse_opts so = {sizeof(gs_sparse_opts), 1, 7, dense};
   h = (gs_handle *)&h;
   s = gs_sparse_allreduce_async(ctx, "err/range", idx, vals, 3, 2, GS_FLOAT32, GS_SUM, &so, &h);
   expect_error(s, h, GS_ERR_INVALID_ARG, "index out of range",
@@ -435,21 +437,22 @@ static int mode_errors(gs_ctx *ctx) {
   expect_error(s, h, GS_ERR_INVALID_ARG, "negative index",
                (const char *const[]){"tensor 'err/negative'", "indices[1] = -3 is negative", NULL});
 
-  gs_sparse_opts bounded = {0, 7, NULL}; /* rows path: dense_rows given, so checked */
+  gs_sparse_opts bounded = {sizeof(gs_sparse_opts), 0, 7,
+                            NULL}; /* rows path: dense_rows given, so checked */
   h = (gs_handle *)&h;
   s = gs_sparse_allreduce_async(ctx, "err/rows-range", idx, vals, 3, 2, GS_FLOAT32, GS_SUM,
                                 &bounded, &h);
   expect_error(s, h, GS_ERR_INVALID_ARG, "index out of range (rows path)",
                (const char *const[]){"indices[2] = 9 is out of range", NULL});
 
-  gs_sparse_opts no_rows = {1, 0, dense};
+  gs_sparse_opts no_rows = {sizeof(gs_sparse_opts), 1, 0, dense};
   h = (gs_handle *)&h;
   s = gs_sparse_allreduce_async(ctx, "err/no-rows", idx, vals, 2, 2, GS_FLOAT32, GS_SUM, &no_rows,
                                 &h);
   expect_error(s, h, GS_ERR_INVALID_ARG, "sparse_as_dense without dense_rows",
                (const char *const[]){"tensor 'err/no-rows'", "dense_rows > 0", NULL});
 
-  gs_sparse_opts no_out = {1, 7, NULL};
+  gs_sparse_opts no_out = {sizeof(gs_sparse_opts), 1, 7, NULL};
   h = (gs_handle *)&h;
   s = gs_sparse_allreduce_async(ctx, "err/no-out", idx, vals, 2, 2, GS_FLOAT32, GS_SUM, &no_out,
                                 &h);
@@ -626,7 +629,7 @@ static size_t ag_sparse(gs_ctx *ctx, gs_aggregator *agg) {
           vals[i * AG_ROW_LEN + j] = (float)ag_value(g_rank, 73, step, p, i * AG_ROW_LEN + j);
       }
       for (size_t e = 0; e < AG_ROWS * AG_ROW_LEN; e++) dense_out[e] = 12345.0f;
-      gs_sparse_opts so = {1, AG_ROWS, dense_out};
+      gs_sparse_opts so = {sizeof(gs_sparse_opts), 1, AG_ROWS, dense_out};
       gs_handle *h;
       wu_must(gs_aggregator_sparse_allreduce_async(agg, name, idx, vals, nnz, AG_ROW_LEN,
                                                    GS_FLOAT32, GS_AVERAGE, &so, &h),

@@ -463,7 +463,7 @@ static int mode_mismatch(gs_ctx *ctx) {
   size_t count = (size_t)(dim * dim);
   float *kernel = wu_xmalloc(count * sizeof(float));
   for (size_t j = 0; j < count; j++) kernel[j] = 1.0f;
-  gs_allreduce_opts opts = {.shape = shape, .ndim = 2};
+  gs_allreduce_opts opts = {.struct_size = sizeof(gs_allreduce_opts), .shape = shape, .ndim = 2};
   gs_handle *h = NULL;
   gs_status s =
       gs_allreduce_async(ctx, "dense/kernel", kernel, kernel, count, GS_FLOAT32, GS_SUM, &opts, &h);
@@ -475,7 +475,8 @@ static int mode_mismatch(gs_ctx *ctx) {
   float *after = wu_xmalloc(AFTER_N * sizeof(float));
   for (size_t j = 0; j < AFTER_N; j++) after[j] = (float)(g_rank + 1) * (float)(j % 5);
   int64_t after_shape[2] = {AFTER_N / 10, 10};
-  gs_allreduce_opts after_opts = {.shape = after_shape, .ndim = 2};
+  gs_allreduce_opts after_opts = {
+      .struct_size = sizeof(gs_allreduce_opts), .shape = after_shape, .ndim = 2};
   gs_handle *ha = NULL;
   s = gs_allreduce_async(ctx, "after/mismatch", after, after, AFTER_N, GS_FLOAT32, GS_SUM,
                          &after_opts, &ha);
@@ -543,6 +544,7 @@ static void submitted_or_die(gs_ctx *ctx, gs_status s, const char *name, const c
 
 static gs_stats stats_now(const gs_ctx *ctx) {
   gs_stats st;
+  gs_stats_init(&st);
   gs_status s = gs_get_stats(ctx, &st);
   if (s != GS_OK) wu_die("gs_get_stats: %s: %s", wu_status_name(s), gs_last_error(ctx));
   return st;
@@ -586,7 +588,7 @@ static gs_handle *mm_submit(gs_ctx *ctx, int c, const char *name, double *buf) {
   switch (c) {
   case 0: { /* same element count, another shape on rank 1 */
     int64_t shape[2] = {r == 1 ? 2 : 3, r == 1 ? 3 : 2};
-    gs_allreduce_opts o = {.shape = shape, .ndim = 2};
+    gs_allreduce_opts o = {.struct_size = sizeof(gs_allreduce_opts), .shape = shape, .ndim = 2};
     s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, &o, &h);
     break;
   }
@@ -605,32 +607,33 @@ static gs_handle *mm_submit(gs_ctx *ctx, int c, const char *name, double *buf) {
       s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, NULL, &h);
     } else if (r == 1) {
       int64_t shape[1] = {6};
-      s = gs_allgather_async(ctx, name, buf, shape, 1, GS_FLOAT32, &h);
+      s = gs_allgather_async(ctx, name, buf, shape, 1, GS_FLOAT32, NULL, &h);
     } else {
-      s = gs_broadcast_async(ctx, name, buf, 6, GS_FLOAT32, 0, &h);
+      s = gs_broadcast_async(ctx, name, buf, 6, GS_FLOAT32, 0, NULL, &h);
     }
     break;
   case 5:
-    s = gs_broadcast_async(ctx, name, buf, 6, GS_FLOAT32, r == 2 ? 1 : 0, &h);
+    s = gs_broadcast_async(ctx, name, buf, 6, GS_FLOAT32, r == 2 ? 1 : 0, NULL, &h);
     break;
   case 6: {
-    gs_allreduce_opts o = {.prescale = 0.5};
+    gs_allreduce_opts o = {.struct_size = sizeof(gs_allreduce_opts), .prescale = 0.5};
     s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, r == 1 ? &o : NULL, &h);
     break;
   }
   case 7: {
-    gs_allreduce_opts o = {.postscale = r == 0 ? 2.0 : 0.25};
+    gs_allreduce_opts o = {.struct_size = sizeof(gs_allreduce_opts),
+                           .postscale = r == 0 ? 2.0 : 0.25};
     s = gs_allreduce_async(ctx, name, buf, buf, 6, GS_FLOAT32, GS_SUM, &o, &h);
     break;
   }
   case 8: { /* allgather: first dims may differ, the trailing ones not */
     int64_t shape[2] = {r + 1, r == 1 ? 4 : 3};
-    s = gs_allgather_async(ctx, name, buf, shape, 2, GS_FLOAT32, &h);
+    s = gs_allgather_async(ctx, name, buf, shape, 2, GS_FLOAT32, NULL, &h);
     break;
   }
   case 9: {
     int64_t shape[3] = {r + 1, 3, 1};
-    s = gs_allgather_async(ctx, name, buf, shape, r == 2 ? 3 : 2, GS_FLOAT32, &h);
+    s = gs_allgather_async(ctx, name, buf, shape, r == 2 ? 3 : 2, GS_FLOAT32, NULL, &h);
     break;
   }
   default:
@@ -658,7 +661,8 @@ static void mm_after(gs_ctx *ctx, int c, const char *failed_name) {
     again[j] = (float)((g_rank + 1) * (j + 1));
     again_want[j] = (float)(rank_weight_sum() * (j + 1));
   }
-  gs_allreduce_opts o = {.prescale = pre, .postscale = post};
+  gs_allreduce_opts o = {
+      .struct_size = sizeof(gs_allreduce_opts), .prescale = pre, .postscale = post};
   gs_handle *ha = NULL, *hb = NULL;
   submitted_or_die(ctx, gs_allreduce_async(ctx, name, after, after, N, GS_FLOAT32, GS_SUM, &o, &ha),
                    name, "gs_allreduce_async");
@@ -821,7 +825,8 @@ static int mode_workload(gs_ctx *ctx, const char *path, unsigned steps) {
     gs_stats a = stats_now(ctx);
     for (size_t k = n; k-- > 0;) {
       wl_tensor *t = &ts[k];
-      gs_allreduce_opts o = {.shape = t->shape, .ndim = t->ndim};
+      gs_allreduce_opts o = {
+          .struct_size = sizeof(gs_allreduce_opts), .shape = t->shape, .ndim = t->ndim};
       submitted_or_die(ctx,
                        gs_allreduce_async(ctx, t->name, t->buf, t->buf, t->count, GS_FLOAT32,
                                           GS_AVERAGE, &o, &t->h),
@@ -904,9 +909,10 @@ static int mode_allgather(gs_ctx *ctx, int rounds) {
       for (int e = 0; e < 6; e++) in3[row * 6 + e] = ag_val3(g_rank, k, row, e);
     for (int64_t i = 0; i < d1; i++) in1[i] = ag_val1(g_rank, k, i);
     gs_handle *h3 = NULL, *h1 = NULL;
-    submitted_or_die(ctx, gs_allgather_async(ctx, "gather/3d", in3, shape3, 3, GS_INT32, &h3),
+    submitted_or_die(ctx, gs_allgather_async(ctx, "gather/3d", in3, shape3, 3, GS_INT32, NULL, &h3),
                      "gather/3d", "gs_allgather_async");
-    submitted_or_die(ctx, gs_allgather_async(ctx, "gather/1d", in1, shape1, 1, GS_FLOAT64, &h1),
+    submitted_or_die(ctx,
+                     gs_allgather_async(ctx, "gather/1d", in1, shape1, 1, GS_FLOAT64, NULL, &h1),
                      "gather/1d", "gs_allgather_async");
     wait_ok(h3, "gather/3d");
     wait_ok(h1, "gather/1d");
@@ -975,9 +981,9 @@ static int mode_bcast_barrier(gs_ctx *ctx, int root) {
     for (size_t j = 0; j < NF; j++) f[j] = g_rank == root ? bc_f64(root, k, j) : -1e300;
     for (size_t j = 0; j < NI; j++) b[j] = g_rank == root ? bc_i8(root, k, j) : (int8_t)0x5a;
     gs_handle *hf = NULL, *hb = NULL;
-    submitted_or_die(ctx, gs_broadcast_async(ctx, "bcast/f64", f, NF, GS_FLOAT64, root, &hf),
+    submitted_or_die(ctx, gs_broadcast_async(ctx, "bcast/f64", f, NF, GS_FLOAT64, root, NULL, &hf),
                      "bcast/f64", "gs_broadcast_async");
-    submitted_or_die(ctx, gs_broadcast_async(ctx, "bcast/i8", b, NI, GS_INT8, root, &hb),
+    submitted_or_die(ctx, gs_broadcast_async(ctx, "bcast/i8", b, NI, GS_INT8, root, NULL, &hb),
                      "bcast/i8", "gs_broadcast_async");
     wait_ok(hf, "bcast/f64");
     wait_ok(hb, "bcast/i8");
@@ -1030,7 +1036,9 @@ static int mode_grouped(gs_ctx *ctx, int rounds) {
   }
   for (int k = 0; k < rounds; k++) {
     /* Odd rounds scale: x 0.5 before, x 4 after (exact on even integers). */
-    gs_allreduce_opts o = {.prescale = k % 2 ? 0.5 : 0, .postscale = k % 2 ? 4 : 0};
+    gs_allreduce_opts o = {.struct_size = sizeof(gs_allreduce_opts),
+                           .prescale = k % 2 ? 0.5 : 0,
+                           .postscale = k % 2 ? 4 : 0};
     double factor = k % 2 ? 2.0 : 1.0;
     for (int i = 0; i < 3; i++)
       for (size_t j = 0; j < counts[i]; j++) {
@@ -1100,8 +1108,8 @@ static int mode_join_steps(gs_ctx *ctx, int steps) {
       int64_t shape[1] = {2};
       const char *what = s == steps - 2 ? "allgather" : "broadcast";
       gs_status st = s == steps - 2
-                         ? gs_allgather_async(ctx, "join/gather", v, shape, 1, GS_INT32, &h)
-                         : gs_broadcast_async(ctx, "join/bcast", v, 2, GS_INT32, 0, &h);
+                         ? gs_allgather_async(ctx, "join/gather", v, shape, 1, GS_INT32, NULL, &h)
+                         : gs_broadcast_async(ctx, "join/bcast", v, 2, GS_INT32, 0, NULL, &h);
       submitted_or_die(ctx, st, what, "submit");
       st = gs_wait(h, WAIT_MS);
       printf("join: rank %d: %s: %s: %s\n", g_rank, what, wu_status_name(st), gs_handle_error(h));
@@ -1171,10 +1179,10 @@ static int mode_duplicate(gs_ctx *ctx) {
   dup_expect(ctx, mine, "allreduce", s, h);
   int64_t shape[1] = {N};
   h = NULL;
-  s = gs_allgather_async(ctx, mine, z, shape, 1, GS_FLOAT32, &h);
+  s = gs_allgather_async(ctx, mine, z, shape, 1, GS_FLOAT32, NULL, &h);
   dup_expect(ctx, mine, "allgather", s, h);
   h = NULL;
-  s = gs_broadcast_async(ctx, mine, z, N, GS_FLOAT32, 0, &h);
+  s = gs_broadcast_async(ctx, mine, z, N, GS_FLOAT32, 0, NULL, &h);
   dup_expect(ctx, mine, "broadcast", s, h);
   /* A group with one new and one busy name: all or none, so 'dup/new' must
    * still be free afterwards. */

@@ -26,11 +26,50 @@ typedef struct gs__kv {
 
 typedef struct gs__backend gs__backend;
 
+/* One tensor of a batched pack or unpack: dst[k] = convert(src[k]) scaled
+ * by scale, for k < count. src_dt == dst_dt, or one is float32 and the
+ * other float16/bfloat16 (compression); scaling is done in the 16-bit
+ * dtype when one side is 16-bit (as on the wire), else in the common
+ * dtype (integers round to nearest). src NULL writes count zeros of
+ * dst_dt. src and dst live on the backend's device and do not overlap. */
+typedef struct gs__copy {
+  const void *src;
+  void *dst;
+  size_t count;
+  gs__dtype src_dt, dst_dt;
+  double scale; /* 1.0 = none */
+} gs__copy;
+
+/* Collectives are enqueued in order: a host backend (tcp) runs each one
+ * before it returns; a device backend (nccl) enqueues it on its own stream
+ * and only finish() tells that everything enqueued since begin() is done.
+ * Buffers passed to a collective or a copy must live on the backend's
+ * device and stay valid until finish() returned. */
 typedef struct gs__backend_vtbl {
   const char *name;
+  gs__device device; /* where its buffers live: CPU (host) or GPU */
+  /* The persistent fusion buffer of the backend's device, grown to at
+   * least bytes (contents not kept). Owned by the backend; valid until the
+   * next staging call or destroy. NULL with a message when out of memory. */
+  void *(*staging)(gs__backend *b, size_t bytes, char *err, size_t errlen);
+  /* Packs or unpacks n tensors (see gs__copy), as one batch. */
+  int (*copy)(gs__backend *b, const gs__copy *c, size_t n, char *err, size_t errlen);
+  /* Result buffers of allgather, alltoall, reducescatter on the backend's
+   * device; mem_free (NULL-safe, any thread, even after destroy) releases
+   * one. mem_alloc returns NULL when out of memory. */
+  void *(*mem_alloc)(gs__backend *b, size_t bytes);
+  void (*mem_free)(void *p);
+  /* Optional (NULL on host backends). begin orders what follows after the
+   * work already queued on the callers' streams (n entries; NULL = the
+   * default stream); finish waits until everything enqueued since begin
+   * is done, polling for asynchronous errors, abort and the data-plane
+   * timeout. */
+  int (*begin)(gs__backend *b, void *const *streams, size_t n, char *err, size_t errlen);
+  int (*finish)(gs__backend *b, char *err, size_t errlen);
   /* In place: buf holds count elements; afterwards every rank holds the
    * element-wise reduction over ranks. op: SUM, AVERAGE (sum / size), MIN,
-   * MAX, PRODUCT. float16/bfloat16 are reduced in float32 and rounded once. */
+   * MAX, PRODUCT. float16/bfloat16 are reduced in float32 and rounded once
+   * on the ring, natively by NCCL. */
   int (*allreduce)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
                    char *err, size_t errlen);
   /* recv receives the concatenation in rank order of every rank's block;
@@ -67,7 +106,14 @@ static inline void gs__backend_destroy(gs__backend *b) {
   if (b) b->v->destroy(b);
 }
 
-/* TCP ring backend (CPU). */
+/* ---- the factory ---------------------------------------------------------- */
+
+typedef enum gs__backend_kind {
+  GS__BACKEND_TCP = 0, /* TCP ring, host buffers */
+  GS__BACKEND_NCCL = 1 /* NCCL, CUDA device buffers */
+} gs__backend_kind;
+
+/* Options of the TCP ring backend (CPU). */
 typedef struct gs__tcp_ring_opts {
   int rank, size;
   const char *coordinator;    /* "host:port": the advertised address is the
@@ -83,10 +129,54 @@ typedef struct gs__tcp_ring_opts {
   gs__kv kv;
 } gs__tcp_ring_opts;
 
+/* Options of the NCCL backend (GPU). */
+typedef struct gs__nccl_opts {
+  int rank, size;
+  int device;             /* CUDA device ordinal */
+  const char *key_prefix; /* the unique id is stored under "<prefix>nccl/id" */
+  int connect_timeout_ms; /* rendezvous + ncclCommInitRank */
+  int io_timeout_ms;      /* longest a collective may take (data-plane timeout) */
+  gs__kv kv;
+} gs__nccl_opts;
+
+/* Creates a backend of kind from its options (a gs__tcp_ring_opts or a
+ * gs__nccl_opts). GS__ERR_UNSUPPORTED with the reason when the kind was
+ * not built in or cannot run here. */
+int gs__backend_create(gs__backend_kind kind, const void *opts, gs__backend **out, char *err,
+                       size_t errlen);
+
+/* "tcp"/"nccl" -> kind; -1 for anything else ("auto" is resolved by the
+ * caller with gs__backend_usable). */
+int gs__backend_kind_parse(const char *name);
+const char *gs__backend_kind_name(gs__backend_kind kind);
+
+/* 1 if kind can run in this process; else 0 and why (e.g. "not built with
+ * NCCL", "no CUDA device: cudaGetDeviceCount: no CUDA-capable device is
+ * detected"). *ndevices receives the CUDA devices seen (may be NULL). */
+int gs__backend_usable(gs__backend_kind kind, int *ndevices, char *why, size_t whylen);
+
+/* Where p points: GS__DEVICE_GPU for CUDA device or managed memory (only
+ * when built with CUDA and a device exists), else GS__DEVICE_CPU. *device
+ * receives the CUDA device ordinal of GPU memory (may be NULL). */
+gs__device gs__pointer_device(const void *p, int *device);
+
+/* Host staging and copies, shared by host backends. */
+void *gs__host_staging(void **buf, size_t *cap, size_t bytes, char *err, size_t errlen);
+int gs__host_copy(const gs__copy *c, size_t n, char *err, size_t errlen);
+void *gs__host_alloc(gs__backend *b, size_t bytes);
+void gs__host_free(void *p);
+
+/* The kinds themselves, called by the factory only. */
 /* Listens on data_addr or all interfaces (IPv4 and IPv6), publishes "<addr>:<port>" under its
  * key, reads its left and right neighbours' keys and connects the ring.
  * Returns when both neighbours are connected, or fails after
  * connect_timeout_ms naming the rank(s) not reached. size 1 needs no peer. */
 int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *err, size_t errlen);
+int gs__nccl_create(const gs__nccl_opts *opts, gs__backend **out, char *err, size_t errlen);
+/* NCCL rendezvous (nccl.c): rank 0 makes a unique id and stores it under
+ * "<prefix>nccl/id"; the others wait for it up to timeout_ms. id receives
+ * the 128-byte ncclUniqueId. */
+int gs__nccl_rendezvous(const gs__kv *kv, const char *prefix, int rank, int timeout_ms,
+                        unsigned char id[128], char *err, size_t errlen);
 
 #endif

@@ -90,6 +90,8 @@ typedef struct ring {
   size_t work_cap;    /* elements */
   piece *send, *recv; /* 2 * size entries each, rebuilt per collective */
   size_t *offs;       /* size + 1 block offsets for allgatherv */
+  void *fusion;       /* host fusion staging (gs__host_staging) */
+  size_t fusion_cap;
 } ring;
 
 /* One collective as two streams. After its first pre bytes (this rank's
@@ -1309,11 +1311,27 @@ static void ring_destroy_vt(gs__backend *b) {
   free(r->send);
   free(r->recv);
   free(r->offs);
+  free(r->fusion);
   free(r);
+}
+
+static void *ring_staging_vt(gs__backend *b, size_t bytes, char *err, size_t errlen) {
+  ring *r = (ring *)b;
+  return gs__host_staging(&r->fusion, &r->fusion_cap, bytes, err, errlen);
+}
+
+static int ring_copy_vt(gs__backend *b, const gs__copy *c, size_t n, char *err, size_t errlen) {
+  (void)b;
+  return gs__host_copy(c, n, err, errlen);
 }
 
 static const gs__backend_vtbl k_vtbl = {
     .name = "tcp",
+    .device = GS__DEVICE_CPU,
+    .staging = ring_staging_vt,
+    .copy = ring_copy_vt,
+    .mem_alloc = gs__host_alloc,
+    .mem_free = gs__host_free,
     .allreduce = ring_allreduce_vt,
     .allgatherv = ring_allgatherv_vt,
     .broadcast = ring_broadcast_vt,

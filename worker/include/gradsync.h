@@ -1,6 +1,6 @@
 /* gradsync worker library: keeps the ranks of a distributed training job in
  * lock-step through the gradsyncd coordinator and runs the collectives on a
- * data plane (TCP ring on CPUs).
+ * data plane (NCCL on GPUs when built with it, a TCP ring on CPUs).
  *
  * Conventions (as in nccl.h and uv.h):
  * - Every fallible call returns a gs_status and writes results through
@@ -14,7 +14,25 @@
  *   context).
  *
  * Thread safety: every function may be called from any thread unless said
- * otherwise; a handle may be waited on by several threads at once. */
+ * otherwise; a handle may be waited on by several threads at once.
+ *
+ * Options and stats structs (gs_options, gs_allreduce_opts, gs_op_opts,
+ * gs_sparse_opts, gs_stats) begin with struct_size, set by their *_init
+ * function to the size this header declares. New fields are only ever
+ * appended, so a program compiled against an older gradsync.h keeps
+ * working with a newer library: fields beyond its struct_size take their
+ * defaults. A struct_size of 0 (a struct not initialised with *_init) or
+ * larger than the library knows is refused with GS_ERR_INVALID_ARG. A NULL
+ * options pointer always means "all defaults". (NCCL's ncclConfig_t is the
+ * model.)
+ *
+ * GPU buffers: with the nccl backend, device pointers (cudaMalloc'd memory)
+ * may be passed to every collective; the op's stream field names the
+ * cudaStream_t (as void *; NULL = the legacy default stream) on which the
+ * caller produced the input and will read the output. The collective runs
+ * on the library's own stream, ordered after the caller's stream with an
+ * event, and the handle completes when the result is in place. This header
+ * includes nothing from CUDA. */
 #ifndef GRADSYNC_H
 #define GRADSYNC_H
 
@@ -82,6 +100,7 @@ typedef struct gs_handle gs_handle; /* one per async op */
 /* Options of gs_init. Initialise with gs_options_init, then set fields.
  * Fields left at their "unset" values are read from the environment. */
 typedef struct gs_options {
+  size_t struct_size;         /* sizeof(gs_options); set by gs_options_init */
   const char *coordinator;    /* "host:port"; NULL = GRADSYNC_COORDINATOR */
   int rank;                   /* -1 = GRADSYNC_RANK */
   int size;                   /* -1 = GRADSYNC_SIZE */
@@ -97,9 +116,19 @@ typedef struct gs_options {
   int scale_local;            /* -1 = GRADSYNC_SCALE_LOCAL or 1: an average
                                  on a local tensor returns input / size
                                  (as Horovod's scale_local_gradients) */
+  const char *backend;        /* data plane for GPU buffers: "auto", "tcp" or
+                                 "nccl"; NULL = GRADSYNC_BACKEND or "auto".
+                                 auto: nccl when the library was built with
+                                 it and a CUDA device is usable, else tcp
+                                 (each rank logs which and why). nccl: fail
+                                 gs_init with GS_ERR_UNSUPPORTED when it
+                                 cannot be used. Host buffers always use the
+                                 TCP ring. */
+  int cuda_device;            /* CUDA device of the nccl backend; -1 =
+                                 GRADSYNC_CUDA_DEVICE, else the local rank */
 } gs_options;
 
-/* Sets every field to its "unset" value. */
+/* Sets struct_size and every other field to its "unset" value. */
 GS_API void gs_options_init(gs_options *opts);
 
 /* Joins the job and returns a context once every rank has joined and the
@@ -131,8 +160,10 @@ typedef enum gs_compression {
   GS_COMPRESS_BF16 = 2,
 } gs_compression;
 
-/* Optional settings of one allreduce; NULL = defaults. */
+/* Optional settings of one allreduce; NULL = defaults. Initialise with
+ * gs_allreduce_opts_init, then set fields. */
 typedef struct gs_allreduce_opts {
+  size_t struct_size;               /* sizeof(gs_allreduce_opts); set by gs_allreduce_opts_init */
   const int64_t *shape;             /* optional logical shape (product must equal count);
                                        used in checks and error messages */
   int ndim;                         /* entries of shape; 0 = the 1-D shape [count] */
@@ -141,7 +172,22 @@ typedef struct gs_allreduce_opts {
   gs_compression compression;       /* float32 only */
   double gradient_predivide_factor; /* f: prescale 1/f, postscale f (0 = off);
                                        combines with prescale/postscale */
+  void *stream;                     /* cudaStream_t of GPU buffers (NULL = default stream);
+                                       ignored for host buffers */
 } gs_allreduce_opts;
+
+/* Sets struct_size and every other field to its default (0/NULL). */
+GS_API void gs_allreduce_opts_init(gs_allreduce_opts *opts);
+
+/* Optional settings of allgather, broadcast, alltoall and reducescatter;
+ * NULL = defaults. Initialise with gs_op_opts_init. */
+typedef struct gs_op_opts {
+  size_t struct_size; /* sizeof(gs_op_opts); set by gs_op_opts_init */
+  void *stream;       /* cudaStream_t of GPU buffers (NULL = default stream) */
+} gs_op_opts;
+
+/* Sets struct_size and every other field to its default (0/NULL). */
+GS_API void gs_op_opts_init(gs_op_opts *opts);
 
 /* "sum", "average", "min", "max", "product", "adasum" -> *out.
  * GS_ERR_INVALID_ARG for anything else, listing the valid names. */
@@ -166,11 +212,17 @@ GS_API gs_status gs_broadcast_parameters(gs_ctx *ctx, size_t n, const char *cons
                                          const gs_dtype *dtypes, int root);
 
 /* ---- sparse gradients (IndexedSlices) ---- */
+/* Initialise with gs_sparse_opts_init; NULL = defaults. Sparse ops take
+ * host buffers only. */
 typedef struct gs_sparse_opts {
+  size_t struct_size;  /* sizeof(gs_sparse_opts); set by gs_sparse_opts_init */
   int sparse_as_dense; /* scatter-add into a zeroed dense buffer and allreduce it */
   int64_t dense_rows;  /* rows of the dense tensor (needed for sparse_as_dense) */
   void *dense_out;     /* sparse_as_dense: receives dense_rows x row_len values */
 } gs_sparse_opts;
+
+/* Sets struct_size and every other field to its default (0/NULL). */
+GS_API void gs_sparse_opts_init(gs_sparse_opts *opts);
 
 /* Reduces a sparse gradient given as nnz rows (indices[i], values row i of
  * row_len elements; any rank may have nnz = 0; indices may repeat) by
@@ -216,7 +268,7 @@ GS_API gs_status gs_aggregator_sparse_allreduce_async(gs_aggregator *agg, const 
  * equal parts (the first dimension must divide by size). */
 GS_API gs_status gs_alltoall_async(gs_ctx *ctx, const char *name, const void *send,
                                    const int64_t *shape, int ndim, gs_dtype dtype,
-                                   const int64_t *splits, gs_handle **out);
+                                   const int64_t *splits, const gs_op_opts *opts, gs_handle **out);
 /* The rows received from each rank by a completed alltoall. */
 GS_API gs_status gs_alltoall_recv_splits(const gs_handle *h, int64_t *splits, size_t n);
 /* Reduces send (same shape on every rank) over ranks and leaves rank r its
@@ -224,7 +276,7 @@ GS_API gs_status gs_alltoall_recv_splits(const gs_handle *h, int64_t *splits, si
  * extra rows) in a buffer owned by the handle. op: GS_SUM or GS_AVERAGE. */
 GS_API gs_status gs_reducescatter_async(gs_ctx *ctx, const char *name, const void *send,
                                         const int64_t *shape, int ndim, gs_dtype dtype,
-                                        gs_reduce_op op, gs_handle **out);
+                                        gs_reduce_op op, const gs_op_opts *opts, gs_handle **out);
 
 /* Starts an allreduce of count elements named name (unique among this
  * rank's ops in flight; every rank must submit the same name). send may equal
@@ -261,7 +313,7 @@ GS_API gs_status gs_join(gs_ctx *ctx, int *last_joined_rank);
  * stay valid until then. */
 GS_API gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *send,
                                     const int64_t *shape, int ndim, gs_dtype dtype,
-                                    gs_handle **out);
+                                    const gs_op_opts *opts, gs_handle **out);
 
 /* The result buffer of a completed allgather: *data is borrowed from the
  * handle (valid until gs_handle_free), *bytes its size. GS_ERR_INVALID_ARG
@@ -277,7 +329,8 @@ GS_API gs_status gs_allgather_dims(const gs_handle *h, int64_t *rank_dims, size_
 /* Starts a broadcast of count elements of buf from rank root to every rank
  * (in place). buf must stay valid until the op completes. */
 GS_API gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t count,
-                                    gs_dtype dtype, int root, gs_handle **out);
+                                    gs_dtype dtype, int root, const gs_op_opts *opts,
+                                    gs_handle **out);
 
 /* Blocks until every rank called gs_barrier (the n-th call on each rank
  * meets the n-th on the others). Returns early with the job's error if it
@@ -318,6 +371,7 @@ GS_API const char *gs_status_str(gs_status status);
 /* Counters of one context since gs_init, for tests, benchmarks and
  * monitoring. */
 typedef struct gs_stats {
+  size_t struct_size;            /* sizeof(gs_stats); set by gs_stats_init */
   uint64_t plans_executed;       /* numbered plans run */
   uint64_t collectives;          /* collectives run on the data plane */
   uint64_t tensors;              /* tensors completed by those collectives */
@@ -326,11 +380,16 @@ typedef struct gs_stats {
   uint64_t cache_hits;           /* of those, sent as a response-cache id */
   uint64_t bytes_to_coordinator; /* encoded bytes of every message sent to it */
   uint64_t messages_to_coordinator;
-  uint64_t local_ops;      /* ops on local tensors (never sent) */
-  uint64_t plans_replayed; /* plans the coordinator sent as a template id */
+  uint64_t local_ops;       /* ops on local tensors (never sent) */
+  uint64_t plans_replayed;  /* plans the coordinator sent as a template id */
+  uint64_t gpu_collectives; /* of collectives, those run by the nccl backend */
 } gs_stats;
 
-/* Fills *out with ctx's counters. Any thread. */
+/* Sets struct_size and zeroes the counters. */
+GS_API void gs_stats_init(gs_stats *stats);
+
+/* Fills *out with ctx's counters, as many as out->struct_size (set by
+ * gs_stats_init) holds. Any thread. */
 GS_API gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out);
 
 /* Size in bytes of one element of dtype; 0 if invalid. */

@@ -1,0 +1,149 @@
+/* The backend factory: kind -> backend with its own options, whether a
+ * kind can run in this process, where a buffer lives, and the host staging
+ * and copies that host backends share.
+ *
+ * Owns nothing; pure functions plus the CUDA probes of nccl.c when the
+ * library was built with NCCL. Any thread. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "status.h"
+
+#ifdef GS_HAVE_NCCL
+/* nccl.c */
+int gs__cuda_usable(int *ndevices, char *why, size_t whylen);
+gs__device gs__cuda_pointer_device(const void *p, int *device);
+#endif
+
+int gs__backend_kind_parse(const char *name) {
+  if (!name) return -1;
+  if (!strcmp(name, "tcp")) return GS__BACKEND_TCP;
+  if (!strcmp(name, "nccl")) return GS__BACKEND_NCCL;
+  return -1;
+}
+
+const char *gs__backend_kind_name(gs__backend_kind kind) {
+  return kind == GS__BACKEND_NCCL ? "nccl" : "tcp";
+}
+
+int gs__backend_usable(gs__backend_kind kind, int *ndevices, char *why, size_t whylen) {
+  if (ndevices) *ndevices = 0;
+  if (kind == GS__BACKEND_TCP) {
+    snprintf(why, whylen, "host buffers over TCP");
+    return 1;
+  }
+#ifdef GS_HAVE_NCCL
+  return gs__cuda_usable(ndevices, why, whylen);
+#else
+  snprintf(why, whylen,
+           "this libgradsync was built without NCCL (configure with -DGRADSYNC_WITH_NCCL=ON "
+           "where CUDA and NCCL are installed)");
+  return 0;
+#endif
+}
+
+int gs__backend_create(gs__backend_kind kind, const void *opts, gs__backend **out, char *err,
+                       size_t errlen) {
+  *out = NULL;
+  switch (kind) {
+  case GS__BACKEND_TCP:
+    return gs__tcp_ring_create(opts, out, err, errlen);
+  case GS__BACKEND_NCCL:
+#ifdef GS_HAVE_NCCL
+    return gs__nccl_create(opts, out, err, errlen);
+#else
+    (void)opts;
+    snprintf(err, errlen,
+             "the nccl backend is not built into this libgradsync (configure with "
+             "-DGRADSYNC_WITH_NCCL=ON where CUDA and NCCL are installed), or set "
+             "GRADSYNC_BACKEND=tcp");
+    return GS__ERR_UNSUPPORTED;
+#endif
+  }
+  snprintf(err, errlen, "unknown backend kind %d", (int)kind);
+  return GS__ERR_INVALID_ARG;
+}
+
+gs__device gs__pointer_device(const void *p, int *device) {
+  if (device) *device = -1;
+#ifdef GS_HAVE_NCCL
+  if (p) return gs__cuda_pointer_device(p, device);
+#else
+  (void)p;
+#endif
+  return GS__DEVICE_CPU;
+}
+
+/* ---- host staging ------------------------------------------------------- */
+
+void *gs__host_staging(void **buf, size_t *cap, size_t bytes, char *err, size_t errlen) {
+  if (bytes > *cap || !*buf) {
+    size_t c = *cap ? *cap : 1 << 20;
+    while (c < bytes) c *= 2;
+    void *b = realloc(*buf, c);
+    if (!b) {
+      snprintf(err, errlen, "out of memory for a host fusion buffer of %zu bytes", c);
+      return NULL;
+    }
+    *buf = b;
+    *cap = c;
+  }
+  return *buf;
+}
+
+void *gs__host_alloc(gs__backend *b, size_t bytes) {
+  (void)b;
+  return malloc(bytes ? bytes : 1);
+}
+
+void gs__host_free(void *p) {
+  free(p);
+}
+
+static int is16(gs__dtype dt) {
+  return dt == GS__FLOAT16 || dt == GS__BFLOAT16;
+}
+
+static float from16(gs__dtype dt, uint16_t v) {
+  return dt == GS__FLOAT16 ? gs__half_to_float(v) : gs__bf16_to_float(v);
+}
+
+static uint16_t to16(gs__dtype dt, float v) {
+  return dt == GS__FLOAT16 ? gs__float_to_half(v) : gs__float_to_bf16(v);
+}
+
+int gs__host_copy(const gs__copy *c, size_t n, char *err, size_t errlen) {
+  for (size_t i = 0; i < n; i++) {
+    const gs__copy *x = &c[i];
+    if (!x->count) continue;
+    size_t dsize = gs__dtype_size(x->dst_dt);
+    if (!x->src) {
+      memset(x->dst, 0, x->count * dsize);
+    } else if (x->src_dt == x->dst_dt) {
+      memcpy(x->dst, x->src, x->count * dsize);
+      gs__scale(x->dst, x->count, x->dst_dt, x->scale);
+    } else if (x->src_dt == GS__FLOAT32 && is16(x->dst_dt)) { /* pack, compressed */
+      const float *s = x->src;
+      uint16_t *d = x->dst;
+      for (size_t k = 0; k < x->count; k++) d[k] = to16(x->dst_dt, s[k]);
+      gs__scale(d, x->count, x->dst_dt, x->scale);
+    } else if (is16(x->src_dt) && x->dst_dt == GS__FLOAT32) { /* unpack, compressed */
+      const uint16_t *s = x->src;
+      float *d = x->dst;
+      float f = (float)x->scale;
+      if (x->scale == 1.0)
+        for (size_t k = 0; k < x->count; k++) d[k] = from16(x->src_dt, s[k]);
+      else /* scaled in the wire dtype, as the ring's result was */
+        for (size_t k = 0; k < x->count; k++)
+          d[k] = from16(x->src_dt, to16(x->src_dt, from16(x->src_dt, s[k]) * f));
+    } else {
+      snprintf(err, errlen, "internal: no conversion from %s to %s", gs__dtype_name(x->src_dt),
+               gs__dtype_name(x->dst_dt));
+      return GS__ERR_INTERNAL;
+    }
+  }
+  return GS__OK;
+}
