@@ -18,6 +18,7 @@
 #include "clock.h"
 #include "codec.h"
 #include "grpc_util.h"
+#include "log.h"
 #include "status.h"
 
 typedef enum { C_START, C_RECV, C_SEND, C_STATUS, C_CLOSE } ctag_kind;
@@ -67,6 +68,11 @@ int gs__client_create(const char *target, const char *token, gs__client **out, c
       gs__int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1),
       gs__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0),
       gs__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20),
+      /* A coordinator that is not up yet is found within 2 s of starting
+       * (gRPC's default backoff grows to 120 s). */
+      gs__int_arg(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250),
+      gs__int_arg(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250),
+      gs__int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000),
   };
   grpc_channel_args ca = {sizeof args / sizeof *args, args};
   grpc_channel_credentials *creds = grpc_insecure_credentials_create();
@@ -202,6 +208,8 @@ static grpc_status_code unary(gs__client *c, void *method, const uint8_t *req, s
   return status;
 }
 
+#define JOIN_REPORT_MS 3000 /* progress lines while the coordinator is not up */
+
 int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
                     gs__join_response *resp, char *err, size_t errlen) {
   uint8_t *buf = NULL, *rbuf = NULL;
@@ -211,7 +219,8 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
     snprintf(err, errlen, "could not encode the join request");
     return rc;
   }
-  uint64_t end = gs__now_ms() + (uint64_t)timeout_ms;
+  uint64_t start = gs__now_ms(), end = start + (uint64_t)timeout_ms;
+  uint64_t next_report = start + JOIN_REPORT_MS;
   char details[GS__MAX_TEXT];
   grpc_status_code code;
   for (;;) {
@@ -219,8 +228,17 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
     int left = now < end ? (int)(end - now) : 0;
     code =
         unary(c, c->h_join, buf, len, left > 0 ? left : 1, &rbuf, &rlen, details, sizeof details);
-    /* The coordinator may still be starting: retry while time is left. */
+    /* The coordinator may still be starting: retry while time is left,
+     * saying every few seconds why (refused, unreachable, unresolvable). */
     if (code != GRPC_STATUS_UNAVAILABLE || gs__now_ms() + 200 >= end) break;
+    now = gs__now_ms();
+    if (now >= next_report) {
+      GS_LOG_WARN("rank %d: waiting for the coordinator at %s for %llu s (%s); retrying for "
+                  "another %llu s (GRADSYNC_JOIN_TIMEOUT_MS)",
+                  req->rank, c->target, (unsigned long long)((now - start) / 1000), details,
+                  (unsigned long long)((end - now) / 1000));
+      next_report = now + JOIN_REPORT_MS;
+    }
     gs__sleep_ms(200);
   }
   free(buf);

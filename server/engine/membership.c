@@ -40,9 +40,11 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
     snprintf(
         err, errlen,
         "rank %d (%s:%d) says the job has %d ranks, but the job has %d ranks (%s); start every "
-        "rank with the same GRADSYNC_SIZE",
+        "rank with the same GRADSYNC_SIZE (for several hosts, one gradsync-run -np %d -H "
+        "host1:n1,host2:n2 numbers every rank of the job, not one gradsync-run per host)",
         req->rank, host, req->pid, req->size, e->world,
-        e->cfg.world_size ? "set by gradsyncd --world-size" : "set by the first rank to join");
+        e->cfg.world_size ? "set by gradsyncd --world-size" : "set by the first rank to join",
+        e->world);
     return GS__ERR_INVALID_ARG;
   }
   if (req->rank < 0 || req->rank >= req->size) {

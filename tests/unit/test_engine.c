@@ -337,7 +337,9 @@ static void test_join_world_from_first_joiner(void **state) {
   assert_int_equal(join(f, 0, 2, err, sizeof err), GS__ERR_INVALID_ARG);
   assert_string_equal(err, "rank 0 (host-0:1000) says the job has 2 ranks, but the job has 3 "
                            "ranks (set by the first rank to join); start every rank with the "
-                           "same GRADSYNC_SIZE");
+                           "same GRADSYNC_SIZE (for several hosts, one gradsync-run -np 3 -H "
+                           "host1:n1,host2:n2 numbers every rank of the job, not one "
+                           "gradsync-run per host)");
   assert_int_equal(stats(f).joined, 1);
   join_ok(f, 0, 3);
   assert_int_equal(stats(f).joined, 2);
@@ -392,7 +394,9 @@ static void test_join_refusals(void **state) {
                    GS__ERR_INVALID_ARG);
   assert_string_equal(err, "rank 0 (node-a:101) says the job has 5 ranks, but the job has 4 "
                            "ranks (set by gradsyncd --world-size); start every rank with the "
-                           "same GRADSYNC_SIZE");
+                           "same GRADSYNC_SIZE (for several hosts, one gradsync-run -np 4 -H "
+                           "host1:n1,host2:n2 numbers every rank of the job, not one "
+                           "gradsync-run per host)");
 
   /* None of the refusals changed anything. */
   gs__engine_stats st = stats(f);
