@@ -1,4 +1,5 @@
-/* gradsync-run: runs a gradsync job of N ranks on this machine.
+/* gradsync-run: runs a gradsync job of N ranks on this machine, or on
+ * several hosts (-H, --hostfile) with the remote ranks started over ssh.
  *
  * Starts the coordinator (gradsyncd on a free loopback port) unless one is
  * given, starts N ranks of the program with the GRADSYNC_* environment,
@@ -20,6 +21,14 @@
  * gets PR_SET_PDEATHSIG so that even a launcher killed by SIGKILL takes its
  * ranks and coordinator with it.
  *
+ * Remote ranks: each is a local ssh (or --rsh) process running the command
+ * of hosts.c in the remote login shell. The job token travels as the first
+ * line of that command's stdin (never in a command line); later lines are
+ * signals for the rank's process group (TERM, INT, HUP, KILL), and EOF on
+ * that stdin (the launcher or its ssh died, even by SIGKILL) makes the remote
+ * watchdog stop the rank. So signals and the first failure reach every host
+ * and nothing is left behind there.
+ *
  * Self-contained: libc only, no gradsync library. */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +47,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "hosts.h"
 
 #define MAX_RANKS 4096
 #define COORD_START_MS 30000 /* the coordinator must announce its address */
@@ -60,7 +71,7 @@ enum phase { PH_START, PH_RUN, PH_STOP_RANKS, PH_STOP_COORD, PH_DRAIN, PH_DONE }
 typedef struct stream {
   int fd; /* read end, nonblocking; -1 once closed */
   int dest;
-  char prefix[32];
+  char prefix[300];
   char *buf;
   size_t len, cap;
 } stream;
@@ -70,6 +81,7 @@ typedef struct proc {
   int reaped;
   int status; /* wait status, valid once reaped */
   stream out, err;
+  int ctl; /* remote ranks: write end of the remote command's stdin; else -1 */
 } proc;
 
 typedef struct config {
@@ -77,8 +89,19 @@ typedef struct config {
   const char *coordinator; /* NULL = start gradsyncd */
   char **coord_args;       /* --coord-arg values */
   int n_coord_args;
-  double timeout_s; /* 0 = none */
-  char **argv;      /* PROGRAM ARGS..., NULL-terminated */
+  double timeout_s;         /* 0 = none */
+  char **argv;              /* PROGRAM ARGS..., NULL-terminated */
+  gs_run_hosts hosts;       /* -H / --hostfile; none = this machine only */
+  const char *ssh_port;     /* --ssh-port */
+  const char *ssh_identity; /* --ssh-identity */
+  const char *rsh;          /* --rsh CMD (split on blanks) */
+  const char *coord_addr;   /* --coordinator-addr HOST */
+  int tag_output;           /* --tag-output: "[rank@host] " */
+  char **xvars;             /* -x VAR / -x VAR=value */
+  int nx;
+  char *hvd_args[16]; /* horovodrun-style flags, as gradsyncd flags */
+  int n_hvd_args;
+  char hvd_buf[4][32];
 } config;
 
 typedef struct launcher {
@@ -102,6 +125,11 @@ typedef struct launcher {
   int coord_lost_warned; /* said once that gradsyncd went away */
   char address[256];
   int dest_dead[3]; /* our stdout/stderr is a closed pipe: drop output */
+  /* placement: host index (-1 = this machine, no -H), local rank/size */
+  int *host_of, *local_rank, *local_size;
+  char (*host_addr)[300]; /* per host: the coordinator address ranks there use */
+  char listen_host[256];  /* what our gradsyncd listens on ("" = 127.0.0.1) */
+  char token[1024];       /* the job token the ranks get ("" = none) */
 } launcher;
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -190,12 +218,31 @@ static int status_exit_code(int status) {
 /* ---- command line ------------------------------------------------------- */
 
 static void usage(FILE *f) {
-  fputs("usage: gradsync-run -np N [--coordinator HOST:PORT] [--coord-arg ARG]...\n"
-        "                    [--timeout SECONDS] [--] PROGRAM [ARGS...]\n"
+  fputs("usage: gradsync-run -np N [-H HOST:SLOTS,... | --hostfile FILE] [options]\n"
+        "                    [--] PROGRAM [ARGS...]\n"
         "\n"
-        "Runs N ranks of PROGRAM on this machine as one gradsync job.\n"
+        "Runs N ranks of PROGRAM as one gradsync job, on this machine or on the hosts\n"
+        "given (placed host by host, filling each host's slots). Options take\n"
+        "'--opt VALUE' or '--opt=VALUE'.\n"
         "\n"
-        "  -np N, -n N               number of ranks (1..4096)\n"
+        "  -np N, -n N               number of ranks (1..4096; with hosts: default all\n"
+        "                            their slots)\n"
+        "  -H, --hosts LIST          HOST[:SLOTS],... (SLOTS default 1; IPv6 as [ADDR]:SLOTS)\n"
+        "  --hostfile FILE           one host a line: 'HOST:SLOTS' or 'HOST slots=N'; # comments\n"
+        "  --ssh-port PORT           ssh port of the remote hosts\n"
+        "  --ssh-identity FILE       ssh private key (ssh -i)\n"
+        "  --rsh CMD                 remote shell instead of ssh, called as\n"
+        "                            'CMD [-p PORT] [-i FILE] HOST COMMAND' (like mpirun's\n"
+        "                            plm_rsh_agent)\n"
+        "  --coordinator-addr HOST   address the remote hosts reach this machine by (default:\n"
+        "                            the local address of the route toward them)\n"
+        "  -x VAR, -x VAR=VALUE      give VAR (this environment's value, or VALUE) to every rank\n"
+        "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n"
+        "  --fusion-threshold-mb MB, --cycle-time-ms MS, --cache-capacity N,\n"
+        "  --stall-check-warning-time-seconds S, --stall-check-shutdown-time-seconds S\n"
+        "                            horovodrun's names for gradsyncd's --fusion-threshold,\n"
+        "                            --cycle-time-ms, --cache-capacity, --stall-warning-s and\n"
+        "                            --stall-shutdown-s (for the gradsyncd started here)\n"
         "  --coordinator HOST:PORT   use a running gradsyncd instead of starting one\n"
         "  --coord-arg ARG           pass ARG to the gradsyncd started here (repeatable)\n"
         "  --timeout SECONDS         stop everything after SECONDS and exit 124\n"
@@ -204,9 +251,14 @@ static void usage(FILE *f) {
         "Without --coordinator, starts 'gradsyncd --listen 127.0.0.1:0 --world-size N\n"
         "[ARGS of --coord-arg]', found as $GRADSYNC_GRADSYNCD, else next to gradsync-run,\n"
         "else on PATH, and stops it after the ranks.\n"
+        "With remote hosts it listens on the address they reach this machine by.\n"
         "Each rank gets GRADSYNC_COORDINATOR, GRADSYNC_RANK, GRADSYNC_SIZE,\n"
         "GRADSYNC_LOCAL_RANK and GRADSYNC_LOCAL_SIZE on top of the inherited environment,\n"
-        "stdin from /dev/null, and its own process group. Lines of rank r are prefixed\n"
+        "stdin from /dev/null, and its own process group. Remote ranks run through\n"
+        "'ssh -o BatchMode=yes -o StrictHostKeyChecking=no HOST COMMAND' in the remote\n"
+        "login shell's clean environment plus those variables, this environment's\n"
+        "GRADSYNC_* and HOROVOD_* variables and -x's; the job token reaches them on\n"
+        "stdin (no command line shows it). Lines of rank r are prefixed\n"
         "\"[r] \" (stdout to stdout, stderr to stderr), the coordinator's \"[coord] \".\n"
         "SIGINT, SIGTERM and SIGHUP are forwarded to every rank; a second one kills.\n"
         "\n"
@@ -243,7 +295,9 @@ static int take_opt(int argc, char **argv, int *i, const char *name, const char 
 static int parse_args(int argc, char **argv, config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->coord_args = calloc((size_t)argc, sizeof(char *));
-  if (!cfg->coord_args) return bad_usage("%s", "out of memory");
+  cfg->xvars = calloc((size_t)argc, sizeof(char *));
+  if (!cfg->coord_args || !cfg->xvars) return bad_usage("%s", "out of memory");
+  char err[600];
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
@@ -276,15 +330,81 @@ static int parse_args(int argc, char **argv, config *cfg) {
       if (!v || *v == '\0' || *end != '\0' || !(t > 0) || t > 1e9)
         return bad_usage("--timeout needs a positive number of seconds, got '%s'", v ? v : "");
       cfg->timeout_s = t;
+    } else if (take_opt(argc, argv, &i, "-H", &v) || take_opt(argc, argv, &i, "--hosts", &v) ||
+               take_opt(argc, argv, &i, "--host", &v)) {
+      if (!v) return bad_usage("%s needs HOST[:SLOTS],...", "-H");
+      if (gs_run_hosts_parse_list(&cfg->hosts, v, err, sizeof err) != 0)
+        return bad_usage("-H: %s", err);
+    } else if (take_opt(argc, argv, &i, "--hostfile", &v) ||
+               take_opt(argc, argv, &i, "-hostfile", &v)) {
+      if (!v) return bad_usage("%s needs a file name", "--hostfile");
+      if (gs_run_hosts_parse_file(&cfg->hosts, v, err, sizeof err) != 0)
+        return bad_usage("%s", err);
+    } else if (take_opt(argc, argv, &i, "--ssh-port", &v) || take_opt(argc, argv, &i, "-p", &v)) {
+      char *end;
+      long port = v ? strtol(v, &end, 10) : 0;
+      if (!v || !*v || *end || port < 1 || port > 65535)
+        return bad_usage("--ssh-port needs a port from 1 to 65535, got '%s'", v ? v : "");
+      cfg->ssh_port = v;
+    } else if (take_opt(argc, argv, &i, "--ssh-identity", &v) ||
+               take_opt(argc, argv, &i, "--ssh-identity-file", &v) ||
+               take_opt(argc, argv, &i, "-i", &v)) {
+      if (!v || !*v) return bad_usage("%s needs a key file", "--ssh-identity");
+      if (access(v, R_OK) != 0) return bad_usage("--ssh-identity: cannot read '%s'", v);
+      cfg->ssh_identity = v;
+    } else if (take_opt(argc, argv, &i, "--rsh", &v) ||
+               take_opt(argc, argv, &i, "--launcher-agent", &v)) {
+      if (!v || !*v || strspn(v, " \t") == strlen(v))
+        return bad_usage("%s needs a command", "--rsh");
+      cfg->rsh = v;
+    } else if (take_opt(argc, argv, &i, "--coordinator-addr", &v)) {
+      if (!v || !*v) return bad_usage("%s needs a host name or address", "--coordinator-addr");
+      cfg->coord_addr = v;
+    } else if (!strcmp(a, "--tag-output")) {
+      cfg->tag_output = 1;
+    } else if (take_opt(argc, argv, &i, "-x", &v)) {
+      if (!v || !*v || *v == '=') return bad_usage("%s needs VAR or VAR=VALUE", "-x");
+      cfg->xvars[cfg->nx++] = (char *)v;
+    } else if (take_opt(argc, argv, &i, "--fusion-threshold-mb", &v)) {
+      char *end;
+      double mb = v ? strtod(v, &end) : -1;
+      if (!v || !*v || *end || !(mb >= 0) || mb > 1048576)
+        return bad_usage("--fusion-threshold-mb needs a number of MiB, got '%s'", v ? v : "");
+      snprintf(cfg->hvd_buf[0], sizeof cfg->hvd_buf[0], "%.0f", mb * 1048576.0);
+      cfg->hvd_args[cfg->n_hvd_args++] = "--fusion-threshold";
+      cfg->hvd_args[cfg->n_hvd_args++] = cfg->hvd_buf[0];
+    } else if (take_opt(argc, argv, &i, "--cycle-time-ms", &v) ||
+               take_opt(argc, argv, &i, "--cache-capacity", &v) ||
+               take_opt(argc, argv, &i, "--stall-check-warning-time-seconds", &v) ||
+               take_opt(argc, argv, &i, "--stall-check-shutdown-time-seconds", &v)) {
+      /* gradsyncd checks the values (one settings table); name the flag */
+      const char *flag = strstr(a, "cycle")     ? "--cycle-time-ms"
+                         : strstr(a, "cache")   ? "--cache-capacity"
+                         : strstr(a, "warning") ? "--stall-warning-s"
+                                                : "--stall-shutdown-s";
+      if (!v || !*v) return bad_usage("%s needs a value", a);
+      if (cfg->n_hvd_args + 2 > 16) return bad_usage("%s", "too many horovodrun-style flags");
+      cfg->hvd_args[cfg->n_hvd_args++] = (char *)flag;
+      cfg->hvd_args[cfg->n_hvd_args++] = (char *)v;
     } else {
       return bad_usage("unknown option '%s'", a);
     }
   }
+  if (cfg->np == 0) cfg->np = gs_run_hosts_slots(&cfg->hosts);
   if (cfg->np == 0) return bad_usage("%s", "-np N is required");
+  if (cfg->np > MAX_RANKS) return bad_usage("%s", "more than 4096 ranks");
   if (i >= argc) return bad_usage("%s", "no PROGRAM to run");
-  if (cfg->coordinator && cfg->n_coord_args > 0)
-    return bad_usage("%s",
-                     "--coord-arg has no effect with --coordinator (no gradsyncd is started)");
+  if (cfg->coordinator && (cfg->n_coord_args > 0 || cfg->n_hvd_args > 0))
+    return bad_usage("%s", "--coord-arg and horovodrun-style coordinator flags have no effect "
+                           "with --coordinator (no gradsyncd is started)");
+  if (cfg->coordinator && cfg->coord_addr)
+    return bad_usage("%s", "--coordinator-addr goes with the gradsyncd started here, not with "
+                           "--coordinator");
+  if (cfg->hosts.n > 0 && gs_run_hosts_slots(&cfg->hosts) < cfg->np) {
+    snprintf(err, sizeof err, "-np %d but the hosts have only %d slots", cfg->np,
+             gs_run_hosts_slots(&cfg->hosts));
+    return bad_usage("%s", err);
+  }
   cfg->argv = argv + i;
   return -1;
 }
@@ -397,8 +517,24 @@ static int proc_alive(const proc *p) {
   return p->pid > 0 && (!p->reaped || group_alive(p->pid));
 }
 
-static void proc_signal(const proc *p, int sig) {
+/* A remote rank is signalled through its command's stdin (see hosts.h);
+ * SIGKILL also closes that stdin, so the remote watchdog ends the rank even
+ * if the line is lost. The local ssh then exits with the rank. */
+static void proc_signal(proc *p, int sig) {
   if (p->pid <= 0) return;
+  if (p->ctl >= 0) {
+    const char *line = sig == SIGKILL  ? "KILL\n"
+                       : sig == SIGINT ? "INT\n"
+                       : sig == SIGHUP ? "HUP\n"
+                                       : "TERM\n";
+    ssize_t w = write(p->ctl, line, strlen(line)); /* nonblocking; a full pipe = ssh is stuck */
+    (void)w;
+    if (sig == SIGKILL) {
+      close(p->ctl);
+      p->ctl = -1;
+    }
+    return;
+  }
   if (kill(-p->pid, sig) != 0 && !p->reaped) kill(p->pid, sig);
 }
 
@@ -451,30 +587,136 @@ static int all_ranks_reaped(const launcher *L) {
   return 1;
 }
 
+static int is_remote(const launcher *L, int rank) {
+  return rank >= 0 && L->host_of && L->host_of[rank] >= 0 &&
+         !L->cfg.hosts.v[L->host_of[rank]].local;
+}
+
+/* The coordinator address rank uses. */
+static const char *rank_coordinator(const launcher *L, int rank) {
+  if (L->host_addr && L->host_of && L->host_of[rank] >= 0) return L->host_addr[L->host_of[rank]];
+  return L->address;
+}
+
+/* The environment a remote rank gets on top of its login shell's: the
+ * per-rank variables, this environment's GRADSYNC_* and HOROVOD_* (the
+ * settings), and -x. NULL-terminated, malloc'd (in the child). */
+static char **remote_env(launcher *L, int rank) {
+  extern char **environ;
+  size_t n = 0;
+  for (char **e = environ; *e; e++) n++;
+  char **env = calloc(n + (size_t)L->cfg.nx + 8, sizeof *env);
+  if (!env) return NULL;
+  size_t k = 0;
+  char buf[512];
+  snprintf(buf, sizeof buf, "GRADSYNC_COORDINATOR=%s", rank_coordinator(L, rank));
+  env[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "GRADSYNC_RANK=%d", rank);
+  env[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "GRADSYNC_SIZE=%d", L->cfg.np);
+  env[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "GRADSYNC_LOCAL_RANK=%d", L->local_rank[rank]);
+  env[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "GRADSYNC_LOCAL_SIZE=%d", L->local_size[rank]);
+  env[k++] = strdup(buf);
+  static const char *const own[] = {
+      "GRADSYNC_COORDINATOR=", "GRADSYNC_RANK=",      "GRADSYNC_SIZE=",     "GRADSYNC_LOCAL_RANK=",
+      "GRADSYNC_LOCAL_SIZE=",  "GRADSYNC_JOB_TOKEN=", "GRADSYNC_GRADSYNCD="};
+  for (char **e = environ; *e; e++) {
+    if (strncmp(*e, "GRADSYNC_", 9) != 0 && strncmp(*e, "HOROVOD_", 8) != 0) continue;
+    int skip = 0;
+    for (size_t j = 0; j < sizeof own / sizeof *own && !skip; j++)
+      skip = !strncmp(*e, own[j], strlen(own[j]));
+    if (!skip) env[k++] = *e;
+  }
+  for (int x = 0; x < L->cfg.nx; x++) {
+    const char *v = L->cfg.xvars[x];
+    if (strchr(v, '=')) {
+      env[k++] = (char *)v;
+    } else if (getenv(v)) {
+      snprintf(buf, sizeof buf, "%s=%s", v, getenv(v));
+      env[k++] = strdup(buf);
+    }
+  }
+  env[k] = NULL;
+  return env;
+}
+
+/* ssh (or --rsh) [-p PORT] [-i FILE] HOST COMMAND, malloc'd (in the child). */
+static char **remote_argv(launcher *L, int rank) {
+  const config *c = &L->cfg;
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "/");
+  char **env = remote_env(L, rank);
+  char *cmd = env ? gs_run_remote_command(cwd, env, c->argv) : NULL;
+  char **argv = calloc(64, sizeof *argv);
+  if (!cmd || !argv) return NULL;
+  int n = 0;
+  if (c->rsh) {
+    char *words = strdup(c->rsh);
+    for (char *save = NULL, *w = strtok_r(words, " \t", &save); w && n < 48;
+         w = strtok_r(NULL, " \t", &save))
+      argv[n++] = w;
+  } else {
+    static char *const ssh[] = {"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"};
+    for (size_t i = 0; i < sizeof ssh / sizeof *ssh; i++) argv[n++] = ssh[i];
+  }
+  if (c->ssh_port) {
+    argv[n++] = "-p";
+    argv[n++] = (char *)c->ssh_port;
+  }
+  if (c->ssh_identity) {
+    argv[n++] = "-i";
+    argv[n++] = (char *)c->ssh_identity;
+  }
+  argv[n++] = c->hosts.v[L->host_of[rank]].name;
+  argv[n++] = cmd;
+  argv[n] = NULL;
+  return argv;
+}
+
 /* Runs in the forked child: becomes its own process group, dies with the
- * launcher, restores the signal state it inherited, and execs. */
-static void child_exec(launcher *L, int out_w, int err_w, char **argv, int rank) {
+ * launcher, restores the signal state it inherited, and execs. A remote
+ * rank's stdin is ctl_r (the launcher writes the token and signals there). */
+static void child_exec(launcher *L, int out_w, int err_w, int ctl_r, char **argv, int rank) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != L->self) _exit(127); /* the launcher is already gone */
   sigprocmask(SIG_SETMASK, &L->old_mask, NULL);
   sigaction(SIGPIPE, &L->old_pipe, NULL);
-  int null = open("/dev/null", O_RDONLY);
-  if (null >= 0 && null != 0) {
-    dup2(null, 0);
-    close(null);
+  int in = ctl_r >= 0 ? ctl_r : open("/dev/null", O_RDONLY);
+  if (in >= 0 && in != 0) {
+    dup2(in, 0);
+    close(in);
   }
   dup2(out_w, 1);
   dup2(err_w, 2);
-  if (rank >= 0) {
+  if (rank >= 0 && is_remote(L, rank)) {
+    argv = remote_argv(L, rank);
+    if (!argv) {
+      dprintf(2, "gradsync-run: out of memory building the remote command of rank %d\n", rank);
+      _exit(127);
+    }
+  } else if (rank >= 0) {
     char num[16];
-    setenv("GRADSYNC_COORDINATOR", L->address, 1);
+    setenv("GRADSYNC_COORDINATOR", rank_coordinator(L, rank), 1);
     snprintf(num, sizeof num, "%d", rank);
     setenv("GRADSYNC_RANK", num, 1);
+    snprintf(num, sizeof num, "%d", L->local_rank[rank]);
     setenv("GRADSYNC_LOCAL_RANK", num, 1);
     snprintf(num, sizeof num, "%d", L->cfg.np);
     setenv("GRADSYNC_SIZE", num, 1);
+    snprintf(num, sizeof num, "%d", L->local_size[rank]);
     setenv("GRADSYNC_LOCAL_SIZE", num, 1);
+    if (L->token[0]) setenv("GRADSYNC_JOB_TOKEN", L->token, 1);
+    for (int x = 0; x < L->cfg.nx; x++) {
+      char *eq = strchr(L->cfg.xvars[x], '=');
+      if (eq) {
+        *eq = 0;
+        setenv(L->cfg.xvars[x], eq + 1, 1);
+        *eq = '=';
+      }
+    }
   }
   execvp(argv[0], argv);
   int err = errno;
@@ -494,15 +736,36 @@ static int make_pipe(int fds[2]) {
 /* Starts argv with stdout/stderr on pipes read by p's streams. rank < 0 is
  * the coordinator. Returns 0, or -1 after saying why. */
 static int proc_start(launcher *L, proc *p, char **argv, int rank) {
-  int out[2], err[2], saved;
+  int out[2], err[2], ctl[2] = {-1, -1}, saved;
+  p->ctl = -1;
   if (make_pipe(out) != 0) goto out_fail;
   if (make_pipe(err) != 0) goto out_close_out;
+  if (is_remote(L, rank)) {
+    if (pipe2(ctl, O_CLOEXEC) != 0) goto out_close_err;
+    /* the token line first: it fits in the pipe, so this does not block */
+    char line[sizeof L->token + 1];
+    int n = snprintf(line, sizeof line, "%s\n", L->token);
+    if (write(ctl[1], line, (size_t)n) != n) {
+      close(ctl[0]);
+      close(ctl[1]);
+      goto out_close_err;
+    }
+    fcntl(ctl[1], F_SETFL, fcntl(ctl[1], F_GETFL) | O_NONBLOCK);
+  }
   pid_t pid = fork();
-  if (pid < 0) goto out_close_err;
-  if (pid == 0) child_exec(L, out[1], err[1], argv, rank);
+  if (pid < 0) {
+    if (ctl[0] >= 0) {
+      close(ctl[0]);
+      close(ctl[1]);
+    }
+    goto out_close_err;
+  }
+  if (pid == 0) child_exec(L, out[1], err[1], ctl[0], argv, rank);
   setpgid(pid, pid); /* also in the child: whichever runs first */
   close(out[1]);
   close(err[1]);
+  if (ctl[0] >= 0) close(ctl[0]);
+  p->ctl = ctl[1];
   p->pid = pid;
   p->out.fd = out[0];
   p->err.fd = err[0];
@@ -544,15 +807,24 @@ static const char *find_gradsyncd(char *buf, size_t cap) {
 static int start_coordinator(launcher *L) {
   char path[PATH_MAX], world[16];
   snprintf(world, sizeof world, "%d", L->cfg.np);
-  const char *fixed[] = {find_gradsyncd(path, sizeof path), "--listen", "127.0.0.1:0",
-                         "--world-size", world};
+  char listen[300];
+  if (!L->listen_host[0])
+    snprintf(listen, sizeof listen, "127.0.0.1:0");
+  else if (strchr(L->listen_host, ':'))
+    snprintf(listen, sizeof listen, "[%s]:0", L->listen_host);
+  else
+    snprintf(listen, sizeof listen, "%s:0", L->listen_host);
+  const char *fixed[] = {find_gradsyncd(path, sizeof path), "--listen", listen, "--world-size",
+                         world};
   size_t nfixed = sizeof fixed / sizeof fixed[0];
-  char **argv = calloc(nfixed + (size_t)L->cfg.n_coord_args + 1, sizeof(char *));
+  char **argv =
+      calloc(nfixed + (size_t)L->cfg.n_hvd_args + (size_t)L->cfg.n_coord_args + 1, sizeof(char *));
   if (!argv) {
     say(L, "out of memory");
     return -1;
   }
   for (size_t i = 0; i < nfixed; i++) argv[i] = (char *)fixed[i];
+  for (int i = 0; i < L->cfg.n_hvd_args; i++) argv[nfixed++] = L->cfg.hvd_args[i];
   for (int i = 0; i < L->cfg.n_coord_args; i++) argv[nfixed + (size_t)i] = L->cfg.coord_args[i];
   L->own_coord = 1;
   int rc = proc_start(L, &L->coord, argv, -1);
@@ -608,6 +880,23 @@ static int start_ranks(launcher *L) {
   return 0;
 }
 
+/* Every host's coordinator address: the address it reaches this machine by
+ * (worked out in plan_hosts) with the port gradsyncd announced. */
+static void fill_host_addrs(launcher *L) {
+  if (!L->host_addr) return;
+  const char *colon = strrchr(L->address, ':');
+  const char *port = colon ? colon + 1 : "0";
+  for (int h = 0; h < L->cfg.hosts.n; h++) {
+    char *a = L->host_addr[h]; /* holds the bare address from plan_hosts */
+    char tmp[300];
+    if (strchr(a, ':'))
+      snprintf(tmp, sizeof tmp, "[%s]:%s", a, port);
+    else
+      snprintf(tmp, sizeof tmp, "%s:%s", a, port);
+    memcpy(a, tmp, sizeof tmp);
+  }
+}
+
 /* The coordinator's first stdout line carries its address. Returns 1 if the
  * line is to be passed through. */
 static int on_coord_first_line(launcher *L, const char *line, size_t n) {
@@ -623,6 +912,7 @@ static int on_coord_first_line(launcher *L, const char *line, size_t n) {
   }
   memcpy(L->address, line + plen, n - plen);
   L->address[n - plen] = '\0';
+  fill_host_addrs(L);
   L->phase = PH_RUN; /* so that the line itself is passed through */
   if (start_ranks(L) != 0) {
     decide_exit(L, 1);
@@ -951,6 +1241,75 @@ static int setup_signals(launcher *L) {
   return 0;
 }
 
+/* Places the ranks on the hosts and, when some are remote and gradsyncd
+ * starts here, works out the address every host reaches this machine by
+ * (the route toward it, or --coordinator-addr) and what gradsyncd listens
+ * on: that address, or every interface when the hosts use different ones.
+ * 0, or -1 after saying why. */
+static int plan_hosts(launcher *L) {
+  int np = L->cfg.np;
+  gs_run_hosts *hs = &L->cfg.hosts;
+  L->host_of = calloc((size_t)np, sizeof(int));
+  L->local_rank = calloc((size_t)np, sizeof(int));
+  L->local_size = calloc((size_t)np, sizeof(int));
+  if (!L->host_of || !L->local_rank || !L->local_size) {
+    say(L, "out of memory");
+    return -1;
+  }
+  if (hs->n == 0) {
+    for (int r = 0; r < np; r++) {
+      L->host_of[r] = -1;
+      L->local_rank[r] = r;
+      L->local_size[r] = np;
+    }
+    return 0;
+  }
+  gs_run_hosts_mark_local(hs);
+  if (gs_run_place(hs, np, L->host_of, L->local_rank, L->local_size) != 0) {
+    say(L, "-np %d does not fit the hosts' %d slots", np, gs_run_hosts_slots(hs));
+    return -1;
+  }
+  int any_remote = 0;
+  for (int r = 0; r < np; r++) any_remote |= is_remote(L, r);
+  if (!any_remote || L->cfg.coordinator) return 0; /* loopback, or the given address */
+  L->host_addr = calloc((size_t)hs->n, sizeof *L->host_addr);
+  if (!L->host_addr) {
+    say(L, "out of memory");
+    return -1;
+  }
+  char first[256] = "", err[512];
+  int differ = 0, v6 = 0;
+  for (int h = 0; h < hs->n; h++) {
+    char *a = L->host_addr[h];
+    if (L->cfg.coord_addr) {
+      const char *c = L->cfg.coord_addr;
+      size_t len = strlen(c);
+      if (c[0] == '[' && len > 2 && c[len - 1] == ']')
+        snprintf(a, sizeof *L->host_addr, "%.*s", (int)(len - 2), c + 1);
+      else
+        snprintf(a, sizeof *L->host_addr, "%s", c);
+    } else if (hs->v[h].local) {
+      continue; /* below: the address the remote hosts use */
+    } else if (gs_run_local_addr_toward(hs->v[h].name, a, sizeof *L->host_addr, err, sizeof err) !=
+               0) {
+      say(L,
+          "%s; cannot work out the address it reaches this machine by (give "
+          "--coordinator-addr)",
+          err);
+      return -1;
+    }
+    if (!first[0])
+      snprintf(first, sizeof first, "%s", a);
+    else if (strcmp(first, a) != 0)
+      differ = 1;
+    v6 |= strchr(a, ':') != NULL;
+  }
+  for (int h = 0; h < hs->n; h++)
+    if (!L->host_addr[h][0]) snprintf(L->host_addr[h], sizeof *L->host_addr, "%s", first);
+  snprintf(L->listen_host, sizeof L->listen_host, "%s", !differ ? first : v6 ? "::" : "0.0.0.0");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static launcher L;
   int rc = parse_args(argc, argv, &L.cfg);
@@ -962,13 +1321,28 @@ int main(int argc, char **argv) {
     say(&L, "out of memory");
     return 1;
   }
+  if (plan_hosts(&L) != 0) return 1;
+  const char *t = getenv("GRADSYNC_JOB_TOKEN");
+  if (t && *t) snprintf(L.token, sizeof L.token, "%s", t);
+  if (strchr(L.token, '\n')) {
+    say(&L, "GRADSYNC_JOB_TOKEN holds a newline; a job token is one line");
+    return 2;
+  }
+  char self[256] = "localhost";
+  gethostname(self, sizeof self - 1);
   stream_init(&L.coord.out, 1, "[coord] ");
   stream_init(&L.coord.err, 2, "[coord] ");
+  L.coord.ctl = -1;
   for (int r = 0; r < L.cfg.np; r++) {
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "[%d] ", r);
+    char prefix[300];
+    if (L.cfg.tag_output)
+      snprintf(prefix, sizeof prefix, "[%d@%s] ", r,
+               L.host_of[r] >= 0 ? L.cfg.hosts.v[L.host_of[r]].name : self);
+    else
+      snprintf(prefix, sizeof prefix, "[%d] ", r);
     stream_init(&L.ranks[r].out, 1, prefix);
     stream_init(&L.ranks[r].err, 2, prefix);
+    L.ranks[r].ctl = -1;
   }
   if (setup_signals(&L) != 0) {
     say(&L, "cannot set up signal handling: %s", strerror(errno));
@@ -989,7 +1363,15 @@ int main(int argc, char **argv) {
     if (start_coordinator(&L) != 0) return 1;
   }
   rc = run_loop(&L);
+  for (int r = 0; r < L.cfg.np; r++)
+    if (L.ranks[r].ctl >= 0) close(L.ranks[r].ctl);
   free(L.ranks);
+  free(L.host_of);
+  free(L.local_rank);
+  free(L.local_size);
+  free(L.host_addr);
+  gs_run_hosts_free(&L.cfg.hosts);
   free(L.cfg.coord_args);
+  free(L.cfg.xvars);
   return rc;
 }

@@ -1,0 +1,64 @@
+/* gradsync-run's multi-host pieces: the host list (-H, --hostfile), rank
+ * placement, the local address toward a host, and the remote command that
+ * ssh (or --rsh) runs for a rank. Pure functions except local_addr_toward
+ * (a UDP socket, nothing sent). Used by the launcher's one thread. */
+#ifndef GS_LAUNCHER_HOSTS_H
+#define GS_LAUNCHER_HOSTS_H
+
+#include <stddef.h>
+
+typedef struct gs_run_host {
+  char name[256];
+  int slots;
+  int local; /* this machine: ranks start without ssh */
+} gs_run_host;
+
+typedef struct gs_run_hosts {
+  gs_run_host *v;
+  int n, cap;
+} gs_run_hosts;
+
+/* Appends "a:4,b:4", "a,b" (1 slot each) or "[fd00::1]:2" entries.
+ * 0, or -1 with a message. */
+int gs_run_hosts_parse_list(gs_run_hosts *h, const char *list, char *err, size_t errlen);
+
+/* Appends the hosts of a hostfile: one host a line, as "host:slots"
+ * (Horovod), "host slots=N" (OpenMPI; max_slots=... ignored) or "host"
+ * (1 slot); '#' starts a comment. 0, or -1 with a message naming the line. */
+int gs_run_hosts_parse_file(gs_run_hosts *h, const char *path, char *err, size_t errlen);
+
+void gs_run_hosts_free(gs_run_hosts *h);
+
+/* Marks the hosts that are this machine (localhost, 127.0.0.1, ::1 and
+ * this host's name). */
+void gs_run_hosts_mark_local(gs_run_hosts *h);
+
+/* Total slots. */
+int gs_run_hosts_slots(const gs_run_hosts *h);
+
+/* Places np ranks host by host, filling each host's slots in order:
+ * host_of[r], local_rank[r], local_size[r]. 0, or -1 when np exceeds the
+ * slots. */
+int gs_run_place(const gs_run_hosts *h, int np, int *host_of, int *local_rank, int *local_size);
+
+/* The local address (IPv4 or IPv6, no brackets) the kernel would use toward
+ * host, i.e. the address by which host reaches this machine. 0, or -1 with
+ * a message. */
+int gs_run_local_addr_toward(const char *host, char *out, size_t cap, char *err, size_t errlen);
+
+/* Appends text to buf (of cap) as one single-quoted POSIX shell word.
+ * 0, or -1 when it does not fit. */
+int gs_run_shell_quote(char *buf, size_t cap, size_t *used, const char *text);
+
+/* The command a remote login shell runs for one rank (one string, for ssh):
+ * cd to cwd; read the job token from the first line of stdin (so it is in
+ * no command line and needs no AcceptEnv); export env (NULL-terminated
+ * "VAR=value"); start argv in its own session with stdin from /dev/null;
+ * then a watchdog reads further stdin lines (TERM, INT, HUP, KILL: signal
+ * the rank's process group) and, at EOF (the launcher or its ssh went
+ * away), sends SIGTERM and 3 s later SIGKILL to the group, so nothing is
+ * left behind even when the rank ignores SIGPIPE. The shell exits with the
+ * rank's status. Returns a malloc'd string or NULL (out of memory). */
+char *gs_run_remote_command(const char *cwd, char *const *env, char *const *argv);
+
+#endif
