@@ -70,7 +70,7 @@ cleanup() {
     ip netns del "$ns" 2>/dev/null
   done
   wait 2>/dev/null
-  [ -n "$TMP" ] && rm -rf "$TMP"
+  [ -n "$TMP" ] && [ -z "${KEEP:-}" ] && rm -rf "$TMP"
   [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$PASSED" -eq 0 ] && say "FAIL (exit $rc)"
   exit "$rc"
 }
