@@ -88,11 +88,40 @@ typedef struct options {
   faults fault;
 } options;
 
+/* How the demo waits for its ops (--wait): one blocking gs_wait; gs_wait
+ * with a 1 s timeout in a loop (as a Python binding that stays responsive
+ * to Ctrl-C does); or gs_test polling every 5 ms (a completion thread). */
+typedef enum wait_mode { WAIT_BLOCK = 0, WAIT_TIMED = 1, WAIT_POLL = 2 } wait_mode;
+static wait_mode g_wait = WAIT_BLOCK;
+
 #define DESYNC_SUFFIX ".desync"
 
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Waits for h as --wait says, bounded by WAIT_MS in every mode. */
+static gs_status wait_op(gs_handle *h) {
+  if (g_wait == WAIT_BLOCK) return gs_wait(h, WAIT_MS);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    gs_status st;
+    if (g_wait == WAIT_TIMED) {
+      st = gs_wait(h, 1000);
+      if (st != GS_ERR_TIMEOUT) return st;
+    } else {
+      int done = 0;
+      st = gs_test(h, &done);
+      if (st != GS_OK) return st;
+      if (done) return gs_wait(h, 0);
+      sleep_ms(5);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > WAIT_MS)
+      return gs_wait(h, 0); /* GS_ERR_TIMEOUT with its message */
   }
 }
 
@@ -418,7 +447,7 @@ static gs_handle *start_average(job *j, const char *name, float *buf, const int6
 }
 
 static void wait_and_free(job *j, gs_handle *h, const char *name) {
-  gs_status st = gs_wait(h, WAIT_MS);
+  gs_status st = wait_op(h);
   if (st != GS_OK) fail(j, h, "allreduce", name, st);
   gs_handle_free(h);
 }
@@ -448,7 +477,7 @@ static gs_handle *start_sparse_average(job *j, const char *name, const int64_t *
  * each contribution. The rows come in rank order on every rank, so the
  * table stays bit-identical. */
 static void embed_update(job *j, mlp *m, gs_handle *h, const char *name, float lr) {
-  gs_status st = gs_wait(h, WAIT_MS);
+  gs_status st = wait_op(h);
   if (st != GS_OK) fail(j, h, "sparse allreduce", name, st);
   const int64_t *rows;
   const void *values;
@@ -566,6 +595,9 @@ static void usage(FILE *f) {
         "  --embedding    add a categorical feature (one of 1000) looked up in a shared\n"
         "                 1000 x 8 embedding table (embed/table) whose sparse gradient is\n"
         "                 averaged with gs_sparse_allreduce_async\n"
+        "  --wait MODE    how ops are waited for: block (default: one gs_wait),\n"
+        "                 timed (gs_wait with a 1 s timeout in a loop) or poll\n"
+        "                 (gs_test every 5 ms)\n"
         "  -h, --help     show this help\n"
         "\n"
         "The run ends by checking that the shared parameters (the embedding table\n"
@@ -676,7 +708,7 @@ static int parse_args(int argc, char **argv, options *o) {
     if (is_switch) continue;
     const char *key = NULL;
     const int_flag *iflag = NULL;
-    static const char *const other[] = {"--seed", "--lr"};
+    static const char *const other[] = {"--seed", "--lr", "--wait"};
     for (size_t k = 0; k < sizeof other / sizeof other[0]; k++)
       if (strlen(other[k]) == klen && strncmp(a, other[k], klen) == 0) key = other[k];
     for (size_t k = 0; k < sizeof int_flags / sizeof int_flags[0]; k++)
@@ -702,6 +734,15 @@ static int parse_args(int argc, char **argv, options *o) {
       if (*v == '\0' || *end != '\0' || errno || !(lr > 0.0) || lr > 1e6)
         return bad_usage("--lr needs a positive number, got '%s'", v);
       o->lr = (float)lr;
+    } else if (strcmp(key, "--wait") == 0) {
+      if (strcmp(v, "block") == 0)
+        g_wait = WAIT_BLOCK;
+      else if (strcmp(v, "timed") == 0)
+        g_wait = WAIT_TIMED;
+      else if (strcmp(v, "poll") == 0)
+        g_wait = WAIT_POLL;
+      else
+        return bad_usage("--wait needs block, timed or poll, got '%s'", v);
     }
   }
   return check_faults(o);
@@ -795,7 +836,7 @@ static int check_towers(job *j, const mlp *m, int steps) {
   gs_handle *h = NULL;
   st = gs_allgather_async(j->ctx, name, mine, shape, 2, GS_INT64, NULL, &h);
   if (st != GS_OK) fail(j, NULL, "allgather", name, st);
-  st = gs_wait(h, WAIT_MS);
+  st = wait_op(h);
   if (st != GS_OK) fail(j, h, "allgather", name, st);
   const void *data;
   size_t bytes;

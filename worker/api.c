@@ -1297,10 +1297,16 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
   struct timespec ts;
   if (timeout_ms > 0) abs_deadline(&ts, timeout_ms);
   /* Registered so the comm thread can report what this thread is blocked
-   * on (deadlock detection). */
-  gs__waiter self = {hs, n, gs__now_ms(), NULL};
+   * on (deadlock detection); blocked-since is the ops' first wait, so a
+   * timed wait re-entered in a loop stays blocked from the first. */
+  gs__waiter self = {hs, n, NULL};
   gs_status st = GS_ERR_TIMEOUT;
   pthread_mutex_lock(&ctx->mu);
+  uint64_t now = gs__now_ms();
+  for (size_t i = 0; i < n; i++) {
+    gs__handle_waited_locked(ctx, hs[i], now);
+    hs[i]->nwaiting++;
+  }
   self.next = ctx->waiters;
   ctx->waiters = &self;
   for (;;) {
@@ -1320,6 +1326,11 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
       *w = self.next;
       break;
     }
+  now = gs__now_ms();
+  for (size_t i = 0; i < n; i++) {
+    hs[i]->nwaiting--;
+    if (hs[i]->wait_last_ms < now) hs[i]->wait_last_ms = now;
+  }
   pthread_mutex_unlock(&ctx->mu);
   if (st == GS_OK) return finished(hs[*index]);
   return gs__set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
@@ -1329,6 +1340,14 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
 gs_status gs_test(gs_handle *h, int *done) {
   if (!h || !done) return gs__set_error(GS_ERR_INVALID_ARG, "gs_test: NULL argument");
   *done = atomic_load_explicit(&h->done, memory_order_acquire);
+  if (!*done) {
+    /* Polling a pending op is waiting on it (deadlock detection). While it
+     * is pending its context is alive. */
+    gs_ctx *ctx = h->ctx;
+    pthread_mutex_lock(&ctx->mu);
+    gs__handle_waited_locked(ctx, h, gs__now_ms());
+    pthread_mutex_unlock(&ctx->mu);
+  }
   return GS_OK;
 }
 

@@ -20,6 +20,10 @@
  * names yet: short enough to catch deadlocks fast, long enough that ordinary
  * waits during a step never show up. */
 #define BLOCKED_GRACE_MS 50
+/* An op no thread is inside a wait on still counts as blocked while some
+ * thread waited on or tested it this recently: the gap between two timed
+ * waits (gs_wait(h, 1000) in a loop) or two gs_test polls. */
+#define BLOCKED_RECENT_MS 2000
 
 void gs__handle_unref(struct gs_handle *h) {
   if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) == 1) {
@@ -35,9 +39,29 @@ void gs__handle_unref(struct gs_handle *h) {
   }
 }
 
+void gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
+  if (atomic_load_explicit(&h->done, memory_order_relaxed)) return;
+  if (!h->wait_since_ms) {
+    h->wait_since_ms = now ? now : 1;
+    h->wprev = NULL;
+    h->wnext = ctx->waited;
+    if (ctx->waited) ctx->waited->wprev = h;
+    ctx->waited = h;
+  }
+  h->wait_last_ms = now;
+}
+
 /* Caller holds ctx->mu. */
 static void complete_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
   if (atomic_load_explicit(&h->done, memory_order_relaxed)) return;
+  if (h->wait_since_ms) {
+    if (h->wprev)
+      h->wprev->wnext = h->wnext;
+    else
+      ctx->waited = h->wnext;
+    if (h->wnext) h->wnext->wprev = h->wprev;
+    h->wprev = h->wnext = NULL;
+  }
   h->status = status;
   h->error = msg ? strdup(msg) : NULL;
   HASH_DEL(ctx->inflight, h);
@@ -227,16 +251,31 @@ static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m) {
   char(*names)[GS__MAX_NAME + 1] = NULL;
   size_t n = 0;
   pthread_mutex_lock(&ctx->mu);
+  /* Threads inside a wait: blocked when none of their ops is done or
+   * planned (a wait on any of several ends when one is) and each has been
+   * waited on since the grace period, counted from the op's first wait. */
   for (gs__waiter *w = ctx->waiters; w; w = w->next) {
-    if (now - w->since_ms < BLOCKED_GRACE_MS) continue;
     int blocked = 1;
-    for (size_t i = 0; i < w->n && blocked; i++)
-      if (atomic_load_explicit(&w->hs[i]->done, memory_order_relaxed) || w->hs[i]->planned)
+    for (size_t i = 0; i < w->n && blocked; i++) {
+      const struct gs_handle *h = w->hs[i];
+      if (atomic_load_explicit(&h->done, memory_order_relaxed) || h->planned || !h->wait_since_ms ||
+          h->wait_since_ms > now || now - h->wait_since_ms < BLOCKED_GRACE_MS)
         blocked = 0;
+    }
     for (size_t i = 0; blocked && i < w->n && n < GS__MAX_BLOCKED; i++) {
       if (!names && !(names = malloc(GS__MAX_BLOCKED * sizeof *names))) break;
       memcpy(names[n++], w->hs[i]->req.name, sizeof names[0]);
     }
+  }
+  /* Ops no thread waits on right now but that one waited on or tested
+   * recently: between two timed waits, or polled with gs_test. */
+  for (const struct gs_handle *h = ctx->waited; h && n < GS__MAX_BLOCKED; h = h->wnext) {
+    if (h->nwaiting || h->planned || h->wait_since_ms > now ||
+        now - h->wait_since_ms < BLOCKED_GRACE_MS ||
+        (h->wait_last_ms < now && now - h->wait_last_ms > BLOCKED_RECENT_MS))
+      continue;
+    if (!names && !(names = malloc(GS__MAX_BLOCKED * sizeof *names))) break;
+    memcpy(names[n++], h->req.name, sizeof names[0]);
   }
   pthread_mutex_unlock(&ctx->mu);
   if (n > 1) qsort(names, n, sizeof *names, cmp_name);

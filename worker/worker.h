@@ -55,7 +55,15 @@ struct gs_handle {
   int compress;                  /* float32 buffers, req.dtype on the wire */
   void *stream;                  /* caller's cudaStream_t (GPU buffers; NULL = default) */
   void (*result_free)(void *p);  /* frees result (NULL = free()); set with result */
-  UT_hash_handle hh;             /* ctx->inflight by name (under mu) */
+  /* Deadlock detection (under mu). Blocked-since belongs to the op, not to
+   * one call: wait_since_ms is when an application thread first waited on
+   * or tested it while pending (0 = never), wait_last_ms the last time one
+   * did, nwaiting how many threads are inside a wait on it now. Such ops are
+   * on ctx->waited (wprev/wnext) until they complete. */
+  uint64_t wait_since_ms, wait_last_ms;
+  int nwaiting;
+  struct gs_handle *wprev, *wnext;
+  UT_hash_handle hh; /* ctx->inflight by name (under mu) */
 };
 
 typedef struct plan_node {
@@ -87,7 +95,6 @@ typedef struct gs__local {
 typedef struct gs__waiter {
   struct gs_handle *const *hs;
   size_t n;
-  uint64_t since_ms;
   struct gs__waiter *next;
 } gs__waiter;
 
@@ -104,7 +111,8 @@ struct gs_ctx {
   int stop;                              /* gs_shutdown asked the loop to end */
   gs_status fatal;                       /* set once: every op fails with it */
   char fatal_msg[4096];
-  gs__waiter *waiters; /* threads blocked in a wait */
+  gs__waiter *waiters;      /* threads blocked in a wait */
+  struct gs_handle *waited; /* pending ops waited on or tested (see gs_handle) */
   /* plans handed from the comm thread to the exec thread */
   pthread_cond_t exec_cv;
   plan_node *plans_head, *plans_tail;
@@ -140,6 +148,10 @@ struct gs_ctx {
 
 /* Aborts every backend (any thread). */
 void gs__ctx_abort_backends(gs_ctx *ctx);
+
+/* background.c: an application thread waits on or tests pending op h at
+ * now (caller holds ctx->mu): starts its blocked-since on the first time. */
+void gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now);
 
 /* background.c: the comm thread */
 void *gs__background_main(void *arg);

@@ -91,10 +91,10 @@ static void expect_named_lost(const job *j, const proc *p, int lost) {
 /* Rank 1 submits step 3 as fc3/weight.desync, ...; ranks 0 and 2 as
  * fc3/weight, ...: every rank blocks, the detector aborts the job with the
  * wait-for picture, every rank fails with GS_ERR_DEADLOCK. */
-static void test_desync_deadlock(void **state) {
-  (void)state;
+static void desync_deadlock(const char *wait) {
   char *coord_args[] = {"--deadlock-time-ms", "1500", NULL};
-  char *train_args[] = {"--steps", "20", "--desync-rank", "1", "--desync-step", "3", NULL};
+  char *train_args[] = {"--steps", "20",     "--desync-rank", "1", "--desync-step",
+                        "3",       "--wait", (char *)wait,    NULL};
   job j;
   start_train_job(&j, 3, coord_args, train_args);
   for (int r = 0; r < 3; r++) job_expect_exit(j.ranks[r], 1);
@@ -120,6 +120,28 @@ static void test_desync_deadlock(void **state) {
   for (int k = 0; k < 3; k++) job_expect_output(j.coord, waits[k]);
   job_stop_coordinator(&j);
   expect_no_strays();
+}
+
+static void test_desync_deadlock(void **state) {
+  (void)state;
+  desync_deadlock("block");
+}
+
+/* Regression (issue 8): ranks that wait with gs_wait(h, 1000) in a loop, as
+ * a Python binding staying responsive to Ctrl-C does, re-entered the wait
+ * every second; each re-entry reset "blocked" and the coordinator took that
+ * as activity, so the desync was never reported and the job hung for ever.
+ * Blocked-since now belongs to the op: the same report as a blocking wait. */
+static void test_desync_deadlock_timed_waits(void **state) {
+  (void)state;
+  desync_deadlock("timed");
+}
+
+/* Regression (issue 8): the same with ranks polling gs_test every 5 ms
+ * (never inside gs_wait): polling a pending op counts as waiting on it. */
+static void test_desync_deadlock_polling(void **state) {
+  (void)state;
+  desync_deadlock("poll");
 }
 
 /* The same through the launcher, as a user types it: it exits with the
@@ -389,6 +411,8 @@ int main(void) {
   g_host[sizeof g_host - 1] = '\0';
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_desync_deadlock, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_desync_deadlock_timed_waits, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_desync_deadlock_polling, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_crash_rank, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, job_teardown),

@@ -349,7 +349,11 @@ GS_API gs_status gs_wait(gs_handle *h, int timeout_ms);
 GS_API gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index);
 
 /* *done = 1 if the op completed (successfully or not), else 0. Returns
- * GS_OK, or GS_ERR_INVALID_ARG for NULL arguments. */
+ * GS_OK, or GS_ERR_INVALID_ARG for NULL arguments. For deadlock detection,
+ * testing a pending op again and again counts as waiting on it, as does
+ * gs_wait with a timeout called in a loop: the op counts as blocked from
+ * the first wait or test (while it was waited on or tested in the last 2
+ * seconds), and only new submissions count as progress. */
 GS_API gs_status gs_test(gs_handle *h, int *done);
 
 /* The error message of a failed op ("" while pending or on success). Valid
