@@ -50,6 +50,16 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *field, c
   return GS__OK;
 }
 
+/* Copies a secret that must be absent or exactly GS__SECRET_BYTES long. */
+static int copy_secret(uint8_t dst[GS__SECRET_BYTES], const ProtobufCBinaryData *src,
+                       const char *field, char *err, size_t errlen) {
+  if (src->len == 0) return GS__OK;
+  if (src->len != GS__SECRET_BYTES)
+    return fail(err, errlen, "%s of %zu bytes: expected %d", field, src->len, GS__SECRET_BYTES);
+  memcpy(dst, src->data, GS__SECRET_BYTES);
+  return GS__OK;
+}
+
 static char *dup_text(const char *src) {
   size_t n = src ? strnlen(src, GS__MAX_TEXT - 1) : 0;
   char *s = malloc(n + 1);
@@ -130,6 +140,10 @@ int gs__encode_join_response(const gs__join_response *m, uint8_t **out, size_t *
   pb.rank = m->rank;
   pb.size = m->size;
   pb.config = &cfg;
+  pb.rank_secret.data = (uint8_t *)m->rank_secret;
+  pb.rank_secret.len = sizeof m->rank_secret;
+  pb.ring_key.data = (uint8_t *)m->ring_key;
+  pb.ring_key.len = sizeof m->ring_key;
   return pack(&pb.base, out, len);
 }
 
@@ -139,6 +153,8 @@ int gs__decode_join_response(const uint8_t *buf, size_t len, gs__join_response *
   Gradsync__V1__JoinResponse *pb = gradsync__v1__join_response__unpack(NULL, len, buf);
   if (!pb) return fail(err, errlen, "malformed JoinResponse (%zu bytes)", len);
   int rc = copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
+  if (!rc) rc = copy_secret(m->rank_secret, &pb->rank_secret, "rank_secret", err, errlen);
+  if (!rc) rc = copy_secret(m->ring_key, &pb->ring_key, "ring_key", err, errlen);
   m->epoch = pb->epoch;
   m->rank = pb->rank;
   m->size = pb->size;
@@ -191,6 +207,8 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   if (m->has_hello) {
     hello.rank = m->hello_rank;
     hello.epoch = m->hello_epoch;
+    hello.secret.data = (uint8_t *)m->hello_secret;
+    hello.secret.len = sizeof m->hello_secret;
     pb.hello = &hello;
   }
   if (m->nrequests) {
@@ -304,6 +322,8 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
     m->has_hello = 1;
     m->hello_rank = pb->hello->rank;
     m->hello_epoch = pb->hello->epoch;
+    rc = copy_secret(m->hello_secret, &pb->hello->secret, "hello secret", err, errlen);
+    if (rc) goto out_free_pb;
   }
   if (pb->n_requests) {
     m->requests = calloc(pb->n_requests, sizeof *m->requests);

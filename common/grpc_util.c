@@ -48,16 +48,20 @@ int gs__md_get(const grpc_metadata_array *md, const char *key, char *out, size_t
   return 0;
 }
 
+int gs__md_view(const grpc_metadata_array *md, const char *key, const char **val, size_t *len) {
+  for (size_t i = 0; i < md->count; i++) {
+    if (grpc_slice_str_cmp(md->metadata[i].key, key) == 0) {
+      *val = (const char *)GRPC_SLICE_START_PTR(md->metadata[i].value);
+      *len = GRPC_SLICE_LENGTH(md->metadata[i].value);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 gpr_timespec gs__deadline_ms(int64_t ms) {
   if (ms < 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
   return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
-}
-
-int gs__secret_equal(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  unsigned char diff = (unsigned char)(la != lb);
-  for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
-  return diff == 0;
 }
 
 grpc_arg gs__int_arg(const char *key, int value) {

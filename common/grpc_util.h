@@ -19,11 +19,12 @@ int gs__bb_to_bytes(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
 /* Finds key in md and copies its value (NUL-terminated, truncated) into out.
  * Returns 1 when found. */
 int gs__md_get(const grpc_metadata_array *md, const char *key, char *out, size_t outlen);
+/* Points *val and *len at metadata key's whole value (borrowed from md); 1 when
+ * present. */
+int gs__md_view(const grpc_metadata_array *md, const char *key, const char **val, size_t *len);
 /* A monotonic deadline ms milliseconds from now (ms < 0: infinite). */
 gpr_timespec gs__deadline_ms(int64_t ms);
 /* An integer channel argument (key is a GRPC_ARG_* constant). */
 grpc_arg gs__int_arg(const char *key, int value);
-/* Constant-time comparison of two NUL-terminated strings; 1 when equal. */
-int gs__secret_equal(const char *a, const char *b);
 
 #endif

@@ -19,6 +19,7 @@
 #define GS__MAX_JOB_ID 127  /* bytes of a job id */
 #define GS__MAX_WORLD 65536 /* ranks in one job */
 #define GS__MAX_TEXT 4096   /* bytes of an error message or reason */
+#define GS__SECRET_BYTES 32 /* a rank's identity secret; the ring key */
 
 typedef struct gs__join_request {
   char job_id[GS__MAX_JOB_ID + 1];
@@ -42,6 +43,11 @@ typedef struct gs__join_response {
   uint64_t epoch;
   int32_t rank, size;
   gs__job_config config;
+  /* Identity of this rank and the job's ring key; all zero when the
+   * coordinator sent none (the codec refuses any length but 0 or
+   * GS__SECRET_BYTES). */
+  uint8_t rank_secret[GS__SECRET_BYTES];
+  uint8_t ring_key[GS__SECRET_BYTES];
 } gs__join_response;
 
 typedef struct gs__tensor_request {
@@ -63,6 +69,7 @@ typedef struct gs__rank_msg {
   int has_hello;
   int32_t hello_rank;
   uint64_t hello_epoch;
+  uint8_t hello_secret[GS__SECRET_BYTES]; /* zero when none was sent */
   size_t nrequests;
   gs__tensor_request *requests;
   size_t ndone;

@@ -93,6 +93,34 @@ static const gs__setting table[GS__S_COUNT] = {
     [GS__S_LOG_LEVEL] = {"log_level", "--log-level", "GRADSYNC_LOG_LEVEL", NULL, GS__T_CHOICE,
                          "info", NULL, 0, 0, "error|warn|info|debug",
                          GS__FOR_SERVER | GS__FOR_WORKER, "LEVEL", "Log level (stderr)."},
+    [GS__S_JOB_TOKEN_FILE] = {"job_token_file", "--token-file", "GRADSYNC_TOKEN_FILE", NULL,
+                              GS__T_STRING, NULL, "none", 0, 0, NULL, GS__FOR_SERVER, "FILE",
+                              "Read the job token from the first line of FILE (better than "
+                              "--token, which other users can see in ps); wins over --token."},
+    [GS__S_INSECURE] = {"insecure", "--insecure", "GRADSYNC_INSECURE", NULL, GS__T_BOOL, "0", NULL,
+                        0, 1, NULL, GS__FOR_SERVER, "BOOL",
+                        "Allow serving a non-loopback address without a job token or TLS. "
+                        "Without it gradsyncd refuses to start there: anyone who reaches the "
+                        "port could join the job."},
+    [GS__S_SERVER_TLS_CERT] = {"tls_cert", "--tls-cert", "GRADSYNC_SERVER_CERT", NULL, GS__T_STRING,
+                               NULL, "none (plaintext)", 0, 0, NULL, GS__FOR_SERVER, "FILE",
+                               "Serve TLS with this PEM certificate (chain); needs --tls-key."},
+    [GS__S_SERVER_TLS_KEY] = {"tls_key", "--tls-key", "GRADSYNC_SERVER_KEY", NULL, GS__T_STRING,
+                              NULL, "none", 0, 0, NULL, GS__FOR_SERVER, "FILE",
+                              "The PEM private key of --tls-cert."},
+    [GS__S_TLS_CLIENT_CA] = {"tls_client_ca", "--tls-client-ca", "GRADSYNC_CLIENT_CA", NULL,
+                             GS__T_STRING, NULL, "none", 0, 0, NULL, GS__FOR_SERVER, "FILE",
+                             "mTLS: require every client to present a certificate signed by "
+                             "this PEM CA."},
+    [GS__S_KV_MAX_BYTES] = {"kv_max_bytes", "--kv-max-bytes", "GRADSYNC_KV_MAX_BYTES", NULL,
+                            GS__T_INT, "67108864", NULL, 1024, 1LL << 40, NULL, GS__FOR_SERVER,
+                            "BYTES",
+                            "Rendezvous store limit (keys plus values); a KvSet past it fails "
+                            "with RESOURCE_EXHAUSTED."},
+    [GS__S_KV_MAX_KEYS] = {"kv_max_keys", "--kv-max-keys", "GRADSYNC_KV_MAX_KEYS", NULL, GS__T_INT,
+                           "65536", NULL, 16, 1 << 24, NULL, GS__FOR_SERVER, "N",
+                           "Rendezvous store key limit; a KvSet of a new key past it fails with "
+                           "RESOURCE_EXHAUSTED."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},
@@ -109,10 +137,12 @@ static const gs__setting table[GS__S_COUNT] = {
     [GS__S_LOCAL_SIZE] = {"local_size", NULL, "GRADSYNC_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE",
                           GS__T_INT, NULL, "from the scheduler, else 1", 1, 65536, NULL,
                           GS__FOR_WORKER, "N", "Ranks on this process's host."},
-    [GS__S_JOIN_TIMEOUT] = {"join_timeout_ms", NULL, "GRADSYNC_JOIN_TIMEOUT_MS", NULL, GS__T_INT,
-                            "60000", NULL, 1, DAY_MS, NULL, GS__FOR_WORKER, "MS",
+    [GS__S_JOIN_TIMEOUT] = {"join_timeout_ms", "--join-timeout-ms", "GRADSYNC_JOIN_TIMEOUT_MS",
+                            NULL, GS__T_INT, "60000", NULL, 1, DAY_MS, NULL,
+                            GS__FOR_SERVER | GS__FOR_WORKER, "MS",
                             "How long gs_init waits for the coordinator, for every rank to join "
-                            "and for the ring to connect."},
+                            "and for the ring to connect. gradsyncd releases a rank that joined "
+                            "but opened no session within it."},
     [GS__S_DATA_TIMEOUT] = {"data_timeout_ms", NULL, "GRADSYNC_DATA_TIMEOUT_MS", NULL, GS__T_INT,
                             "60000", NULL, 1, DAY_MS, NULL, GS__FOR_WORKER, "MS",
                             "Longest wait for a peer inside one step of a collective."},
@@ -143,6 +173,15 @@ static const gs__setting table[GS__S_COUNT] = {
     [GS__S_CUDA_DEVICE] = {"cuda_device", NULL, "GRADSYNC_CUDA_DEVICE", NULL, GS__T_INT, NULL,
                            "the local rank", 0, 65535, NULL, GS__FOR_WORKER, "N",
                            "CUDA device the nccl backend uses."},
+    [GS__S_TLS_CA] = {"tls_ca", NULL, "GRADSYNC_TLS_CA", NULL, GS__T_STRING, NULL,
+                      "none (plaintext)", 0, 0, NULL, GS__FOR_WORKER, "FILE",
+                      "PEM CA of the coordinator's certificate: setting it turns TLS on. The "
+                      "coordinator address must match a name or IP of that certificate."},
+    [GS__S_TLS_CERT] = {"tls_cert_client", NULL, "GRADSYNC_TLS_CERT", NULL, GS__T_STRING, NULL,
+                        "none", 0, 0, NULL, GS__FOR_WORKER, "FILE",
+                        "mTLS: this rank's PEM certificate (with GRADSYNC_TLS_KEY)."},
+    [GS__S_TLS_KEY] = {"tls_key_client", NULL, "GRADSYNC_TLS_KEY", NULL, GS__T_STRING, NULL, "none",
+                       0, 0, NULL, GS__FOR_WORKER, "FILE", "mTLS: this rank's PEM private key."},
 };
 
 const gs__setting *gs__setting_get(gs__setting_id id) {

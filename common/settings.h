@@ -43,6 +43,13 @@ typedef enum gs__setting_id {
   GS__S_RANK_TIMEOUT,
   GS__S_HEARTBEAT,
   GS__S_LOG_LEVEL,
+  GS__S_JOB_TOKEN_FILE,
+  GS__S_INSECURE,
+  GS__S_SERVER_TLS_CERT,
+  GS__S_SERVER_TLS_KEY,
+  GS__S_TLS_CLIENT_CA,
+  GS__S_KV_MAX_BYTES,
+  GS__S_KV_MAX_KEYS,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,
@@ -57,6 +64,9 @@ typedef enum gs__setting_id {
   GS__S_DATA_PORT_RANGE,
   GS__S_BACKEND,
   GS__S_CUDA_DEVICE,
+  GS__S_TLS_CA,
+  GS__S_TLS_CERT,
+  GS__S_TLS_KEY,
   GS__S_COUNT
 } gs__setting_id;
 

@@ -1,6 +1,15 @@
 /* The gradsync.v1.Coordinator service: Join (unary), Session (one bidi
  * stream per rank), KvSet / KvGet (waits with a deadline) / KvDelete.
  *
+ * Who may do what (the transport has checked the job token already): Join
+ * hands each rank a fresh identity secret and the job's ring key; the
+ * Session hello must carry the secret of the rank it claims; KvSet and
+ * KvDelete must carry some rank's identity, and a rank's own keys (its ring
+ * address) only that rank's. Everything a peer controls is bounded: the
+ * first Session message (64 KiB), kv keys and bytes, waiting KvGets (count
+ * and wait), a joined rank's time to open its Session, and a session's
+ * send queue (a rank cut off for not reading is a lost rank).
+ *
  * Owns the engine, the kv store, the open sessions and the waiting KvGets.
  * Runs on the transport's completion-queue thread only: it decodes, calls
  * the engine and sends what the engine returns, and never blocks. */
@@ -12,15 +21,26 @@
 
 #include "clock.h"
 #include "codec.h"
+#include "identity.h"
 #include "kv.h"
 #include "log.h"
+#include "secret.h"
 #include "status.h"
+
+/* A Session's first message (the hello) may not be larger. */
+#define MAX_FIRST_MESSAGE ((size_t)64 << 10)
+/* KvGet: at most this many calls wait for keys at once, each at most this
+ * long (a longer wait_ms is cut to it: the caller then sees "not found"). */
+#define MAX_KV_WAITERS 4096
+#define MAX_KV_WAIT_MS 600000u
+#define DEFAULT_JOIN_TIMEOUT_MS 60000u
 
 /* One rank's Session stream (the call's data). */
 typedef struct session {
   gs__call *call;
   int32_t rank; /* -1 until hello, and once the engine was told it is gone */
   int left;     /* the rank sent a leave */
+  int cut_off;  /* its send queue overflowed: to be reported lost */
   struct session *prev, *next;
 } session;
 
@@ -29,7 +49,7 @@ typedef struct waiter {
   gs__call *call;
   char *key;
   uint64_t until_ms;
-  struct waiter *next;
+  struct waiter *prev, *next;
 } waiter;
 
 enum { M_JOIN, M_SESSION, M_KV_SET, M_KV_GET, M_KV_DELETE, M_COUNT };
@@ -41,9 +61,16 @@ struct gs__coordinator {
   gs__outbox box;
   session *sessions; /* open streams whose rank said hello */
   waiter *waiters;
+  size_t nwaiters;
+  size_t cut_offs; /* sessions cut off and not yet reported to the engine */
+  gs__identities *ids;
+  uint8_t ring_key[GS__SECRET_BYTES]; /* the job's data-plane key */
+  uint64_t join_timeout_ms;
   gs__method methods[M_COUNT];
   gs__service service;
 };
+
+static void flush_outbox(gs__coordinator *co);
 
 static grpc_status_code grpc_code_of(int status) {
   switch (status) {
@@ -90,16 +117,29 @@ static void on_join(void *arg, gs__call *c) {
     return;
   }
   gs__join_response resp;
-  rc = gs__engine_join(co->engine, &req, gs__now_ms(), &resp, err, sizeof err);
+  memset(&resp, 0, sizeof resp);
+  uint64_t now = gs__now_ms();
+  rc = gs__engine_join(co->engine, &req, now, &resp, err, sizeof err);
   if (rc) {
     GS_LOG_WARN("join refused: %s", err);
     gs__call_fail(c, grpc_code_of(rc), err);
     return;
   }
+  if (gs__identities_issue(co->ids, req.rank, now, resp.rank_secret) != GS__OK) {
+    /* the engine counts the rank joined: release it again */
+    gs__engine_session_closed(co->engine, req.rank, "the coordinator could not make its secret",
+                              now, &co->box);
+    flush_outbox(co);
+    gs__call_fail(c, GRPC_STATUS_INTERNAL,
+                  "the coordinator could not make this rank's identity secret (OpenSSL)");
+    return;
+  }
+  memcpy(resp.ring_key, co->ring_key, sizeof resp.ring_key);
   GS_LOG_INFO("rank %d joined from %s (pid %d)", req.rank, req.host, req.pid);
   size_t olen;
   uint8_t *out = NULL;
   rc = gs__encode_join_response(&resp, &out, &olen);
+  memset(&resp, 0, sizeof resp);
   reply_encoded(c, out, olen, rc);
 }
 
@@ -135,26 +175,64 @@ static int kv_decode(gs__call *c, gs__kv_kind kind, gs__kv_msg *m) {
   return 0;
 }
 
+static void waiter_unlink(gs__coordinator *co, waiter *w) {
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    co->waiters = w->next;
+  if (w->next) w->next->prev = w->prev;
+  co->nwaiters--;
+}
+
+/* Answers a waiting KvGet and frees its waiter. */
+static void waiter_answer(gs__coordinator *co, waiter *w) {
+  waiter_unlink(co, w);
+  gs__call_set_data(w->call, NULL);
+  kv_answer_get(co, w->call, w->key);
+  free(w->key);
+  free(w);
+}
+
+/* KvSet and KvDelete come from ranks of this job only, and a rank's own
+ * keys (its ring address) from that rank only. 0, or -1 after refusing. */
+static int kv_write_allowed(gs__coordinator *co, gs__call *c, const char *key) {
+  char rank[16], secret[2 * GS__SECRET_BYTES + 2], err[GS__MAX_TEXT];
+  int32_t who = -1, owner = gs__kv_key_owner(key);
+  if (!gs__call_metadata(c, "gradsync-rank", rank, sizeof rank) ||
+      !gs__call_metadata(c, "gradsync-rank-secret", secret, sizeof secret) ||
+      !gs__identities_check_text(co->ids, rank, secret, &who))
+    who = -1;
+  if (who >= 0 && (owner < 0 || owner == who)) return 0;
+  if (who < 0)
+    snprintf(err, sizeof err,
+             "writing rendezvous key '%.200s' needs a rank's identity (the secret from its Join); "
+             "this call carries none that is valid",
+             key);
+  else
+    snprintf(err, sizeof err,
+             "rank %d may not write rendezvous key '%.200s': it belongs to rank %d", who, key,
+             owner);
+  GS_LOG_WARN("kv write refused: %s (from %s)", err, gs__call_peer(c));
+  gs__call_fail(c, GRPC_STATUS_PERMISSION_DENIED, err);
+  return -1;
+}
+
 static void on_kv_set(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   gs__kv_msg m, reply = {0};
+  char err[GS__MAX_TEXT];
   if (kv_decode(c, GS__KV_SET_REQ, &m)) return;
-  if (gs__kv_store_set(co->kv, m.key, m.value, m.value_len) != GS__OK) {
-    gs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "coordinator out of memory");
+  if (kv_write_allowed(co, c, m.key)) goto out_free_msg;
+  if (gs__kv_store_set(co->kv, m.key, m.value, m.value_len, err, sizeof err) != GS__OK) {
+    GS_LOG_WARN("kv write refused: %s (from %s)", err, gs__call_peer(c));
+    gs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, err);
     goto out_free_msg;
   }
   kv_reply(c, GS__KV_SET_RESP, &reply);
   /* Wake the readers waiting for this key. */
-  for (waiter **pw = &co->waiters; *pw;) {
-    waiter *w = *pw;
-    if (strcmp(w->key, m.key) == 0) {
-      *pw = w->next;
-      kv_answer_get(co, w->call, w->key);
-      free(w->key);
-      free(w);
-    } else {
-      pw = &w->next;
-    }
+  for (waiter *w = co->waiters, *next; w; w = next) {
+    next = w->next;
+    if (strcmp(w->key, m.key) == 0) waiter_answer(co, w);
   }
 out_free_msg:
   gs__kv_msg_free(&m);
@@ -167,41 +245,62 @@ static void on_kv_get(void *arg, gs__call *c) {
   if (kv_decode(c, GS__KV_GET_REQ, &m)) return;
   waiter *w = NULL;
   if (gs__kv_store_get(co->kv, m.key, &vlen) || m.wait_ms == 0 ||
-      gs__server_shutting_down(co->srv) || !(w = calloc(1, sizeof *w))) {
+      gs__server_shutting_down(co->srv)) {
     kv_answer_get(co, c, m.key);
+    gs__kv_msg_free(&m);
+    return;
+  }
+  if (co->nwaiters >= MAX_KV_WAITERS || !(w = calloc(1, sizeof *w))) {
+    char err[200];
+    snprintf(err, sizeof err,
+             "too many KvGet calls are waiting for keys (limit %d); try again when fewer wait",
+             MAX_KV_WAITERS);
+    gs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, err);
     gs__kv_msg_free(&m);
     return;
   }
   w->call = c;
   w->key = m.key;
   m.key = NULL;
-  w->until_ms = gs__now_ms() + m.wait_ms;
+  w->until_ms = gs__now_ms() + (m.wait_ms < MAX_KV_WAIT_MS ? m.wait_ms : MAX_KV_WAIT_MS);
   w->next = co->waiters;
+  if (co->waiters) co->waiters->prev = w;
   co->waiters = w;
+  co->nwaiters++;
+  /* A caller that gives up frees its waiter at once (on_kv_get_close). */
+  gs__call_set_data(c, w);
+  gs__call_watch_close(c);
   gs__kv_msg_free(&m);
+}
+
+/* A waiting KvGet's caller gave up (deadline, cancel, gone). */
+static void on_kv_get_close(void *arg, gs__call *c, int cancelled) {
+  gs__coordinator *co = arg;
+  waiter *w = gs__call_data(c);
+  (void)cancelled;
+  if (!w) return;
+  gs__call_set_data(c, NULL);
+  waiter_unlink(co, w);
+  free(w->key);
+  free(w);
 }
 
 static void on_kv_delete(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   gs__kv_msg m, reply = {0};
   if (kv_decode(c, GS__KV_DELETE_REQ, &m)) return;
+  if (kv_write_allowed(co, c, m.key)) goto out_free_msg;
   reply.deleted = gs__kv_store_delete(co->kv, m.key);
   kv_reply(c, GS__KV_DELETE_RESP, &reply);
+out_free_msg:
   gs__kv_msg_free(&m);
 }
 
 /* Answers the KvGets whose deadline passed (all of them when force). */
 static void expire_waiters(gs__coordinator *co, uint64_t now, int force) {
-  for (waiter **pw = &co->waiters; *pw;) {
-    waiter *w = *pw;
-    if (force || now >= w->until_ms) {
-      *pw = w->next;
-      kv_answer_get(co, w->call, w->key);
-      free(w->key);
-      free(w);
-    } else {
-      pw = &w->next;
-    }
+  for (waiter *w = co->waiters, *next; w; w = next) {
+    next = w->next;
+    if (force || now >= w->until_ms) waiter_answer(co, w);
   }
 }
 
@@ -222,13 +321,21 @@ static session *session_of_rank(gs__coordinator *co, int32_t rank) {
   return NULL;
 }
 
-static void session_send(session *ss, const uint8_t *buf, size_t len) {
-  if (gs__call_send(ss->call, buf, len) != 0 && ss->rank >= 0)
-    GS_LOG_ERROR("rank %d is not reading its session (%zu bytes queued); closing it", ss->rank,
-                 gs__call_queued_bytes(ss->call));
+static void session_send(gs__coordinator *co, session *ss, const uint8_t *buf, size_t len) {
+  if (gs__call_send(ss->call, buf, len) == 0 || ss->rank < 0 || ss->cut_off ||
+      gs__server_shutting_down(co->srv))
+    return;
+  GS_LOG_ERROR("rank %d is not reading its session stream (its send queue overflowed); cutting "
+               "it off",
+               ss->rank);
+  /* The engine hears of it once flush_outbox is done with its items. */
+  ss->cut_off = 1;
+  co->cut_offs++;
 }
 
 /* Sends what the engine produced, in order. */
+static void session_gone(gs__coordinator *co, session *ss, const char *detail);
+
 static void flush_outbox(gs__coordinator *co) {
   for (size_t i = 0; i < co->box.n; i++) {
     gs__out *o = &co->box.items[i];
@@ -256,16 +363,29 @@ static void flush_outbox(gs__coordinator *co) {
     }
     if (o->kind == GS__OUT_TO_RANK) {
       session *ss = session_of_rank(co, o->rank);
-      if (ss) session_send(ss, buf, len);
+      if (ss) session_send(co, ss, buf, len);
     } else {
       for (session *ss = co->sessions, *next; ss; ss = next) {
         next = ss->next;
-        if (ss->rank >= 0) session_send(ss, buf, len);
+        if (ss->rank >= 0) session_send(co, ss, buf, len);
       }
     }
     free(buf);
   }
   gs__outbox_clear(&co->box);
+  /* Sessions cut off above are lost ranks: tell the engine now that the
+   * outbox is empty (session_gone flushes what that produces). */
+  while (co->cut_offs > 0) {
+    co->cut_offs--;
+    for (session *ss = co->sessions; ss; ss = ss->next) {
+      if (ss->cut_off && ss->rank >= 0) {
+        session_gone(co, ss,
+                     "it stopped reading its session stream (more messages waited for it than "
+                     "the send queue holds), so the coordinator cut it off");
+        break;
+      }
+    }
+  }
 }
 
 /* The rank's stream is gone: tell the engine (once). */
@@ -274,6 +394,7 @@ static void session_gone(gs__coordinator *co, session *ss, const char *detail) {
   int32_t rank = ss->rank;
   ss->rank = -1;
   session_unlink(co, ss);
+  gs__identities_forget(co->ids, rank);
   if (!ss->left) gs__engine_session_closed(co->engine, rank, detail, gs__now_ms(), &co->box);
   flush_outbox(co);
 }
@@ -321,6 +442,18 @@ static void on_session_msg(void *arg, gs__call *c, const uint8_t *buf, size_t le
                       "the first message of a session must say hello with the rank");
       goto out_free_msg;
     }
+    if (!gs__identities_check(co->ids, m.hello_rank, m.hello_secret)) {
+      /* Not the process that joined as that rank: refuse it and leave the
+       * real rank alone. */
+      snprintf(err, sizeof err,
+               "session hello for rank %d refused: it does not carry the secret that rank got "
+               "from Join (a second process claiming rank %d?); each process must join as its "
+               "own rank",
+               m.hello_rank, m.hello_rank);
+      GS_LOG_WARN("%s (from %s)", err, gs__call_peer(c));
+      gs__call_finish(c, GRPC_STATUS_PERMISSION_DENIED, err);
+      goto out_free_msg;
+    }
     rc = gs__engine_session_open(co->engine, m.hello_rank, gs__now_ms(), &co->box, err, sizeof err);
     if (rc) {
       GS_LOG_WARN("session refused: %s", err);
@@ -331,6 +464,7 @@ static void on_session_msg(void *arg, gs__call *c, const uint8_t *buf, size_t le
       goto out_free_msg;
     }
     ss->rank = m.hello_rank;
+    gs__identities_session_opened(co->ids, ss->rank);
     ss->prev = NULL;
     ss->next = co->sessions;
     if (co->sessions) co->sessions->prev = ss;
@@ -361,6 +495,16 @@ static void coordinator_tick(void *arg, uint64_t now) {
   gs__engine_tick(co->engine, now, &co->box);
   flush_outbox(co);
   expire_waiters(co, now, gs__server_shutting_down(co->srv));
+  /* A rank that joined and never opened its session frees its slot. */
+  for (int32_t rank; (rank = gs__identities_overdue(co->ids, now, co->join_timeout_ms)) >= 0;) {
+    char detail[200];
+    snprintf(detail, sizeof detail,
+             "it joined but opened no session within %.1f s (gradsyncd --join-timeout-ms)",
+             (double)co->join_timeout_ms / 1000.0);
+    gs__identities_forget(co->ids, rank);
+    gs__engine_session_closed(co->engine, rank, detail, now, &co->box);
+    flush_outbox(co);
+  }
 }
 
 static void coordinator_shutdown(void *arg) {
@@ -396,33 +540,41 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
     free(co);
     return rc;
   }
-  co->kv = gs__kv_store_create();
-  if (!co->kv) {
-    snprintf(err, errlen, "out of memory");
+  co->kv = gs__kv_store_create(o->kv_max_bytes, o->kv_max_keys);
+  co->ids = gs__identities_create();
+  co->join_timeout_ms = o->join_timeout_ms ? (uint64_t)o->join_timeout_ms : DEFAULT_JOIN_TIMEOUT_MS;
+  if (!co->kv || !co->ids || gs__random_bytes(co->ring_key, sizeof co->ring_key) != GS__OK) {
+    snprintf(err, errlen, "out of memory or randomness (OpenSSL)");
+    gs__kv_store_destroy(co->kv);
+    gs__identities_destroy(co->ids);
     gs__engine_destroy(co->engine);
     free(co);
     return GS__ERR_NO_MEMORY;
   }
-  co->methods[M_JOIN] = (gs__method){
-      "/gradsync.v1.Coordinator/Join", GS__RPC_UNARY, GS__AUTH_TOKEN, on_join, NULL, NULL, 0};
-  co->methods[M_SESSION] = (gs__method){"/gradsync.v1.Coordinator/Session",
-                                        GS__RPC_BIDI,
-                                        GS__AUTH_TOKEN,
-                                        on_session_open,
-                                        on_session_msg,
-                                        on_session_close,
-                                        0};
-  co->methods[M_KV_SET] = (gs__method){
-      "/gradsync.v1.Coordinator/KvSet", GS__RPC_UNARY, GS__AUTH_TOKEN, on_kv_set, NULL, NULL, 0};
-  co->methods[M_KV_GET] = (gs__method){
-      "/gradsync.v1.Coordinator/KvGet", GS__RPC_UNARY, GS__AUTH_TOKEN, on_kv_get, NULL, NULL, 0};
-  co->methods[M_KV_DELETE] = (gs__method){"/gradsync.v1.Coordinator/KvDelete",
-                                          GS__RPC_UNARY,
-                                          GS__AUTH_TOKEN,
-                                          on_kv_delete,
-                                          NULL,
-                                          NULL,
-                                          0};
+  co->methods[M_JOIN] = (gs__method){.path = "/gradsync.v1.Coordinator/Join",
+                                     .kind = GS__RPC_UNARY,
+                                     .auth = GS__AUTH_TOKEN,
+                                     .on_call = on_join};
+  co->methods[M_SESSION] = (gs__method){.path = "/gradsync.v1.Coordinator/Session",
+                                        .kind = GS__RPC_BIDI,
+                                        .auth = GS__AUTH_TOKEN,
+                                        .on_call = on_session_open,
+                                        .on_message = on_session_msg,
+                                        .on_close = on_session_close,
+                                        .max_first_message = MAX_FIRST_MESSAGE};
+  co->methods[M_KV_SET] = (gs__method){.path = "/gradsync.v1.Coordinator/KvSet",
+                                       .kind = GS__RPC_UNARY,
+                                       .auth = GS__AUTH_TOKEN,
+                                       .on_call = on_kv_set};
+  co->methods[M_KV_GET] = (gs__method){.path = "/gradsync.v1.Coordinator/KvGet",
+                                       .kind = GS__RPC_UNARY,
+                                       .auth = GS__AUTH_TOKEN,
+                                       .on_call = on_kv_get,
+                                       .on_close = on_kv_get_close};
+  co->methods[M_KV_DELETE] = (gs__method){.path = "/gradsync.v1.Coordinator/KvDelete",
+                                          .kind = GS__RPC_UNARY,
+                                          .auth = GS__AUTH_TOKEN,
+                                          .on_call = on_kv_delete};
   /* The window policy emits every cycle time from the tick. */
   uint32_t cycle_ms = o->job.cycle_time_us / 1000u;
   co->service = (gs__service){
@@ -456,5 +608,7 @@ void gs__coordinator_destroy(gs__coordinator *co) {
   gs__outbox_free(&co->box);
   gs__engine_destroy(co->engine);
   gs__kv_store_destroy(co->kv);
+  gs__identities_destroy(co->ids);
+  memset(co->ring_key, 0, sizeof co->ring_key);
   free(co);
 }

@@ -20,6 +20,8 @@ typedef struct gs__coordinator_opts {
   int window_policy;      /* --emit-policy window */
   int max_plans_in_flight;
   uint32_t max_pending_per_rank; /* --max-pending-per-rank (0 = the engine's default) */
+  size_t kv_max_bytes, kv_max_keys; /* 0 = the defaults of kv.h */
+  int join_timeout_ms; /* a joined rank without a Session is released after it (0 = 60 s) */
 } gs__coordinator_opts;
 
 /* Creates the coordinator with its engine for server s (borrowed: it must

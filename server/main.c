@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "listen_addr.h"
 #include "log.h"
+#include "secret.h"
 #include "settings.h"
 #include "status.h"
 #include "coordinator.h"
@@ -30,6 +32,48 @@ static int should_stop(void *arg) {
     GS_LOG_INFO("received %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
     return 1;
   }
+  return 0;
+}
+
+/* The job token, TLS files and listen address together: refuses what
+ * would leave a job open to anyone who reaches its port. 0, or -1 with a
+ * message in err. */
+static int check_security(gs__server_opts *o, const char *token_file, char *file_token,
+                          int insecure, char *err, size_t errlen) {
+  int loopback = 0;
+  if (gs__listen_check(o->listen, &loopback, err, errlen) != GS__OK) return -1;
+  if (token_file) {
+    char why[1024];
+    if (gs__token_read_file(token_file, file_token, why, sizeof why) != GS__OK) {
+      snprintf(err, errlen, "--token-file: %s", why);
+      return -1;
+    }
+    o->token = file_token;
+  }
+  if (o->token && !*o->token) o->token = NULL;
+  if (o->token && gs__token_check(o->token, err, errlen) != 0) return -1;
+  if (!o->tls_cert != !o->tls_key) {
+    snprintf(err, errlen, "--tls-cert and --tls-key go together; only %s was given",
+             o->tls_cert ? "--tls-cert" : "--tls-key");
+    return -1;
+  }
+  if (o->tls_client_ca && !o->tls_cert) {
+    snprintf(err, errlen, "--tls-client-ca (mTLS) needs --tls-cert and --tls-key");
+    return -1;
+  }
+  if (!loopback && !o->token && !o->tls_cert && !insecure) {
+    snprintf(err, errlen,
+             "refusing to serve %s without authentication: anyone who can reach this port could "
+             "join the job, write its rendezvous keys and read its data-plane addresses. Give a "
+             "job token with --token-file FILE (or GRADSYNC_JOB_TOKEN) and/or TLS with "
+             "--tls-cert/--tls-key, or pass --insecure if the network is trusted.",
+             o->listen);
+    return -1;
+  }
+  if (!loopback && !o->token && insecure)
+    GS_LOG_WARN("serving %s with --insecure and no job token: anyone who can reach the port "
+                "can join this job",
+                o->listen);
   return 0;
 }
 
@@ -75,6 +119,16 @@ int main(int argc, char **argv) {
   o.deadlock_warn_only = gs__settings_int(&cfg, GS__S_DEADLOCK_ACTION) == 1;
   o.job.rank_timeout_ms = (uint32_t)gs__settings_int(&cfg, GS__S_RANK_TIMEOUT);
   o.job.heartbeat_ms = (uint32_t)gs__settings_int(&cfg, GS__S_HEARTBEAT);
+  o.kv_max_bytes = (size_t)gs__settings_int(&cfg, GS__S_KV_MAX_BYTES);
+  o.kv_max_keys = (size_t)gs__settings_int(&cfg, GS__S_KV_MAX_KEYS);
+  o.join_timeout_ms = (int)gs__settings_int(&cfg, GS__S_JOIN_TIMEOUT);
+  so.tls_cert = gs__settings_str(&cfg, GS__S_SERVER_TLS_CERT);
+  so.tls_key = gs__settings_str(&cfg, GS__S_SERVER_TLS_KEY);
+  so.tls_client_ca = gs__settings_str(&cfg, GS__S_TLS_CLIENT_CA);
+  static char file_token[GS__MAX_TOKEN + 1];
+  if (check_security(&so, gs__settings_str(&cfg, GS__S_JOB_TOKEN_FILE), file_token,
+                     (int)gs__settings_int(&cfg, GS__S_INSECURE), err, sizeof err) != 0)
+    goto bad_usage;
   char line[4096];
   gs__settings_describe(&cfg, GS__FOR_SERVER, line, sizeof line);
   GS_LOG_INFO("settings: %s", line);
@@ -111,6 +165,9 @@ int main(int argc, char **argv) {
   GS_LOG_INFO("serving %s:%d, world size %s%d%s", host, gs__server_port(s),
               o.world_size ? "" : "(from the first rank) ", o.world_size,
               so.token && *so.token ? ", job token required" : "");
+  if (so.tls_cert)
+    GS_LOG_INFO("TLS on (%s)", so.tls_client_ca ? "mTLS: client certificates required"
+                                                : "server certificate only");
   gs__server_run(s, should_stop, &set);
   rc = 0;
 out_destroy:

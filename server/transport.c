@@ -27,6 +27,7 @@
 #include "clock.h"
 #include "grpc_util.h"
 #include "log.h"
+#include "secret.h"
 #include "status.h"
 
 #define MAX_METHODS 64
@@ -35,6 +36,8 @@
 #define DEFAULT_TICK_MS 50
 #define DEFAULT_MAX_QUEUED ((size_t)256 << 20)
 #define GENERIC (-1)
+/* Events drained before a tick that comes due (see gs__server_run). */
+#define MAX_EVENTS_BEFORE_TICK 4096
 
 typedef enum { T_NEW, T_UNARY, T_START, T_RECV, T_SEND, T_STATUS, T_CLOSE, T_SHUTDOWN } tag_kind;
 
@@ -70,8 +73,10 @@ struct gs__call {
   tag t_new, t_unary, t_start, t_recv, t_send, t_status, t_close;
   int pending; /* batches started and not yet completed */
   int cancelled, closed;
-  int opened;   /* on_call ran: on_close is owed (streams) */
-  int answered; /* unary: reply or fail sent */
+  int opened;      /* on_call ran: on_close is owed (streams; unary calls that watch) */
+  int close_armed; /* RECV_CLOSE_ON_SERVER started on its own (streams, watching unary) */
+  int got_first;   /* bidi: the first message arrived */
+  int answered;    /* unary: reply or fail sent */
   grpc_byte_buffer *resp_bb;
   grpc_slice status_details;
   int have_details;
@@ -176,9 +181,12 @@ static void call_maybe_free(gs__call *c) {
 
 static int auth_ok(const gs__server *s, const gs__call *c) {
   if (!s->token || c->srv->methods[c->idx].m->auth == GS__AUTH_OPEN) return 1;
-  char v[1024], want[1024];
-  snprintf(want, sizeof want, "Bearer %s", s->token);
-  return gs__md_get(&c->req_md, "authorization", v, sizeof v) && gs__secret_equal(v, want);
+  const char *v = NULL;
+  size_t n = 0;
+  /* "Bearer " + token, compared over its whole length in constant time */
+  if (!gs__md_view(&c->req_md, "authorization", &v, &n) || n < 7 || memcmp(v, "Bearer ", 7) != 0)
+    return 0;
+  return gs__token_equal(v + 7, n - 7, s->token, strlen(s->token));
 }
 
 static const char k_unauth[] =
@@ -194,6 +202,7 @@ static void unary_finish(gs__call *c, grpc_byte_buffer *resp, grpc_status_code c
     return;
   }
   c->answered = 1;
+  c->opened = 0; /* a watching call is answered: no on_close */
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
@@ -211,8 +220,10 @@ static void unary_finish(gs__call *c, grpc_byte_buffer *resp, grpc_status_code c
     ops[n].data.send_status_from_server.status_details = &c->status_details;
   }
   n++;
-  ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-  ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+  if (!c->close_armed) {
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+  }
   start_batch(c, ops, n, &c->t_unary);
 }
 
@@ -222,6 +233,17 @@ void gs__call_reply(gs__call *c, const uint8_t *buf, size_t len) {
 
 void gs__call_fail(gs__call *c, grpc_status_code code, const char *msg) {
   unary_finish(c, NULL, code, msg);
+}
+
+void gs__call_watch_close(gs__call *c) {
+  if (c->answered || c->close_armed || c->closed) return;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  c->close_armed = 1;
+  c->opened = 1;
+  start_batch(c, &op, 1, &c->t_close);
 }
 
 /* ---- streams ------------------------------------------------------------ */
@@ -311,6 +333,7 @@ static void stream_begin(gs__call *c) {
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER; /* the cancel / disconnect signal */
   op.data.recv_close_on_server.cancelled = &c->cancelled;
+  c->close_armed = 1;
   start_batch(c, &op, 1, &c->t_close);
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -391,13 +414,30 @@ static void on_event(gs__server *s, tag *t, int ok) {
     on_new_call(c);
     break;
   case T_UNARY:
-    c->closed = 1; /* RECV_CLOSE_ON_SERVER was part of the batch */
+    if (!c->close_armed) c->closed = 1; /* RECV_CLOSE_ON_SERVER was part of the batch */
     break;
   case T_START:
   case T_STATUS:
     break;
   case T_RECV:
+    if (ok && c->recv_bb && !c->got_first && s->methods[c->idx].m->max_first_message &&
+        grpc_byte_buffer_length(c->recv_bb) > s->methods[c->idx].m->max_first_message) {
+      /* Nobody is known before the first message was accepted: refuse an
+       * oversized one by its length, before copying or decoding it. */
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "the first message of a %s call (%zu bytes) exceeds the limit of %zu bytes; "
+               "refused without reading it",
+               call_path(c), grpc_byte_buffer_length(c->recv_bb),
+               s->methods[c->idx].m->max_first_message);
+      GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+      grpc_byte_buffer_destroy(c->recv_bb);
+      c->recv_bb = NULL;
+      gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+      break;
+    }
     if (ok && c->recv_bb) {
+      c->got_first = 1;
       uint8_t *buf;
       size_t len;
       int rc = gs__bb_to_bytes(c->recv_bb, &buf, &len);
@@ -521,6 +561,8 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
       gs__int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500),
       gs__int_arg(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0),
       gs__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 5000),
+      /* a second coordinator on the same port must fail, not share it */
+      gs__int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0),
   };
   grpc_channel_args ca = {sizeof args / sizeof *args, args};
   s->server = grpc_server_create(&ca, NULL);
@@ -550,8 +592,46 @@ int gs__server_add_service(gs__server *s, const gs__service *svc) {
   return GS__OK;
 }
 
+/* Server credentials: TLS (mTLS with a client CA) from PEM files, or
+ * plaintext. */
+static int server_credentials(const gs__server_opts *o, grpc_server_credentials **out, char *err,
+                              size_t errlen) {
+  *out = NULL;
+  if (!o->tls_cert) {
+    *out = grpc_insecure_server_credentials_create();
+    return GS__OK;
+  }
+  char *cert = NULL, *key = NULL, *ca = NULL;
+  int rc = gs__pem_read(o->tls_cert, "--tls-cert", &cert, err, errlen);
+  if (!rc) rc = gs__pem_read(o->tls_key, "--tls-key", &key, err, errlen);
+  if (!rc && o->tls_client_ca)
+    rc = gs__pem_read(o->tls_client_ca, "--tls-client-ca", &ca, err, errlen);
+  if (!rc) {
+    grpc_ssl_pem_key_cert_pair pair = {key, cert};
+    *out = grpc_ssl_server_credentials_create_ex(
+        ca, &pair, 1,
+        ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+    if (!*out) {
+      snprintf(err, errlen, "gRPC refused the TLS files (--tls-cert %s, --tls-key %s)", o->tls_cert,
+               o->tls_key);
+      rc = GS__ERR_INVALID_ARG;
+    }
+  }
+  free(cert);
+  free(ca);
+  if (key) {
+    memset(key, 0, strlen(key));
+    free(key);
+  }
+  return rc;
+}
+
 int gs__server_start(gs__server *s, char *err, size_t errlen) {
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  grpc_server_credentials *creds = NULL;
+  int rc = server_credentials(&s->o, &creds, err, errlen);
+  if (rc) return rc;
   s->port = grpc_server_add_http2_port(s->server, s->listen, creds);
   grpc_server_credentials_release(creds);
   if (s->port == 0) {
@@ -597,8 +677,17 @@ int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg) {
   while (!should_stop(arg)) {
     uint64_t now = gs__now_ms();
     if (now >= next_tick) {
+      /* Read what already waits in the queue first: after a long pass the
+       * ranks' heartbeats are there, and a tick before them would take
+       * healthy ranks for silent ones. Bounded, so that a flood cannot
+       * starve the tick. */
+      for (int k = 0; k < MAX_EVENTS_BEFORE_TICK; k++) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type != GRPC_OP_COMPLETE) break;
+        on_event(s, ev.tag, ev.success);
+      }
       tick_all(s);
-      next_tick = now + period;
+      next_tick = gs__now_ms() + period;
       continue;
     }
     drain(s, (int)(next_tick - now));

@@ -46,13 +46,19 @@ typedef struct gs__method {
   /* Bidi only: a message from the peer (buf, len; borrowed for the call),
    * or buf == NULL once the peer half-closed. */
   void (*on_message)(void *svc, gs__call *c, const uint8_t *buf, size_t len);
-  /* Streaming only: the call is over (finished, cancelled by the peer or
+  /* Streaming (and unary calls that used gs__call_watch_close): the call
+   * is over (finished, cancelled by the peer or
    * its connection dropped; cancelled says which). Called once; c is
    * invalid afterwards. May be NULL. */
   void (*on_close)(void *svc, gs__call *c, int cancelled);
   /* Streaming: bytes that may wait behind the message in flight before
    * the peer is cut off with RESOURCE_EXHAUSTED (0 = 256 MiB). */
   size_t max_queued_bytes;
+  /* Bidi: the first message may be at most this long (0 = no limit beyond
+   * the 64 MiB message size); a longer one ends the call with
+   * RESOURCE_EXHAUSTED, judged by its length before it is copied or
+   * decoded. */
+  size_t max_first_message;
 } gs__method;
 
 typedef struct gs__service {
@@ -71,8 +77,10 @@ typedef struct gs__service {
 } gs__service;
 
 typedef struct gs__server_opts {
-  const char *listen; /* "host:port"; port 0 = any free port */
-  const char *token;  /* NULL or "" = no token required */
+  const char *listen;             /* "host:port"; port 0 = any free port */
+  const char *token;              /* NULL or "" = no token required */
+  const char *tls_cert, *tls_key; /* PEM files: serve TLS (NULL = plaintext) */
+  const char *tls_client_ca;      /* PEM file: mTLS, client certificates required */
   int shutdown_grace_ms;
 } gs__server_opts;
 
@@ -116,6 +124,10 @@ void *gs__call_data(const gs__call *c);
 void gs__call_reply(gs__call *c, const uint8_t *buf, size_t len);
 /* Unary: an error status with a message (copied; NULL = none). */
 void gs__call_fail(gs__call *c, grpc_status_code code, const char *msg);
+/* Unary, for a call answered later: from now on, if the client gives up
+ * (deadline, cancel, connection gone) before the answer, the method's
+ * on_close runs (cancelled = 1) and the call is invalid afterwards. */
+void gs__call_watch_close(gs__call *c);
 /* Streaming: queues a message (bytes copied). Returns 0, or -1 when the
  * call is finishing/closed or its queue overflowed (then the call was
  * ended with RESOURCE_EXHAUSTED and the message dropped). */

@@ -18,6 +18,7 @@
 #include "gradsync.h"
 #include "log.h"
 #include "scheduler.h"
+#include "secret.h"
 #include "settings.h"
 #include "status.h"
 #include "worker.h"
@@ -137,7 +138,8 @@ typedef struct resolved {
   int port_lo, port_hi; /* GRADSYNC_DATA_PORT_RANGE; 0 = any */
   int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local,
       cuda_device;
-  const char *backend; /* auto, tcp or nccl */
+  const char *backend;                     /* auto, tcp or nccl */
+  const char *tls_ca, *tls_cert, *tls_key; /* PEM files; NULL = plaintext */
   /* where rank, size, local rank and local size came from */
   const char *rank_from, *size_from, *local_rank_from, *local_size_from;
 } resolved;
@@ -184,7 +186,10 @@ static gs_status resolve(const gs_options *given, resolved *r) {
     const char *name;
   } texts[] = {{o->coordinator, GS__S_COORDINATOR, "gs_options.coordinator"},
                {o->job_token, GS__S_JOB_TOKEN, "gs_options.job_token"},
-               {o->advertise_addr, GS__S_ADVERTISE_ADDR, "gs_options.advertise_addr"}};
+               {o->advertise_addr, GS__S_ADVERTISE_ADDR, "gs_options.advertise_addr"},
+               {o->tls_ca, GS__S_TLS_CA, "gs_options.tls_ca"},
+               {o->tls_cert, GS__S_TLS_CERT, "gs_options.tls_cert"},
+               {o->tls_key, GS__S_TLS_KEY, "gs_options.tls_key"}};
   for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
     if (texts[i].text && gs__settings_set(set, texts[i].id, texts[i].text, GS__SRC_API,
                                           texts[i].name, err, sizeof err) != GS__OK)
@@ -270,6 +275,22 @@ static gs_status resolve(const gs_options *given, resolved *r) {
                    : gs__settings_given(set, GS__S_CUDA_DEVICE)
                        ? (int)gs__settings_int(set, GS__S_CUDA_DEVICE)
                        : r->local_rank;
+  r->tls_ca = gs__settings_str(set, GS__S_TLS_CA);
+  r->tls_cert = gs__settings_str(set, GS__S_TLS_CERT);
+  r->tls_key = gs__settings_str(set, GS__S_TLS_KEY);
+  char why[256];
+  if (r->token && *r->token && gs__token_check(r->token, why, sizeof why) != 0)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: GRADSYNC_JOB_TOKEN (or gs_options.job_token): %s", why);
+  if ((r->tls_cert && *r->tls_cert) != (r->tls_key && *r->tls_key))
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: GRADSYNC_TLS_CERT and GRADSYNC_TLS_KEY go together (mTLS); "
+                         "only %s is set",
+                         r->tls_cert && *r->tls_cert ? "GRADSYNC_TLS_CERT" : "GRADSYNC_TLS_KEY");
+  if (r->tls_cert && *r->tls_cert && !(r->tls_ca && *r->tls_ca))
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init: GRADSYNC_TLS_CERT is set but GRADSYNC_TLS_CA is not: give the "
+                         "CA file of the coordinator's certificate too");
   return GS_OK;
 }
 
@@ -399,7 +420,8 @@ static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, 
                           .key_prefix = prefix,
                           .connect_timeout_ms = connect_ms,
                           .io_timeout_ms = r->data_timeout_ms,
-                          .kv = kv};
+                          .kv = kv,
+                          .ring_key = ctx->join.ring_key};
   int rc =
       gs__backend_create(GS__BACKEND_TCP, &ro, &ctx->backends[GS__DEVICE_CPU], err, sizeof err);
   if (rc)
@@ -515,7 +537,12 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
 
   uint64_t deadline = gs__now_ms() + (uint64_t)r.join_timeout_ms;
   char err[4096];
-  int rc = gs__client_create(r.coordinator, r.token, &ctx->client, err, sizeof err);
+  gs__client_opts co = {.target = r.coordinator,
+                        .token = r.token,
+                        .tls_ca = r.tls_ca,
+                        .tls_cert = r.tls_cert,
+                        .tls_key = r.tls_key};
+  int rc = gs__client_create(&co, &ctx->client, err, sizeof err);
   if (rc) {
     st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
     goto out_free_ctx;
@@ -535,6 +562,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
     st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
     goto out_free_ctx;
   }
+  gs__client_set_identity(ctx->client, r.rank, ctx->join.rank_secret);
   rc = gs__client_session_open(ctx->client, r.rank, ctx->join.epoch, err, sizeof err);
   if (rc) {
     st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);

@@ -19,6 +19,7 @@
 #include "codec.h"
 #include "grpc_util.h"
 #include "log.h"
+#include "secret.h"
 #include "status.h"
 
 typedef enum { C_START, C_RECV, C_SEND, C_STATUS, C_CLOSE } ctag_kind;
@@ -36,8 +37,9 @@ struct gs__client {
   char *target;
   grpc_channel *ch;
   void *h_join, *h_session, *h_kv_set, *h_kv_get, *h_kv_delete;
-  grpc_metadata md[1];
+  grpc_metadata md[3]; /* authorization, then the identity once joined */
   size_t nmd;
+  uint8_t secret[GS__SECRET_BYTES];
   /* the session (one thread at a time) */
   grpc_completion_queue *cq;
   grpc_call *call;
@@ -48,18 +50,59 @@ struct gs__client {
   grpc_byte_buffer *recv_bb, *send_bb;
   send_node *q_head, *q_tail;
   int pending, send_busy, recv_armed, ended, half_closed;
+  int tls; /* the channel uses TLS */
 };
 
-int gs__client_create(const char *target, const char *token, gs__client **out, char *err,
+/* Channel credentials from the PEM files of o: TLS when tls_ca is set. */
+static int make_creds(const gs__client_opts *o, grpc_channel_credentials **out, char *err,
                       size_t errlen) {
   *out = NULL;
+  if (!o->tls_ca || !*o->tls_ca) {
+    *out = grpc_insecure_credentials_create();
+    return GS__OK;
+  }
+  char *ca = NULL, *cert = NULL, *key = NULL;
+  int rc = gs__pem_read(o->tls_ca, "GRADSYNC_TLS_CA", &ca, err, errlen);
+  if (!rc && o->tls_cert && *o->tls_cert)
+    rc = gs__pem_read(o->tls_cert, "GRADSYNC_TLS_CERT", &cert, err, errlen);
+  if (!rc && o->tls_key && *o->tls_key)
+    rc = gs__pem_read(o->tls_key, "GRADSYNC_TLS_KEY", &key, err, errlen);
+  if (!rc) {
+    grpc_ssl_pem_key_cert_pair pair = {key, cert};
+    *out = grpc_ssl_credentials_create(ca, cert && key ? &pair : NULL, NULL, NULL);
+    if (!*out) {
+      snprintf(err, errlen, "gRPC refused the TLS files (GRADSYNC_TLS_CA %s)", o->tls_ca);
+      rc = GS__ERR_INVALID_ARG;
+    }
+  }
+  free(ca);
+  free(cert);
+  if (key) {
+    memset(key, 0, strlen(key));
+    free(key);
+  }
+  return rc;
+}
+
+int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, size_t errlen) {
+  *out = NULL;
+  const char *target = o->target, *token = o->token;
   gs__client *c = calloc(1, sizeof *c);
   if (!c || !(c->target = strdup(target))) {
     free(c);
     snprintf(err, errlen, "out of memory");
     return GS__ERR_NO_MEMORY;
   }
+  c->tls = o->tls_ca && *o->tls_ca;
   grpc_init();
+  grpc_channel_credentials *creds = NULL;
+  int rc = make_creds(o, &creds, err, errlen);
+  if (rc) {
+    free(c->target);
+    free(c);
+    grpc_shutdown();
+    return rc;
+  }
   /* Keepalive: a coordinator that vanishes without closing the connection
    * is noticed within about 7 s, inside the default rank timeout. */
   grpc_arg args[] = {
@@ -75,7 +118,6 @@ int gs__client_create(const char *target, const char *token, gs__client **out, c
       gs__int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000),
   };
   grpc_channel_args ca = {sizeof args / sizeof *args, args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
   c->ch = grpc_channel_create(target, creds, &ca);
   grpc_channel_credentials_release(creds);
   c->h_join = grpc_channel_register_call(c->ch, "/gradsync.v1.Coordinator/Join", NULL, NULL);
@@ -377,6 +419,19 @@ static void arm_recv(gs__client *c) {
   start(c, &op, 1, &c->t_recv);
 }
 
+void gs__client_set_identity(gs__client *c, int32_t rank, const uint8_t *secret) {
+  if (c->nmd + 2 > sizeof c->md / sizeof *c->md) return; /* set once */
+  char rank_s[16], hex[2 * GS__SECRET_BYTES + 1];
+  memcpy(c->secret, secret, sizeof c->secret);
+  snprintf(rank_s, sizeof rank_s, "%d", rank);
+  gs__hex(secret, GS__SECRET_BYTES, hex);
+  memset(&c->md[c->nmd], 0, 2 * sizeof *c->md);
+  c->md[c->nmd].key = grpc_slice_from_static_string("gradsync-rank");
+  c->md[c->nmd++].value = grpc_slice_from_copied_string(rank_s);
+  c->md[c->nmd].key = grpc_slice_from_static_string("gradsync-rank-secret");
+  c->md[c->nmd++].value = grpc_slice_from_copied_string(hex);
+}
+
 int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen) {
   c->cq = grpc_completion_queue_create_for_next(NULL);
   c->call =
@@ -406,6 +461,7 @@ int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *e
   hello.has_hello = 1;
   hello.hello_rank = rank;
   hello.hello_epoch = epoch;
+  memcpy(hello.hello_secret, c->secret, sizeof hello.hello_secret);
   return gs__client_session_send(c, &hello, NULL, err, errlen);
 }
 
@@ -583,9 +639,9 @@ void gs__client_destroy(gs__client *c) {
   grpc_slice_unref(c->details);
   grpc_metadata_array_destroy(&c->init_md);
   grpc_metadata_array_destroy(&c->trail);
-  if (c->nmd) {
-    grpc_slice_unref(c->md[0].key);
-    grpc_slice_unref(c->md[0].value);
+  for (size_t i = 0; i < c->nmd; i++) {
+    grpc_slice_unref(c->md[i].key);
+    grpc_slice_unref(c->md[i].value);
   }
   grpc_channel_destroy(c->ch);
   free(c->target);

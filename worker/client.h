@@ -15,9 +15,17 @@
 
 typedef struct gs__client gs__client;
 
-/* target "host:port"; token NULL or "" for none. */
-int gs__client_create(const char *target, const char *token, gs__client **out, char *err,
-                      size_t errlen);
+typedef struct gs__client_opts {
+  const char *target;   /* "host:port" */
+  const char *token;    /* NULL or "" = none */
+  const char *tls_ca;   /* PEM file; NULL or "" = plaintext */
+  const char *tls_cert; /* mTLS: PEM certificate and key files, or NULL */
+  const char *tls_key;
+} gs__client_opts;
+
+/* Creates the channel (TLS when o->tls_ca is set). Fails with
+ * GS__ERR_INVALID_ARG naming a PEM file that cannot be read. */
+int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, size_t errlen);
 /* Cancels the session if still open and frees everything. NULL-safe. */
 void gs__client_destroy(gs__client *c);
 
@@ -35,7 +43,12 @@ int gs__client_kv_set(gs__client *c, const char *key, const void *val, size_t le
 int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, size_t *len,
                       char *err, size_t errlen);
 
-/* Opens the Session stream and queues the hello. */
+/* Records this rank's identity (its JoinResponse secret): the Session
+ * hello presents it, and every later unary call carries it as metadata
+ * (gradsync-rank, gradsync-rank-secret). Call once after the join, before
+ * other threads make calls. */
+void gs__client_set_identity(gs__client *c, int32_t rank, const uint8_t *secret);
+/* Opens the Session stream and queues the hello (with the identity). */
 int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen);
 /* Queues one message (sent in order, one in flight at a time); *bytes (may
  * be NULL) receives its encoded size. */

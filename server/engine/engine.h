@@ -85,7 +85,9 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
                              gs__outbox *box);
 
 /* rank's session ended (after a leave: a clean exit; otherwise the rank is
- * lost and every other rank is told). detail describes how it ended. */
+ * lost and every other rank is told). detail describes how it ended. For
+ * a rank that joined but has no session yet this releases its slot (it
+ * counts as gone and may join again). */
 void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
                                gs__outbox *box);
 

@@ -206,6 +206,19 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
 void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, uint64_t now_ms,
                                gs__outbox *box) {
   (void)now_ms;
-  if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
+  if (rank < 0 || rank >= e->world) return;
+  rank_slot *s = &e->ranks[rank];
+  if (s->state == RANK_JOINED) {
+    /* Joined but never opened its session (the transport gave up waiting
+     * for it): free the slot so that a restarted process may take it. */
+    s->state = RANK_GONE;
+    gs__eng_out_log(box, GS__LOG_WARN, "rank %d (%s:%d) was released: %s", rank,
+                    gs__eng_rank_host(e, rank), s->pid,
+                    detail && *detail ? detail : "it opened no session");
+    gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
+    if (o && gs__eng_world_status(e, &o->msg) != GS__OK) box->n--;
+    return;
+  }
+  if (s->state != RANK_CONNECTED) return;
   gs__eng_lose_rank(e, rank, detail, box);
 }

@@ -136,8 +136,18 @@ if command -v ping >/dev/null 2>&1; then
 fi
 
 # ---- the coordinator ----------------------------------------------------------
+# Off loopback gradsyncd refuses to start without authentication.
+if ip netns exec "$COORD_NS" env -u GRADSYNC_JOB_TOKEN timeout -k 5 20 "$BIN/gradsyncd" \
+  --listen "$COORD_IP:0" --world-size 3 >"$TMP/refused.out" 2>&1; then
+  fail "gradsyncd served $COORD_IP without a token or TLS"
+fi
+grep -q -- "--token-file" "$TMP/refused.out" && grep -q -- "--insecure" "$TMP/refused.out" ||
+  fail "gradsyncd's refusal does not name --token-file and --insecure: $(cat "$TMP/refused.out")"
+TOKEN=$(openssl rand -hex 32)
+printf '%s\n' "$TOKEN" >"$TMP/token"
+chmod 600 "$TMP/token"
 ip netns exec "$COORD_NS" timeout -k 5 150 "$BIN/gradsyncd" --listen "$COORD_IP:0" --world-size 3 \
-  >"$TMP/gradsyncd.out" 2>&1 &
+  --token-file "$TMP/token" >"$TMP/gradsyncd.out" 2>&1 &
 COORD_PID=$!
 ADDR=""
 for _ in $(seq 1 300); do
@@ -161,7 +171,7 @@ for i in 0 1 2; do
   ip netns exec "${RANK_NS[$i]}" env -u GRADSYNC_ADVERTISE_ADDR \
     GRADSYNC_COORDINATOR="$COORD_IP:$PORT" GRADSYNC_RANK=$i GRADSYNC_SIZE=3 \
     GRADSYNC_LOCAL_RANK=0 GRADSYNC_LOCAL_SIZE=1 GRADSYNC_JOIN_TIMEOUT_MS=60000 \
-    GS_TEST_WAIT_FILE="$RELEASE" \
+    GRADSYNC_JOB_TOKEN="$TOKEN" GS_TEST_WAIT_FILE="$RELEASE" \
     timeout -k 5 120 "$BIN/gs-test-worker" ops >"$TMP/rank$i.out" 2>&1 &
   RANK_PID+=($!)
 done

@@ -21,9 +21,12 @@
 
 #include "backend.h"
 #include "dtype.h"
+#include "messages.h"
 #include "status.h"
 
 #define HANG_GUARD_MS 20000 /* connect/io timeouts where no failure is expected */
+
+static const uint8_t k_key[GS__SECRET_BYTES] = "0123456789abcdef0123456789abcde";
 
 /* ---- in-memory rendezvous store ------------------------------------------- */
 
@@ -123,6 +126,7 @@ typedef struct job {
   rank_body body;
   void *user;
   char prefix[64];
+  const uint8_t (*keys)[GS__SECRET_BYTES]; /* per-rank ring keys; NULL = k_key */
   /* for tests where a rank waits for another to finish */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -162,6 +166,7 @@ static void *rank_main(void *arg) {
       .connect_timeout_ms = j->connect_timeout_ms ? j->connect_timeout_ms : HANG_GUARD_MS,
       .io_timeout_ms = j->io_timeout_ms ? j->io_timeout_ms : HANG_GUARD_MS,
       .kv = {.ctx = NULL, .set = kv_set, .get = kv_get},
+      .ring_key = j->keys ? j->keys[rc->rank] : k_key,
   };
   rc->create_rc = gs__tcp_ring_create(&o, &rc->b, rc->create_err, sizeof rc->create_err);
   if (rc->create_rc == GS__OK && j->body) j->body(rc);

@@ -127,6 +127,9 @@ typedef struct gs__tcp_ring_opts {
   int connect_timeout_ms;     /* rendezvous + connect (e.g. the join timeout) */
   int io_timeout_ms;          /* longest wait for a peer during a collective */
   gs__kv kv;
+  /* The job's ring key (GS__SECRET_BYTES, from the JoinResponse; required
+   * when size > 1): connections prove membership with HMAC-SHA256 under it. */
+  const uint8_t *ring_key;
 } gs__tcp_ring_opts;
 
 /* Options of the NCCL backend (GPU). */
@@ -168,7 +171,9 @@ void gs__host_free(void *p);
 
 /* The kinds themselves, called by the factory only. */
 /* Listens on data_addr or all interfaces (IPv4 and IPv6), publishes "<addr>:<port>" under its
- * key, reads its left and right neighbours' keys and connects the ring.
+ * key, reads its left and right neighbours' keys and connects the ring;
+ * every connection proves job membership (see tcp_ring.c) and connections
+ * that do not are dropped without failing the rendezvous.
  * Returns when both neighbours are connected, or fails after
  * connect_timeout_ms naming the rank(s) not reached. size 1 needs no peer. */
 int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *err, size_t errlen);

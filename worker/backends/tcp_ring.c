@@ -50,6 +50,8 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "messages.h"
+#include "secret.h"
 #include "status.h"
 
 /* Reduce-scatter data arrives in segments of this size; each is reduced as
@@ -58,11 +60,21 @@
 /* Requested socket buffers. Large enough to keep a segment or two in flight
  * per direction; the kernel caps them at net.core.[rw]mem_max. */
 #define SOCK_BUF_BYTES (4 * 1024 * 1024)
-#define HELLO_MAGIC 0x47535247u  /* "GSRG" */
-#define ACK_MAGIC 0x4753524bu    /* "GSRK" */
-#define NOTICE_MAGIC 0x4753524eu /* "GSRN" */
-#define PROTO_VERSION 1u
-#define ADDR_MAX 300 /* "<host>:<port>", host up to 255 */
+#define HELLO_MAGIC 0x47535248u     /* "GSRH" */
+#define CHALLENGE_MAGIC 0x47535243u /* "GSRC" */
+#define RESPONSE_MAGIC 0x47535250u  /* "GSRP" */
+#define ACK_MAGIC 0x4753524bu       /* "GSRK" */
+#define NOTICE_MAGIC 0x4753524eu    /* "GSRN" */
+#define PROTO_VERSION 2u
+#define NONCE_BYTES 16
+#define MAC_BYTES 32
+#define HELLO_BYTES (16 + NONCE_BYTES) /* magic, version, rank, size, nonce */
+#define CHALLENGE_BYTES (4 + NONCE_BYTES + MAC_BYTES)
+#define RESPONSE_BYTES (4 + MAC_BYTES)
+#define ACK_BYTES 8
+#define HELLO_WAIT_MS 2000 /* a connection must finish its handshake this fast */
+#define MAX_CANDIDATES 16  /* unproven connections held at once */
+#define ADDR_MAX 300       /* "<host>:<port>", host up to 255 */
 #define CONNECT_RETRY_MS 20
 
 typedef struct piece {
@@ -85,12 +97,14 @@ typedef struct ring {
   int poisoned; /* peers were told (see poison) */
   char broken_msg[1024];
   char left_addr[ADDR_MAX], right_addr[ADDR_MAX];
-  char *scratch;      /* SEG_BYTES: incoming reduce-scatter segment */
-  float *work;        /* float32 workspace for float16/bfloat16 */
-  size_t work_cap;    /* elements */
-  piece *send, *recv; /* 2 * size entries each, rebuilt per collective */
-  size_t *offs;       /* size + 1 block offsets for allgatherv */
-  void *fusion;       /* host fusion staging (gs__host_staging) */
+  unsigned char key[GS__SECRET_BYTES]; /* the job's ring key */
+  char prefix[256];                    /* kv key prefix: binds proofs to the epoch */
+  char *scratch;                       /* SEG_BYTES: incoming reduce-scatter segment */
+  float *work;                         /* float32 workspace for float16/bfloat16 */
+  size_t work_cap;                     /* elements */
+  piece *send, *recv;                  /* 2 * size entries each, rebuilt per collective */
+  size_t *offs;                        /* size + 1 block offsets for allgatherv */
+  void *fusion;                        /* host fusion staging (gs__host_staging) */
   size_t fusion_cap;
 } ring;
 
@@ -140,14 +154,6 @@ static void put_u32(unsigned char *p, uint32_t v) {
 
 static uint32_t get_u32(const unsigned char *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-/* FNV-1a of the key prefix: a connection from another job's ring that
- * happens to reach our port is told apart from our left neighbour. */
-static uint32_t prefix_hash(const char *s) {
-  uint32_t h = 2166136261u;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-  return h;
 }
 
 static void close_fd(int *fd) {
@@ -437,59 +443,234 @@ static int dial(const char *addr, int64_t deadline, int *last_errno, char *why, 
   }
 }
 
-static void encode_hello(unsigned char h[20], int rank, int size, uint32_t ph) {
-  put_u32(h, HELLO_MAGIC);
-  put_u32(h + 4, PROTO_VERSION);
-  put_u32(h + 8, (uint32_t)rank);
-  put_u32(h + 12, (uint32_t)size);
-  put_u32(h + 16, ph);
+/* ---- membership proof ---------------------------------------------------
+ *
+ * A ring connection proves that both ends hold the job's ring key (handed
+ * to every rank in its JoinResponse) by HMAC-SHA256 challenge-response:
+ *
+ *   dialer d -> acceptor a  HELLO      magic, version, d, size, nonce_d
+ *   a -> d                  CHALLENGE  magic, nonce_a,
+ *                                      HMAC(K, "acceptor" a d size nonce_d nonce_a prefix)
+ *   d -> a                  RESPONSE   magic, HMAC(K, "dialer" d a size nonce_a nonce_d prefix)
+ *   a -> d                  ACK        magic, a
+ *
+ * The labels differ per direction (no reflection), each side's MAC covers
+ * the nonce the other side chose (no replay), and the key prefix binds the
+ * proof to this job's epoch. Connections that do not finish this within
+ * HELLO_WAIT_MS are closed and counted as strays; the ring goes on. Only
+ * who connects is proven: the data itself is neither encrypted nor MACed. */
+
+static void put_hello(unsigned char *p, int rank, int size,
+                      const unsigned char nonce[NONCE_BYTES]) {
+  put_u32(p, HELLO_MAGIC);
+  put_u32(p + 4, PROTO_VERSION);
+  put_u32(p + 8, (uint32_t)rank);
+  put_u32(p + 12, (uint32_t)size);
+  memcpy(p + 16, nonce, NONCE_BYTES);
 }
 
-/* Accepts connections until one carries the left neighbour's hello; others
- * (a stray or stale peer) are closed. Returns the socket or -1 on timeout
- * or error (errno-style code in *last_errno; *strays counts rejects). */
-static int accept_left(ring *r, int lfd, uint32_t ph, int64_t deadline, int *last_errno,
-                       int *strays) {
-  *last_errno = ETIMEDOUT;
-  for (;;) {
-    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-    int left = ms_left(deadline);
-    if (left == 0) return -1;
-    int pr = poll(&pfd, 1, left);
+/* MAC of one direction: label, then the proving rank, the other rank, the
+ * size, the other side's nonce, this side's nonce and the key prefix. */
+static void ring_mac(const ring *r, const char *label, int prover, int other,
+                     const unsigned char *their_nonce, const unsigned char *my_nonce,
+                     unsigned char out[MAC_BYTES]) {
+  unsigned char msg[64 + 12 + 2 * NONCE_BYTES + 256];
+  size_t n = 0, ll = strlen(label), pl = strlen(r->prefix);
+  memcpy(msg, label, ll), n += ll;
+  put_u32(msg + n, (uint32_t)prover), n += 4;
+  put_u32(msg + n, (uint32_t)other), n += 4;
+  put_u32(msg + n, (uint32_t)r->size), n += 4;
+  memcpy(msg + n, their_nonce, NONCE_BYTES), n += NONCE_BYTES;
+  memcpy(msg + n, my_nonce, NONCE_BYTES), n += NONCE_BYTES;
+  if (pl > 255) pl = 255;
+  memcpy(msg + n, r->prefix, pl), n += pl;
+  gs__hmac_sha256(r->key, sizeof r->key, msg, n, out);
+}
+
+/* An accepted connection that has not proven itself yet. */
+typedef struct candidate {
+  int fd;
+  int got_hello;
+  size_t have; /* bytes of the current message read so far */
+  unsigned char buf[CHALLENGE_BYTES];
+  unsigned char nonce_d[NONCE_BYTES], nonce_a[NONCE_BYTES];
+  int64_t deadline;
+} candidate;
+
+/* Reads what is available toward a message of want bytes into buf.
+ * 1 = complete, 0 = not yet, -1 = closed or failed. */
+static int read_some(int fd, unsigned char *buf, size_t *have, size_t want) {
+  while (*have < want) {
+    ssize_t k = recv(fd, buf + *have, want - *have, MSG_DONTWAIT);
+    if (k > 0) {
+      *have += (size_t)k;
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    return -1;
+  }
+  return 1;
+}
+
+/* Advances candidate c: 1 = proven (ACK sent), 0 = in progress, -1 = reject. */
+static int candidate_step(ring *r, candidate *c, int64_t deadline) {
+  if (!c->got_hello) {
+    int k = read_some(c->fd, c->buf, &c->have, HELLO_BYTES);
+    if (k <= 0) return k;
+    if (get_u32(c->buf) != HELLO_MAGIC || get_u32(c->buf + 4) != PROTO_VERSION ||
+        get_u32(c->buf + 8) != (uint32_t)r->left || get_u32(c->buf + 12) != (uint32_t)r->size)
+      return -1;
+    memcpy(c->nonce_d, c->buf + 16, NONCE_BYTES);
+    if (gs__random_bytes(c->nonce_a, NONCE_BYTES) != 0) return -1;
+    unsigned char ch[CHALLENGE_BYTES];
+    put_u32(ch, CHALLENGE_MAGIC);
+    memcpy(ch + 4, c->nonce_a, NONCE_BYTES);
+    ring_mac(r, "gradsync ring acceptor", r->rank, r->left, c->nonce_d, c->nonce_a,
+             ch + 4 + NONCE_BYTES);
+    if (io_exact(c->fd, ch, sizeof ch, 1, c->deadline) != 0) return -1;
+    c->got_hello = 1;
+    c->have = 0;
+  }
+  int k = read_some(c->fd, c->buf, &c->have, RESPONSE_BYTES);
+  if (k <= 0) return k;
+  unsigned char want[MAC_BYTES];
+  ring_mac(r, "gradsync ring dialer", r->left, r->rank, c->nonce_a, c->nonce_d, want);
+  if (get_u32(c->buf) != RESPONSE_MAGIC || !gs__bytes_equal(c->buf + 4, want, MAC_BYTES)) return -1;
+  unsigned char ack[ACK_BYTES];
+  put_u32(ack, ACK_MAGIC);
+  put_u32(ack + 4, (uint32_t)r->rank);
+  return io_exact(c->fd, ack, sizeof ack, 1, deadline) == 0 ? 1 : -1;
+}
+
+/* The two halves of the rendezvous run together in one poll loop: this
+ * rank proves itself to its right neighbour (on send_fd, already connected
+ * and greeted with nonce_d) while it accepts and checks connections from
+ * its left. Running them together is what keeps the ring from waiting in a
+ * cycle: every rank answers challenges while it waits for its own.
+ * Returns 0, or an errno-style code in *e with the half that failed in
+ * *which (0 = right, 1 = left). */
+static int handshake(ring *r, int lfd, const unsigned char nonce_d[NONCE_BYTES], int64_t deadline,
+                     int *strays, int *which, int *proof_failed) {
+  candidate cand[MAX_CANDIDATES];
+  int ncand = 0, right_done = 0, right_stage = 0, e = 0;
+  size_t rhave = 0;
+  unsigned char rbuf[CHALLENGE_BYTES];
+  *proof_failed = 0;
+  while (!right_done || r->recv_fd < 0) {
+    struct pollfd pfd[MAX_CANDIDATES + 2];
+    int n = 0;
+    int64_t now = now_ms(), wake = deadline;
+    if (!right_done) pfd[n++] = (struct pollfd){.fd = r->send_fd, .events = POLLIN};
+    int lidx = -1;
+    if (r->recv_fd < 0) {
+      lidx = n;
+      pfd[n++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+    }
+    int cbase = n;
+    for (int i = 0; i < ncand; i++) {
+      pfd[n++] = (struct pollfd){.fd = cand[i].fd, .events = POLLIN};
+      if (cand[i].deadline < wake) wake = cand[i].deadline;
+    }
+    if (now >= deadline) {
+      e = ETIMEDOUT;
+      *which = right_done ? 1 : 0;
+      goto out_close;
+    }
+    int pr = poll(pfd, (nfds_t)n, ms_left(wake));
     if (pr < 0 && errno != EINTR) {
-      *last_errno = errno;
-      return -1;
+      e = errno;
+      *which = 1;
+      goto out_close;
     }
-    if (pr <= 0) continue;
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-      *last_errno = errno;
-      return -1;
-    }
-    unsigned char got[20], want[20], ack[8];
-    encode_hello(want, r->left, r->size, ph);
-    /* A silent stray must not eat the whole rendezvous budget. */
-    int64_t hello_deadline = now_ms() + 2000;
-    if (hello_deadline > deadline) hello_deadline = deadline;
-    if (io_exact(fd, got, sizeof got, 0, hello_deadline) == 0 &&
-        memcmp(got, want, sizeof want) == 0) {
-      put_u32(ack, ACK_MAGIC);
-      put_u32(ack + 4, (uint32_t)r->rank);
-      if (io_exact(fd, ack, sizeof ack, 1, deadline) == 0) {
-        tune_socket(fd);
-        return fd;
+    now = now_ms();
+    /* the right neighbour's challenge, then its ack */
+    if (!right_done && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      size_t want = right_stage == 0 ? CHALLENGE_BYTES : ACK_BYTES;
+      int k = read_some(r->send_fd, rbuf, &rhave, want);
+      if (k < 0) {
+        e = EPIPE;
+        *which = 0;
+        goto out_close;
+      }
+      if (k > 0 && right_stage == 0) {
+        unsigned char want_mac[MAC_BYTES], resp[RESPONSE_BYTES];
+        ring_mac(r, "gradsync ring acceptor", r->right, r->rank, nonce_d, rbuf + 4, want_mac);
+        if (get_u32(rbuf) != CHALLENGE_MAGIC ||
+            !gs__bytes_equal(rbuf + 4 + NONCE_BYTES, want_mac, MAC_BYTES)) {
+          e = EPROTO;
+          *which = 0;
+          *proof_failed = 1;
+          goto out_close;
+        }
+        put_u32(resp, RESPONSE_MAGIC);
+        ring_mac(r, "gradsync ring dialer", r->rank, r->right, rbuf + 4, nonce_d, resp + 4);
+        e = io_exact(r->send_fd, resp, sizeof resp, 1, deadline);
+        if (e) {
+          *which = 0;
+          goto out_close;
+        }
+        right_stage = 1;
+        rhave = 0;
+      } else if (k > 0) {
+        if (get_u32(rbuf) != ACK_MAGIC || get_u32(rbuf + 4) != (uint32_t)r->right) {
+          e = EPROTO;
+          *which = 0;
+          goto out_close;
+        }
+        right_done = 1;
       }
     }
-    (*strays)++;
-    close(fd);
+    /* candidates from the left: advance, reject or expire */
+    for (int i = ncand - 1; i >= 0; i--) {
+      int k = 0;
+      if (pfd[cbase + i].revents) k = candidate_step(r, &cand[i], deadline);
+      if (k == 0 && now >= cand[i].deadline) k = -1;
+      if (k == 0) continue;
+      if (k > 0 && r->recv_fd < 0) {
+        tune_socket(cand[i].fd);
+        r->recv_fd = cand[i].fd;
+      } else {
+        close(cand[i].fd);
+        (*strays)++;
+      }
+      cand[i] = cand[--ncand];
+    }
+    if (r->recv_fd >= 0) {
+      /* proven: whoever else is still trying is not needed */
+      for (int i = 0; i < ncand; i++) close(cand[i].fd);
+      ncand = 0;
+    } else if (lidx >= 0 && (pfd[lidx].revents & POLLIN)) {
+      int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        if (ncand == MAX_CANDIDATES) { /* make room: the oldest has had longest */
+          int oldest = 0;
+          for (int i = 1; i < ncand; i++)
+            if (cand[i].deadline < cand[oldest].deadline) oldest = i;
+          close(cand[oldest].fd);
+          (*strays)++;
+          cand[oldest] = cand[--ncand];
+        }
+        memset(&cand[ncand], 0, sizeof cand[ncand]);
+        cand[ncand].fd = fd;
+        cand[ncand].deadline = now + HELLO_WAIT_MS < deadline ? now + HELLO_WAIT_MS : deadline;
+        ncand++;
+      } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        e = errno;
+        *which = 1;
+        goto out_close;
+      }
+    }
   }
+  return 0;
+out_close:
+  for (int i = 0; i < ncand; i++) close(cand[i].fd);
+  return e;
 }
 
 static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t errlen) {
   char eb[128], my_addr[ADDR_MAX], host[256], key[512];
   const char *prefix = o->key_prefix ? o->key_prefix : "";
-  uint32_t ph = prefix_hash(prefix);
   int64_t deadline = now_ms() + o->connect_timeout_ms;
   int status = GS__ERR_DATA_PLANE;
 
@@ -560,8 +741,14 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
              why[0] ? "; " : "", why);
     goto out_close_listener;
   }
-  unsigned char hello[20];
-  encode_hello(hello, r->rank, r->size, ph);
+  unsigned char hello[HELLO_BYTES], nonce_d[NONCE_BYTES];
+  if (gs__random_bytes(nonce_d, sizeof nonce_d) != 0) {
+    snprintf(err, errlen, "tcp ring: rank %d: no random bytes for the ring handshake (OpenSSL)",
+             r->rank);
+    status = GS__ERR_INTERNAL;
+    goto out_close_listener;
+  }
+  put_hello(hello, r->rank, r->size, nonce_d);
   e = io_exact(r->send_fd, hello, sizeof hello, 1, deadline);
   if (e != 0) {
     snprintf(err, errlen, "tcp ring: rank %d lost its new connection to rank %d (%s): %s", r->rank,
@@ -569,14 +756,14 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
     goto out_close_listener;
   }
 
-  int strays = 0;
-  r->recv_fd = accept_left(r, lfd, ph, deadline, &e, &strays);
-  if (r->recv_fd < 0) {
-    char extra[160] = "";
+  int strays = 0, which = 0, proof_failed = 0;
+  e = handshake(r, lfd, nonce_d, deadline, &strays, &which, &proof_failed);
+  if (e != 0 && which == 1) {
+    char extra[200] = "";
     if (strays)
       snprintf(extra, sizeof extra,
-               " (%d other connection(s) with a wrong hello were refused: another job or "
-               "a stale address under the same key prefix?)",
+               " (%d other connection(s) that did not prove membership of this job were "
+               "dropped: another job, a stale address, or a process without the ring key)",
                strays);
     snprintf(err, errlen,
              "tcp ring: rank %d: rank %d (%s) did not connect to %s within %d ms: %s%s. Check "
@@ -586,16 +773,20 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
              errtext(e, eb, sizeof eb), extra, (unsigned)my_port);
     goto out_close_listener;
   }
-
-  unsigned char ack[8];
-  e = io_exact(r->send_fd, ack, sizeof ack, 0, deadline);
-  if (e == 0 && (get_u32(ack) != ACK_MAGIC || get_u32(ack + 4) != (uint32_t)r->right)) e = EPROTO;
   if (e != 0) {
-    snprintf(err, errlen,
-             "tcp ring: rank %d connected to rank %d at %s but it did not confirm within %d ms: "
-             "%s. If that address belongs to another process, check GRADSYNC_ADVERTISE_ADDR "
-             "and the key prefix; else check that rank's log.",
-             r->rank, r->right, r->right_addr, o->connect_timeout_ms, errtext(e, eb, sizeof eb));
+    if (proof_failed)
+      snprintf(err, errlen,
+               "tcp ring: rank %d connected to rank %d at %s but the peer did not prove "
+               "membership of this job (its HMAC under the job's ring key is wrong): that "
+               "address belongs to another process or job. Check GRADSYNC_ADVERTISE_ADDR and "
+               "that every rank uses the same coordinator.",
+               r->rank, r->right, r->right_addr);
+    else
+      snprintf(err, errlen,
+               "tcp ring: rank %d connected to rank %d at %s but it did not confirm within %d "
+               "ms: %s. If that address belongs to another process, check "
+               "GRADSYNC_ADVERTISE_ADDR and the key prefix; else check that rank's log.",
+               r->rank, r->right, r->right_addr, o->connect_timeout_ms, errtext(e, eb, sizeof eb));
     goto out_close_listener;
   }
   status = GS__OK;
@@ -1377,6 +1568,10 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
       snprintf(err, errlen, "tcp ring: the rendezvous store (kv.set/kv.get) is missing");
       return GS__ERR_INVALID_ARG;
     }
+    if (!opts->ring_key) {
+      snprintf(err, errlen, "tcp ring: ring_key is missing (the job's key from the coordinator)");
+      return GS__ERR_INVALID_ARG;
+    }
     if (opts->connect_timeout_ms <= 0 || opts->io_timeout_ms <= 0) {
       snprintf(err, errlen, "tcp ring: %s %d is not valid: need a positive number of milliseconds",
                opts->connect_timeout_ms <= 0 ? "connect_timeout_ms" : "io_timeout_ms",
@@ -1395,6 +1590,8 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
   r->right = mod(r->rank + 1, r->size);
   r->io_timeout_ms = opts->io_timeout_ms;
   r->send_fd = r->recv_fd = -1;
+  if (opts->ring_key) memcpy(r->key, opts->ring_key, sizeof r->key);
+  snprintf(r->prefix, sizeof r->prefix, "%s", opts->key_prefix ? opts->key_prefix : "");
   atomic_init(&r->aborted, 0);
   r->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (r->abort_fd < 0) {

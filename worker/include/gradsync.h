@@ -126,13 +126,26 @@ typedef struct gs_options {
                                  TCP ring. */
   int cuda_device;            /* CUDA device of the nccl backend; -1 =
                                  GRADSYNC_CUDA_DEVICE, else the local rank */
+  /* TLS toward the coordinator (gradsyncd --tls-cert/--tls-key). Each NULL =
+   * its environment variable; all unset = plaintext. */
+  const char *tls_ca;   /* PEM file of the CA that signed the coordinator's
+                           certificate: GRADSYNC_TLS_CA. Setting it turns
+                           TLS on; the coordinator address must match a
+                           name or IP in that certificate. */
+  const char *tls_cert; /* mTLS (gradsyncd --tls-client-ca): this rank's PEM
+                           certificate and key: GRADSYNC_TLS_CERT, */
+  const char *tls_key;  /* GRADSYNC_TLS_KEY */
 } gs_options;
 
 /* Sets struct_size and every other field to its "unset" value. */
 GS_API void gs_options_init(gs_options *opts);
 
 /* Joins the job and returns a context once every rank has joined and the
- * data plane is connected. opts may be NULL (everything from the
+ * data plane is connected. A wrong or missing job token fails with
+ * GS_ERR_UNAUTHENTICATED; a TLS mismatch (plaintext against a TLS
+ * coordinator, an untrusted certificate, no client certificate under mTLS)
+ * fails within seconds with GS_ERR_UNAUTHENTICATED or
+ * GS_ERR_COORDINATOR_LOST and a message saying which. opts may be NULL (everything from the
  * environment). Fails with GS_ERR_JOIN_TIMEOUT naming the ranks that never
  * joined, GS_ERR_JOIN_REFUSED / GS_ERR_ALREADY_JOINED with the coordinator's
  * reason, GS_ERR_COORDINATOR_LOST when it cannot be reached. On failure

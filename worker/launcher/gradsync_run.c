@@ -29,7 +29,14 @@
  * watchdog stop the rank. So signals and the first failure reach every host
  * and nothing is left behind there.
  *
- * Self-contained: libc only, no gradsync library. */
+ * Every job is authenticated: the gradsyncd started here gets a fresh random
+ * job token (OpenSSL RAND_bytes) in its environment, and the ranks get the
+ * same one (environment, or stdin for remote ranks; never a command line).
+ * With --coordinator the token given to the launcher (GRADSYNC_JOB_TOKEN or
+ * --token-file) is passed on.
+ *
+ * Self-contained: libc and OpenSSL's crypto (common/secret.c), no gradsync
+ * library. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -49,6 +56,7 @@
 #include <unistd.h>
 
 #include "hosts.h"
+#include "secret.h"
 
 #define MAX_RANKS 4096
 #define COORD_START_MS 30000 /* the coordinator must announce its address */
@@ -96,6 +104,7 @@ typedef struct config {
   const char *ssh_identity; /* --ssh-identity */
   const char *rsh;          /* --rsh CMD (split on blanks) */
   const char *coord_addr;   /* --coordinator-addr HOST */
+  const char *token_file;   /* --token-file: the job token of --coordinator */
   int tag_output;           /* --tag-output: "[rank@host] " */
   char **xvars;             /* -x VAR / -x VAR=value */
   int nx;
@@ -244,13 +253,16 @@ static void usage(FILE *f) {
         "                            --cycle-time-ms, --cache-capacity, --stall-warning-s and\n"
         "                            --stall-shutdown-s (for the gradsyncd started here)\n"
         "  --coordinator HOST:PORT   use a running gradsyncd instead of starting one\n"
+        "  --token-file FILE         the job token of that gradsyncd (first line of FILE);\n"
+        "                            default: GRADSYNC_JOB_TOKEN as inherited\n"
         "  --coord-arg ARG           pass ARG to the gradsyncd started here (repeatable)\n"
         "  --timeout SECONDS         stop everything after SECONDS and exit 124\n"
         "  -h, --help                show this help\n"
         "\n"
         "Without --coordinator, starts 'gradsyncd --listen 127.0.0.1:0 --world-size N\n"
         "[ARGS of --coord-arg]', found as $GRADSYNC_GRADSYNCD, else next to gradsync-run,\n"
-        "else on PATH, and stops it after the ranks.\n"
+        "else on PATH, and stops it after the ranks. That gradsyncd and the ranks share a\n"
+        "fresh random job token (GRADSYNC_JOB_TOKEN in their environment, never argv).\n"
         "With remote hosts it listens on the address they reach this machine by.\n"
         "Each rank gets GRADSYNC_COORDINATOR, GRADSYNC_RANK, GRADSYNC_SIZE,\n"
         "GRADSYNC_LOCAL_RANK and GRADSYNC_LOCAL_SIZE on top of the inherited environment,\n"
@@ -321,6 +333,9 @@ static int parse_args(int argc, char **argv, config *cfg) {
       if (!v || !strchr(v, ':') || v[0] == ':' || v[strlen(v) - 1] == ':')
         return bad_usage("--coordinator needs HOST:PORT, got '%s'", v ? v : "");
       cfg->coordinator = v;
+    } else if (take_opt(argc, argv, &i, "--token-file", &v)) {
+      if (!v || !*v) return bad_usage("%s needs a file name", "--token-file");
+      cfg->token_file = v;
     } else if (take_opt(argc, argv, &i, "--coord-arg", &v)) {
       if (!v) return bad_usage("%s needs a value", "--coord-arg");
       cfg->coord_args[cfg->n_coord_args++] = (char *)v;
@@ -397,6 +412,9 @@ static int parse_args(int argc, char **argv, config *cfg) {
   if (cfg->coordinator && (cfg->n_coord_args > 0 || cfg->n_hvd_args > 0))
     return bad_usage("%s", "--coord-arg and horovodrun-style coordinator flags have no effect "
                            "with --coordinator (no gradsyncd is started)");
+  if (cfg->token_file && !cfg->coordinator)
+    return bad_usage("%s", "--token-file goes with --coordinator (the gradsyncd started here gets "
+                           "a fresh token)");
   if (cfg->coordinator && cfg->coord_addr)
     return bad_usage("%s", "--coordinator-addr goes with the gradsyncd started here, not with "
                            "--coordinator");
@@ -691,6 +709,7 @@ static void child_exec(launcher *L, int out_w, int err_w, int ctl_r, char **argv
   }
   dup2(out_w, 1);
   dup2(err_w, 2);
+  if (rank < 0 && L->token[0]) setenv("GRADSYNC_JOB_TOKEN", L->token, 1); /* our gradsyncd */
   if (rank >= 0 && is_remote(L, rank)) {
     argv = remote_argv(L, rank);
     if (!argv) {
@@ -1310,6 +1329,36 @@ static int plan_hosts(launcher *L) {
   return 0;
 }
 
+/* The job token the children get: a fresh one for our own gradsyncd, the
+ * --token-file's, or GRADSYNC_JOB_TOKEN as inherited. 0, or -1 (said). */
+static int choose_token(launcher *L) {
+  char err[512];
+  if (!L->cfg.coordinator) {
+    if (gs__token_generate(L->token) != 0) {
+      say(L, "cannot make a job token: OpenSSL's random generator failed");
+      return -1;
+    }
+    return 0;
+  }
+  if (L->cfg.token_file) {
+    if (gs__token_read_file(L->cfg.token_file, L->token, err, sizeof err) != 0) {
+      say(L, "--token-file: %s", err);
+      return -1;
+    }
+    return 0;
+  }
+  const char *t = getenv("GRADSYNC_JOB_TOKEN");
+  if (t && *t) {
+    if (strlen(t) >= sizeof L->token || gs__token_check(t, err, sizeof err) != 0) {
+      say(L, "GRADSYNC_JOB_TOKEN: %s",
+          strlen(t) >= sizeof L->token ? "longer than 512 characters" : err);
+      return -1;
+    }
+    snprintf(L->token, sizeof L->token, "%s", t);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static launcher L;
   int rc = parse_args(argc, argv, &L.cfg);
@@ -1322,12 +1371,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (plan_hosts(&L) != 0) return 1;
-  const char *t = getenv("GRADSYNC_JOB_TOKEN");
-  if (t && *t) snprintf(L.token, sizeof L.token, "%s", t);
-  if (strchr(L.token, '\n')) {
-    say(&L, "GRADSYNC_JOB_TOKEN holds a newline; a job token is one line");
-    return 2;
-  }
+  if (choose_token(&L) != 0) return L.cfg.coordinator ? 2 : 1;
   char self[256] = "localhost";
   gethostname(self, sizeof self - 1);
   stream_init(&L.coord.out, 1, "[coord] ");
