@@ -121,6 +121,12 @@ static const gs__setting table[GS__S_COUNT] = {
                            "65536", NULL, 16, 1 << 24, NULL, GS__FOR_SERVER, "N",
                            "Rendezvous store key limit; a KvSet of a new key past it fails with "
                            "RESOURCE_EXHAUSTED."},
+    [GS__S_DIAGNOSTICS_OPEN] = {"diagnostics_open", "--diagnostics-open",
+                                "GRADSYNC_DIAGNOSTICS_OPEN", NULL, GS__T_BOOL, "0", NULL, 0, 1,
+                                NULL, GS__FOR_SERVER, NULL,
+                                "Let gradsync.v1.Diagnostics' read-only calls through without "
+                                "the job token (AbortJob still needs it). Health and reflection "
+                                "are always open."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},

@@ -50,6 +50,7 @@ typedef enum gs__setting_id {
   GS__S_TLS_CLIENT_CA,
   GS__S_KV_MAX_BYTES,
   GS__S_KV_MAX_KEYS,
+  GS__S_DIAGNOSTICS_OPEN,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,

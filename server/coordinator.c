@@ -66,6 +66,8 @@ struct gs__coordinator {
   gs__identities *ids;
   uint8_t ring_key[GS__SECRET_BYTES]; /* the job's data-plane key */
   uint64_t join_timeout_ms;
+  gs__event_sink sink;
+  void *sink_arg;
   gs__method methods[M_COUNT];
   gs__service service;
 };
@@ -340,7 +342,9 @@ static void flush_outbox(gs__coordinator *co) {
   for (size_t i = 0; i < co->box.n; i++) {
     gs__out *o = &co->box.items[i];
     if (o->kind == GS__OUT_LOG) {
-      gs__log((gs__log_level)o->level, "%s", o->text ? o->text : "");
+      if (o->level >= 0) gs__log((gs__log_level)o->level, "%s", o->text ? o->text : "");
+      if (o->event && co->sink)
+        co->sink(co->sink_arg, o->event, o->event_rank, o->text ? o->text : "");
       continue;
     }
     if (o->kind == GS__OUT_CLOSE_RANK) {
@@ -588,6 +592,22 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
   };
   *out = co;
   return GS__OK;
+}
+
+void gs__coordinator_set_event_sink(gs__coordinator *co, gs__event_sink fn, void *arg) {
+  co->sink = fn;
+  co->sink_arg = arg;
+}
+
+void gs__coordinator_abort(gs__coordinator *co, const char *reason) {
+  gs__engine_abort(co->engine, reason, &co->box);
+  flush_outbox(co);
+}
+
+int gs__coordinator_sessions(const gs__coordinator *co) {
+  int n = 0;
+  for (const session *ss = co->sessions; ss; ss = ss->next) n++;
+  return n;
 }
 
 const gs__service *gs__coordinator_service(gs__coordinator *c) {

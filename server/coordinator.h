@@ -32,6 +32,14 @@ int gs__coordinator_create(const gs__coordinator_opts *opts, gs__server *s, gs__
 const gs__service *gs__coordinator_service(gs__coordinator *c);
 /* The engine, for read-only views (diagnostics); queue thread only. */
 gs__engine *gs__coordinator_engine(gs__coordinator *c);
+/* Events of the engine (rank joined/lost, stall, ...) go to fn as they
+ * happen (queue thread; text borrowed for the call). One sink. */
+typedef void (*gs__event_sink)(void *arg, int kind, int32_t rank, const char *text);
+void gs__coordinator_set_event_sink(gs__coordinator *c, gs__event_sink fn, void *arg);
+/* An operator aborts the job: every rank is told reason. */
+void gs__coordinator_abort(gs__coordinator *c, const char *reason);
+/* Open sessions (ranks connected now). */
+int gs__coordinator_sessions(const gs__coordinator *c);
 /* Frees it, after the server is destroyed. NULL is a no-op. */
 void gs__coordinator_destroy(gs__coordinator *c);
 

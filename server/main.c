@@ -14,12 +14,16 @@
 #include "settings.h"
 #include "status.h"
 #include "coordinator.h"
+#include "diagnostics.h"
+#include "health.h"
+#include "reflection.h"
 #include "transport.h"
 
 static void usage(FILE *f) {
   fputs("usage: gradsyncd [options]   (--flag VALUE or --flag=VALUE)\n", f);
   gs__settings_usage(f, GS__FOR_SERVER);
   fputs("  -h, --help                this text\n"
+        "  --version                 print the version and exit\n"
         "Prints 'gradsyncd listening on HOST:PORT' on stdout once ready.\n",
         f);
 }
@@ -77,6 +81,21 @@ static int check_security(gs__server_opts *o, const char *token_file, char *file
   return 0;
 }
 
+/* The effective settings of gradsyncd by key, for GetStatus (values
+ * malloc'd; secrets as "(set)"). Returns how many. */
+static size_t effective_settings(const gs__settings *cfg, gs__diag_setting *out, size_t cap) {
+  size_t n = 0;
+  char buf[1024];
+  for (int id = 0; id < GS__S_COUNT && n < cap; id++) {
+    const gs__setting *row = gs__setting_get((gs__setting_id)id);
+    if (!(row->scope & GS__FOR_SERVER)) continue;
+    out[n].key = (char *)row->key;
+    out[n].value = strdup(gs__settings_format(cfg, (gs__setting_id)id, buf, sizeof buf));
+    if (out[n].value) n++;
+  }
+  return n;
+}
+
 int main(int argc, char **argv) {
   gs__log_init("gradsyncd");
   char err[GS__MAX_TEXT];
@@ -86,6 +105,11 @@ int main(int argc, char **argv) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
+      gs__settings_free(&cfg);
+      return 0;
+    }
+    if (!strcmp(a, "--version")) {
+      printf("gradsyncd %s\n", GS__VERSION);
       gs__settings_free(&cfg);
       return 0;
     }
@@ -144,18 +168,36 @@ int main(int argc, char **argv) {
 
   gs__server *s = NULL;
   gs__coordinator *co = NULL;
+  gs__diagnostics *diag = NULL;
+  gs__health *health = NULL;
+  gs__reflection *refl = NULL;
   int rc = 1;
+  gs__diag_setting settings[GS__S_COUNT];
+  size_t nset = effective_settings(&cfg, settings, GS__S_COUNT);
+  gs__diagnostics_opts dopts = {(int)gs__settings_int(&cfg, GS__S_DIAGNOSTICS_OPEN), settings,
+                                nset, GS__VERSION};
+  /* What health and reflection name (reflection adds itself). */
+  static const char *const served[] = {"gradsync.v1.Coordinator", "gradsync.v1.Diagnostics",
+                                       "grpc.health.v1.Health"};
   if (gs__server_create(&so, &s, err, sizeof err) != GS__OK) {
-    GS_LOG_ERROR("%s", err);
-    gs__settings_free(&cfg);
-    return 1;
-  }
-  if (gs__coordinator_create(&o, s, &co, err, sizeof err) != GS__OK ||
-      gs__server_add_service(s, gs__coordinator_service(co)) != GS__OK ||
-      gs__server_start(s, err, sizeof err) != GS__OK) {
     GS_LOG_ERROR("%s", err);
     goto out_destroy;
   }
+  if (gs__coordinator_create(&o, s, &co, err, sizeof err) != GS__OK) goto out_err;
+  snprintf(err, sizeof err, "out of memory");
+  if (gs__diagnostics_create(&dopts, co, &diag) != GS__OK ||
+      gs__health_create(served, 3, &health) != GS__OK ||
+      gs__reflection_create(served, 3, &refl, err, sizeof err) != GS__OK)
+    goto out_err;
+  if (gs__server_add_service(s, gs__coordinator_service(co)) != GS__OK ||
+      gs__server_add_service(s, gs__diagnostics_service(diag)) != GS__OK ||
+      gs__server_add_service(s, gs__health_service(health)) != GS__OK ||
+      gs__server_add_service(s, gs__reflection_service_v1alpha(refl)) != GS__OK ||
+      gs__server_add_service(s, gs__reflection_service_v1(refl)) != GS__OK) {
+    snprintf(err, sizeof err, "internal: could not register the services");
+    goto out_err;
+  }
+  if (gs__server_start(s, err, sizeof err) != GS__OK) goto out_err;
   char host[256];
   snprintf(host, sizeof host, "%s", so.listen);
   char *colon = strrchr(host, ':');
@@ -170,9 +212,16 @@ int main(int argc, char **argv) {
                                                 : "server certificate only");
   gs__server_run(s, should_stop, &set);
   rc = 0;
+  goto out_destroy;
+out_err:
+  GS_LOG_ERROR("%s", err);
 out_destroy:
   gs__server_destroy(s);
+  gs__diagnostics_destroy(diag);
+  gs__health_destroy(health);
+  gs__reflection_destroy(refl);
   gs__coordinator_destroy(co);
+  for (size_t i = 0; i < nset; i++) free(settings[i].value);
   if (rc == 0) GS_LOG_INFO("stopped");
   gs__settings_free(&cfg);
   return rc;

@@ -118,6 +118,7 @@ void gs__eng_check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
         free(e->last_stall);
         e->last_stall = report;
         e->stall_reports++;
+        gs__eng_out_event(box, -1, GS__EV_STALL, -1, "%s", report);
         gs__eng_abort_job(e, GS__ERR_STALL, text, box);
         free(text);
         return;
@@ -130,7 +131,7 @@ void gs__eng_check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   if (oldest < warn_ms) return;
   char *report = stall_report(e, now_ms, warn_ms);
   if (!report) return;
-  gs__eng_out_log(box, GS__LOG_WARN, "%s", report);
+  gs__eng_out_event(box, GS__LOG_WARN, GS__EV_STALL, -1, "%s", report);
   free(e->last_stall);
   e->last_stall = report;
   e->stall_reports++;
@@ -203,9 +204,8 @@ void gs__eng_check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   e->deadlocks++;
   free(e->last_deadlock);
   e->last_deadlock = strdup(text);
-  if (e->cfg.deadlock_warn_only)
-    gs__eng_out_log(box, GS__LOG_WARN, "%s", text);
-  else
-    gs__eng_abort_job(e, GS__ERR_DEADLOCK, text, box);
+  gs__eng_out_event(box, e->cfg.deadlock_warn_only ? GS__LOG_WARN : -1, GS__EV_DEADLOCK, -1, "%s",
+                    text);
+  if (!e->cfg.deadlock_warn_only) gs__eng_abort_job(e, GS__ERR_DEADLOCK, text, box);
   free(text);
 }

@@ -203,7 +203,8 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
     }
     msg.plan.nresponses++;
     if (rp->kind == GS__RESP_ERROR) {
-      gs__eng_out_log(box, GS__LOG_WARN, "%s", rp->error_message);
+      e->mismatches++;
+      gs__eng_out_event(box, GS__LOG_WARN, GS__EV_MISMATCH, -1, "%s", rp->error_message);
       continue;
     }
     e->tensors_planned++;
@@ -227,9 +228,11 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
   for (size_t i = 0; i < msg.plan.nresponses; i++) {
     gs__response *rp = &resps[i];
     if (rp->kind != GS__RESP_COLLECTIVE) continue;
+    e->collectives++;
     for (size_t k = 0; k < rp->ntensors; k++) {
       entry *en = NULL;
       HASH_FIND_STR(e->table, rp->tensors[k].name, en);
+      if (en) e->bytes_planned += en->bytes;
       if (en) rp->tensors[k].cache_id = gs__eng_cache_assign(e, &en->variants[0]);
     }
   }

@@ -45,6 +45,20 @@ void gs__eng_out_log(gs__outbox *box, int level, const char *fmt, ...) {
   o->text = strdup(buf);
 }
 
+void gs__eng_out_event(gs__outbox *box, int level, int event, int32_t rank, const char *fmt, ...) {
+  char buf[GS__MAX_TEXT];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  gs__out *o = gs__eng_out_push(box, GS__OUT_LOG);
+  if (!o) return;
+  o->level = level;
+  o->text = strdup(buf);
+  o->event = event;
+  o->event_rank = rank;
+}
+
 void gs__outbox_clear(gs__outbox *box) {
   for (size_t i = 0; i < box->n; i++) {
     gs__plan_msg_free(&box->items[i].msg);
@@ -185,9 +199,14 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
     s->state = RANK_LEFT;
     e->nconnected--;
     if (e->left_rank < 0) e->left_rank = rank;
-    gs__eng_out_log(box, GS__LOG_INFO, "rank %d (%s:%d) left the job%s%s", rank,
-                    gs__eng_rank_host(e, rank), s->pid, msg->leave_reason[0] ? ": " : "",
-                    msg->leave_reason);
+    gs__eng_out_event(box, GS__LOG_INFO, GS__EV_RANK_LEFT, rank, "rank %d (%s:%d) left the job%s%s",
+                      rank, gs__eng_rank_host(e, rank), s->pid, msg->leave_reason[0] ? ": " : "",
+                      msg->leave_reason);
+    int32_t nleft = 0;
+    for (int32_t q = 0; q < e->world; q++) nleft += e->ranks[q].state == RANK_LEFT;
+    if (nleft == e->world)
+      gs__eng_out_event(box, GS__LOG_INFO, GS__EV_JOB_FINISHED, -1,
+                        "every rank left cleanly: the job finished");
   }
   if (e->left_rank >= 0) gs__eng_fail_pending(e);
   for (size_t i = 0; i < msg->nrequests; i++) {
@@ -264,6 +283,10 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->pending_tensors = HASH_COUNT(e->table);
   out->stall_reports = e->stall_reports;
   out->deadlocks = e->deadlocks;
+  out->collectives = e->collectives;
+  out->bytes_planned = e->bytes_planned;
+  out->mismatches = e->mismatches;
+  out->ranks_lost = e->ranks_lost;
   out->cache_hits = e->cache_hits;
   out->full_requests = e->full_requests;
   out->cache_entries = e->ncache;

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "diag_messages.h"
 #include "messages.h"
 
 typedef struct gs__engine gs__engine;
@@ -46,10 +47,12 @@ typedef enum gs__out_kind {
 
 typedef struct gs__out {
   gs__out_kind kind;
-  int32_t rank;     /* TO_RANK */
-  gs__plan_msg msg; /* TO_ALL, TO_RANK: owned by the outbox */
-  int level;        /* LOG: a gs__log_level */
-  char *text;       /* LOG: owned by the outbox */
+  int32_t rank;       /* TO_RANK */
+  gs__plan_msg msg;   /* TO_ALL, TO_RANK: owned by the outbox */
+  int level;          /* LOG: a gs__log_level; -1: an event only, not logged */
+  char *text;         /* LOG: owned by the outbox */
+  int event;          /* LOG: a gs__event_kind for watchers (GS__EV_NONE: none) */
+  int32_t event_rank; /* LOG with event: the rank concerned, -1 when none */
 } gs__out;
 
 typedef struct gs__outbox {
@@ -117,6 +120,10 @@ typedef struct gs__engine_stats {
   size_t cache_entries;
   size_t local_names;      /* names registered local on some rank */
   uint64_t plans_replayed; /* plans sent as a template id */
+  uint64_t collectives;    /* collective responses planned (a fused op counts once) */
+  uint64_t bytes_planned;  /* bytes of the tensors planned (first request's size) */
+  uint64_t mismatches;     /* error responses planned (mismatches, local conflicts) */
+  uint64_t ranks_lost;     /* ranks declared lost */
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
 
@@ -124,5 +131,23 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
  * valid until its next event. */
 const char *gs__engine_last_stall(const gs__engine *e);
 const char *gs__engine_last_deadlock(const gs__engine *e);
+
+/* ---- views for diagnostics (queue thread; results owned by the caller,
+ * freed with their gs__diag_*_free) ------------------------------------- */
+
+/* World, ranks and counters; leaves version, settings, uptime to the
+ * caller. GS__OK or GS__ERR_NO_MEMORY. */
+int gs__engine_status(const gs__engine *e, uint64_t now_ms, gs__diag_status *out);
+/* Pending entries in arrival order, filtered and paged by q. */
+int gs__engine_list_pending(const gs__engine *e, const gs__diag_pending_query *q, uint64_t now_ms,
+                            gs__diag_pending_list *out);
+/* Entries older than the stall warning time, and what every blocked rank
+ * waits on (missing from whom), with the latest reports. */
+int gs__engine_stalls(const gs__engine *e, uint64_t now_ms, gs__diag_stalls *out);
+/* Local (model-parallel) names per rank, ranks without any left out. */
+int gs__engine_locals(const gs__engine *e, gs__diag_locals *out);
+/* An operator aborts the job: every rank gets GS__ERR_ABORTED with reason.
+ * No-op when the job already ended. */
+void gs__engine_abort(gs__engine *e, const char *reason, gs__outbox *box);
 
 #endif

@@ -143,6 +143,7 @@ struct gs__engine {
   uint32_t *forget; /* template ids to announce in the next plan */
   size_t nforget, forget_cap;
   uint64_t plans_replayed;
+  uint64_t collectives, bytes_planned, mismatches, ranks_lost;
   recent_plan recent[RECENT_PLANS];
 };
 
@@ -152,6 +153,9 @@ struct gs__engine {
 gs__out *gs__eng_out_push(gs__outbox *box, gs__out_kind kind);
 void gs__eng_out_log(gs__outbox *box, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A log line that is also an event for watchers (level -1: event only). */
+void gs__eng_out_event(gs__outbox *box, int level, int event, int32_t rank, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Appends to buf (bounded, always NUL-terminated). */
 void gs__eng_append(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

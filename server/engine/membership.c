@@ -130,12 +130,14 @@ int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__ou
     for (int32_t r = 0; r < e->world; r++) e->ranks[r].last_msg_ms = now_ms;
     e->next_stall_check_ms = now_ms + (uint64_t)e->cfg.job.stall_warning_s * 1000u;
   }
-  gs__eng_out_log(box, GS__LOG_INFO, "rank %d (%s:%d) connected; %d of %d ranks present", rank,
-                  gs__eng_rank_host(e, rank), s->pid, e->nconnected, e->world);
+  gs__eng_out_event(box, GS__LOG_INFO, GS__EV_RANK_JOINED, rank,
+                    "rank %d (%s:%d) connected; %d of %d ranks present", rank,
+                    gs__eng_rank_host(e, rank), s->pid, e->nconnected, e->world);
   gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
   if (o && gs__eng_world_status(e, &o->msg) != GS__OK) box->n--;
   if (e->world_ready)
-    gs__eng_out_log(box, GS__LOG_INFO, "all %d ranks connected: world ready", e->world);
+    gs__eng_out_event(box, GS__LOG_INFO, GS__EV_WORLD_READY, -1,
+                      "all %d ranks connected: world ready", e->world);
   return GS__OK;
 }
 
@@ -153,7 +155,7 @@ static void pending_names(const gs__engine *e, char *buf, size_t cap) {
 
 void gs__eng_abort_job(gs__engine *e, int status, const char *text, gs__outbox *box) {
   e->aborted = 1;
-  gs__eng_out_log(box, GS__LOG_ERROR, "aborting the job: %s", text);
+  gs__eng_out_event(box, GS__LOG_ERROR, GS__EV_JOB_ABORTED, -1, "aborting the job: %s", text);
   gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
   if (!o) return;
   o->msg.kind = GS__MSG_ABORT;
@@ -171,9 +173,10 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
     /* Still gathering: the slot is free again (a restarted process may take
      * it) and the rank is reported as gone, apart from the ranks that never
      * came, so the others' join timeout names both for what they are. */
-    gs__eng_out_log(box, GS__LOG_WARN, "rank %d (%s:%d) disconnected before the job started: %s",
-                    rank, gs__eng_rank_host(e, rank), s->pid,
-                    detail && *detail ? detail : "session ended");
+    gs__eng_out_event(box, GS__LOG_WARN, GS__EV_RANK_LOST, rank,
+                      "rank %d (%s:%d) disconnected before the job started: %s", rank,
+                      gs__eng_rank_host(e, rank), s->pid,
+                      detail && *detail ? detail : "session ended");
     s->state = RANK_GONE;
     gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
     if (o && gs__eng_world_status(e, &o->msg) != GS__OK) box->n--;
@@ -195,7 +198,8 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
            running[0] ? "; scheduled but not finished by it: [" : "", running,
            running[0] ? "]" : "", rank);
   e->aborted = 1;
-  gs__eng_out_log(box, GS__LOG_ERROR, "%s", text);
+  e->ranks_lost++;
+  gs__eng_out_event(box, GS__LOG_ERROR, GS__EV_RANK_LOST, rank, "%s", text);
   gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
   if (!o) return;
   o->msg.kind = GS__MSG_ABORT;

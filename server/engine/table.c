@@ -392,7 +392,8 @@ void gs__eng_register_local(gs__engine *e, int32_t rank, const char *name, gs__o
   char text[GS__MAX_TEXT];
   local_conflict_text(e, ln, subs, n, en->variants[0].op, text, sizeof text);
   for (size_t i = 0; i < n; i++) gs__eng_rank_error(box, subs[i], name, GS__ERR_MISMATCH, text);
-  gs__eng_out_log(box, GS__LOG_WARN, "%s", text);
+  e->mismatches++;
+  gs__eng_out_event(box, GS__LOG_WARN, GS__EV_MISMATCH, -1, "%s", text);
   free(subs);
   gs__eng_entry_drop(e, en);
 }
