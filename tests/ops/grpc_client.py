@@ -8,7 +8,8 @@ usage: grpc_client.py ADDR TOKEN COMMAND [ARGS]
   reflect               list services, fetch files by symbol and by name,
                         unknown symbol -> error; prints JSON
   call METHOD JSON      unary Diagnostics call (reflected stubs), JSON out
-  watch N               WatchEvents: print the first N events as JSON lines
+  watch N [KIND]        WatchEvents: print events as JSON lines, stop after N
+                        or after the first event of KIND (EVENT_STALL ...)
   health SERVICE        Health/Check -> status name or the gRPC code
   health-watch SERVICE  Health/Watch: print each status until the stream ends
 Exit 77 when grpcio or protoc is missing.
@@ -85,7 +86,8 @@ def msg_class(pool, name):
 
 
 def to_json(m):
-    return json_format.MessageToDict(m, preserving_proto_field_name=True)
+    return json_format.MessageToDict(m, preserving_proto_field_name=True,
+                                   including_default_value_fields=True)
 
 
 def fail(e):
@@ -142,7 +144,7 @@ elif cmd == "watch":
         for ev in stub(Req(), metadata=md, timeout=float(os.environ.get("WATCH_TIMEOUT", "60"))):
             print(json.dumps(to_json(ev)), flush=True)
             n += 1
-            if n >= want:
+            if n >= want or (len(args) > 1 and to_json(ev)["kind"] == args[1]):
                 break
     except grpc.RpcError as e:
         fail(e)

@@ -1,0 +1,276 @@
+#!/usr/bin/python3
+"""The operators' view end to end: a real gradsyncd, real worker processes
+(gs-test-worker), gradsyncctl, and a third-party client (Debian's
+python3-grpcio, stubs built only from reflected descriptors; see
+grpc_client.py).
+
+usage: test_ops.py BIN_DIR    exit 0 pass, 1 fail, 77 skip (no python3-grpcio)
+"""
+import json, os, re, signal, subprocess, sys, tempfile, time
+
+BIN = sys.argv[1]
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = "/usr/bin/python3"
+TOKEN = "ops-test-token-%d" % os.getpid()
+procs = []
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def start(args, env=None, **kw):
+    p = subprocess.Popen(args, env=env, **kw)
+    procs.append(p)
+    return p
+
+
+def cleanup():
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def gradsyncd(*extra):
+    d = start([os.path.join(BIN, "gradsyncd"), "--world-size", "2", *extra],
+              stdout=subprocess.PIPE, stderr=open(LOG, "a"), text=True)
+    line = d.stdout.readline().strip()
+    m = re.match(r"gradsyncd listening on (\S+):(\d+)$", line)
+    if not m:
+        raise SystemExit("gradsyncd did not start: %r" % line)
+    return d, "127.0.0.1:" + m.group(2)
+
+
+def worker(addr, rank, hold_ms):
+    env = dict(os.environ, GRADSYNC_COORDINATOR=addr, GRADSYNC_RANK=str(rank), GRADSYNC_SIZE="2",
+               GRADSYNC_JOB_TOKEN=TOKEN)
+    return start([os.path.join(BIN, "gs-test-worker"), "hold", str(hold_ms)], env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def client(addr, token, *args, timeout=60):
+    r = subprocess.run([PY, os.path.join(HERE, "grpc_client.py"), addr, token, *args],
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode == 77:
+        print(r.stdout, r.stderr)
+        cleanup()
+        sys.exit(77)
+    return r
+
+
+def ctl(addr, *args, token=TOKEN, timeout=60):
+    env = dict(os.environ, GRADSYNC_JOB_TOKEN=token)
+    env.pop("GRADSYNC_COORDINATOR", None)
+    return subprocess.run([os.path.join(BIN, "gradsyncctl"), "--addr", addr, *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(pred, what, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    check(False, "in time: " + what)
+    return False
+
+
+def parse_prometheus(text):
+    """Checks the text exposition format line by line; returns {name: value}."""
+    types, values = {}, {}
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("# HELP "):
+            continue
+        m = re.match(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$", line)
+        if m:
+            types[m.group(1)] = m.group(2)
+            continue
+        m = re.match(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*\})? ([-+0-9.eE]+|NaN|[+-]Inf)$', line)
+        if not m:
+            raise ValueError("not Prometheus text: %r" % line)
+        if m.group(1) not in types:
+            raise ValueError("sample without # TYPE: %r" % line)
+        if types[m.group(1)] == "counter" and not m.group(1).endswith("_total"):
+            raise ValueError("counter not named *_total: %s" % m.group(1))
+        values[m.group(1)] = float(m.group(4))
+    return values
+
+
+LOG = tempfile.mktemp(prefix="gs-test-ops-", suffix=".log")
+try:
+    if subprocess.run([PY, "-c", "import grpc, google.protobuf"]).returncode != 0:
+        print("SKIP: Debian python3-grpcio / python3-protobuf not installed")
+        sys.exit(77)
+
+    # ---- a job whose rank 1 has not submitted (it sleeps before its op) ----
+    d, addr = gradsyncd("--token", TOKEN, "--stall-warning-s", "1")
+    w0 = worker(addr, 0, 0)
+    w1 = worker(addr, 1, 25000)
+
+    def pending_named():
+        r = client(addr, TOKEN, "call", "ListPending", "{}")
+        return r.returncode == 0 and "hold/tensor" in r.stdout
+
+    wait_for(pending_named, "rank 0's tensor pending")
+    watch = start([PY, os.path.join(HERE, "grpc_client.py"), addr, TOKEN, "watch", "50", "EVENT_STALL"],
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  env=dict(os.environ, WATCH_TIMEOUT="60"))
+
+    r = client(addr, "", "reflect")
+    check(r.returncode == 0, "reflection answers without a token: " + r.stderr[-300:])
+    refl = json.loads(r.stdout)
+    services = ["gradsync.v1.Coordinator", "gradsync.v1.Diagnostics", "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"]
+    check(refl["services_v1"] == services, "v1 lists every service: %s" % refl["services_v1"])
+    check(refl["services_v1alpha"] == services, "v1alpha lists every service")
+    check(refl["by_symbol_diagnostics"] == ["gradsync/v1/diagnostics.proto",
+                                           "gradsync/v1/diagnostics_messages.proto",
+                                           "gradsync/v1/messages.proto"],
+          "file by symbol with dependencies: %s" % refl["by_symbol_diagnostics"])
+    check(refl["by_file_coordinator"] == ["gradsync/v1/coordinator.proto", "gradsync/v1/messages.proto"],
+          "file by name: %s" % refl["by_file_coordinator"])
+    check(refl["unknown_symbol"] == [5, "symbol not found: no.such.Symbol"],
+          "unknown symbol -> NOT_FOUND error response: %s" % refl["unknown_symbol"])
+    check(refl["unknown_file"][0] == 5, "unknown file -> NOT_FOUND error response")
+    check(refl["diagnostics_methods"] == ["GetStatus", "ListPending", "ListStalls", "ListLocalVars",
+                                          "WatchEvents", "GetMetrics", "StartTimeline",
+                                          "StopTimeline", "AbortJob"], "Diagnostics methods reflected")
+    check(refl["settings_entry"] == "SettingsEntry" and refl["settings_is_map"],
+          "map field reflected as a standard SettingsEntry map entry")
+
+    r = client(addr, TOKEN, "call", "ListPending", "{}")
+    lp = json.loads(r.stdout)
+    t = lp["tensors"][0]
+    check(len(lp["tensors"]) == 1 and t["name"] == "hold/tensor" and t["missing_ranks"] == [1]
+          and t["submitted_ranks"] == [0] and t["op"] == "OP_ALLREDUCE" and t["shape"] == ["64"],
+          "ListPending (reflected stubs) names the tensor and the missing rank: %s" % t)
+    r = client(addr, TOKEN, "call", "ListPending", '{"missing_ranks":[0]}')
+    check(r.returncode == 0 and json.loads(r.stdout)["tensors"] == [],
+          "ListPending filtered by a rank that is not missing: nothing")
+    r = client(addr, TOKEN, "call", "ListPending", '{"name_prefix":"hold/"}')
+    check(json.loads(r.stdout)["total"] == 1, "ListPending filtered by name prefix")
+    r = client(addr, TOKEN, "call", "ListPending", '{"page_token":"bogus"}')
+    check(r.returncode == 3 and "INVALID_ARGUMENT" in r.stdout, "a bad page token is refused")
+    r = client(addr, TOKEN, "call", "GetStatus", "{}")
+    st = json.loads(r.stdout)
+    check(st["world_size"] == 2 and st["version"] and st["world_ready"]
+          and [x["state"] for x in st["ranks"]] == ["connected", "connected"]
+          and st["ranks"][0]["blocked_on"] == ["hold/tensor"] and st["settings"]["token"] == "(set)",
+          "GetStatus (reflected stubs): world, version, ranks, blocked-on, settings")
+
+    r = ctl(addr, "pending")
+    check(r.returncode == 0 and re.search(r"^hold/tensor\s+allreduce\s+int32\s+\[64\]\s+\S+\s+\[0\]\s+\[1\]",
+                                          r.stdout, re.M) is not None,
+          "gradsyncctl pending names the tensor and missing rank 1:\n" + r.stdout)
+    r = ctl(addr, "pending", "--json", "--rank", "1")
+    check(r.returncode == 0 and json.loads(r.stdout)[0]["missing_ranks"] == [1],
+          "gradsyncctl pending --json --rank 1")
+    r = ctl(addr, "--json", "stalls")
+
+    def stalled():
+        s = json.loads(ctl(addr, "--json", "stalls").stdout)
+        return s["stalled"] and s["waits"]
+
+    wait_for(stalled, "ListStalls shows the stall")
+    s = json.loads(ctl(addr, "--json", "stalls").stdout)
+    check(s["waits"] == [{"rank": 0, "waits_on": [{"name": "hold/tensor", "pending": True,
+                                                    "missing_ranks": [1]}]}],
+          "stalls: rank 0 waits on hold/tensor, missing from rank 1: %s" % s["waits"])
+    check("Missing ranks:" in s["last_stall_report"] and "hold/tensor" in s["last_stall_report"],
+          "stalls: the latest stall report")
+
+    r = ctl(addr, "metrics")
+    try:
+        m = parse_prometheus(r.stdout)
+        check(m["gradsync_pending_tensors"] == 1 and m["gradsync_live_ranks"] == 2
+              and "gradsync_stalls_total" in m and "gradsync_ranks_lost_total" in m
+              and "gradsync_cache_misses_total" in m and "gradsync_bytes_total" in m,
+              "GetMetrics parses as Prometheus text with the gauges and counters")
+    except ValueError as e:
+        check(False, "GetMetrics parses as Prometheus text: %s" % e)
+
+    # token rules: Diagnostics needs the token, Health and reflection do not
+    r = client(addr, "", "call", "GetStatus", "{}")
+    check(r.returncode == 3 and "UNAUTHENTICATED" in r.stdout, "GetStatus without the token refused")
+    r = client(addr, "wrong", "call", "ListPending", "{}")
+    check("UNAUTHENTICATED" in r.stdout, "ListPending with a wrong token refused")
+    r = client(addr, "", "call", "AbortJob", '{"reason":"x"}')
+    check("UNAUTHENTICATED" in r.stdout, "AbortJob without the token refused")
+    r = ctl(addr, "status", token="")
+    check(r.returncode == 1 and "refused" in r.stderr, "gradsyncctl status without token: exit 1")
+    r = client(addr, "", "health", "")
+    check(r.stdout.strip() == "SERVING", "Health/Check without a token: SERVING")
+    r = client(addr, "", "health", "no.such.Service")
+    check(r.stdout.strip() == "NOT_FOUND", "Health/Check of an unknown service: NOT_FOUND")
+    r = ctl(addr, "health", "gradsync.v1.Diagnostics", token="")
+    check(r.returncode == 0 and r.stdout.strip() == "SERVING", "gradsyncctl health: exit 0")
+    r = ctl(addr, "health", "nope")
+    check(r.returncode == 3 and r.stdout.strip() == "NOT_FOUND", "gradsyncctl health nope: exit 3")
+
+    # the event stream delivered the stall
+    out, _ = watch.communicate(timeout=60)
+    events = [e for e in (json.loads(l) for l in out.splitlines() if l.strip()) if "kind" in e]
+    kinds = [e["kind"] for e in events]
+    stall = [e for e in events if e["kind"] == "EVENT_STALL"]
+    check("EVENT_WORLD_READY" in kinds and stall and "hold/tensor" in stall[0]["message"]
+          and "\n1 (" in stall[0]["message"],
+          "WatchEvents delivered world-ready and the stall naming rank 1: %s" % kinds[:8])
+
+    # Health/Watch sees NOT_SERVING when gradsyncd shuts down
+    hw = start([PY, os.path.join(HERE, "grpc_client.py"), addr, "", "health-watch", ""],
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    d.send_signal(signal.SIGTERM)
+    out, _ = hw.communicate(timeout=60)
+    check(out.split()[:2] == ["SERVING", "NOT_SERVING"], "Health/Watch: SERVING, then NOT_SERVING on SIGTERM: %r" % out)
+    d.wait(timeout=60)
+    w0.wait(timeout=60)
+    w1.wait(timeout=60)
+    r = ctl(addr, "health", token="")
+    check(r.returncode == 1 and "unreachable" in r.stderr, "gradsyncctl against a stopped gradsyncd: exit 1")
+
+    # ---- --diagnostics-open: reads without the token, AbortJob still needs it ----
+    d, addr = gradsyncd("--token", TOKEN, "--diagnostics-open")
+    w0 = worker(addr, 0, 0)
+    w1 = worker(addr, 1, 30000)
+    wait_for(lambda: "hold/tensor" in ctl(addr, "pending", token="").stdout, "open pending")
+    r = ctl(addr, "status", token="")
+    check(r.returncode == 0 and "2 connected" in r.stdout, "--diagnostics-open: status without token")
+    r = ctl(addr, "abort", "no token", token="")
+    check(r.returncode == 1 and "refused" in r.stderr, "--diagnostics-open: abort without token refused")
+    r = ctl(addr, "abort", "operator test abort")
+    check(r.returncode == 0, "abort with the token: exit 0")
+    out0, _ = w0.communicate(timeout=60)
+    check(w0.returncode != 0 and "operator test abort" in out0,
+          "the waiting rank gets the operator's reason: " + out0[-300:])
+    r = ctl(addr, "--json", "status", token="")
+    check(json.loads(r.stdout)["aborted"] is True, "status shows the job aborted")
+    d.send_signal(signal.SIGTERM)
+    d.wait(timeout=60)
+
+    # ---- gradsyncctl usage errors ----
+    r = ctl("127.0.0.1:1", "bogus")
+    check(r.returncode == 2, "unknown command: exit 2")
+    r = ctl("127.0.0.1:1", "abort")
+    check(r.returncode == 2, "abort without a reason: exit 2")
+    r = ctl("127.0.0.1:1", "pending", "--page-size", "0")
+    check(r.returncode == 2, "bad --page-size: exit 2")
+    r = subprocess.run([os.path.join(BIN, "gradsyncctl"), "--version"], capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout.startswith("gradsyncctl "), "gradsyncctl --version")
+    r = subprocess.run([os.path.join(BIN, "gradsyncd"), "--version"], capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout.startswith("gradsyncd "), "gradsyncd --version")
+finally:
+    cleanup()
+
+if failures:
+    print("%d FAILED; gradsyncd log: %s" % (len(failures), LOG))
+    print(open(LOG).read()[-4000:])
+    sys.exit(1)
+os.unlink(LOG)
+print("all passed")
