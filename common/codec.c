@@ -144,6 +144,7 @@ int gs__encode_join_response(const gs__join_response *m, uint8_t **out, size_t *
   pb.rank_secret.len = sizeof m->rank_secret;
   pb.ring_key.data = (uint8_t *)m->ring_key;
   pb.ring_key.len = sizeof m->ring_key;
+  pb.version = (char *)m->version;
   return pack(&pb.base, out, len);
 }
 
@@ -155,6 +156,7 @@ int gs__decode_join_response(const uint8_t *buf, size_t len, gs__join_response *
   int rc = copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
   if (!rc) rc = copy_secret(m->rank_secret, &pb->rank_secret, "rank_secret", err, errlen);
   if (!rc) rc = copy_secret(m->ring_key, &pb->ring_key, "ring_key", err, errlen);
+  if (!rc) rc = copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
   m->epoch = pb->epoch;
   m->rank = pb->rank;
   m->size = pb->size;

@@ -1,6 +1,10 @@
 /* gRPC C core helpers (see grpc_util.h). */
 #include "grpc_util.h"
 
+#include <grpc/support/log.h>
+
+#include "log.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,4 +75,15 @@ grpc_arg gs__int_arg(const char *key, int value) {
   a.key = (char *)key;
   a.value.integer = value;
   return a;
+}
+
+static void grpc_log_to_gs(gpr_log_func_args *a) {
+  gs__log_level level = a->severity == GPR_LOG_SEVERITY_ERROR  ? GS__LOG_ERROR
+                        : a->severity == GPR_LOG_SEVERITY_INFO ? GS__LOG_INFO
+                                                               : GS__LOG_DEBUG;
+  gs__log(level, "grpc: %s (%s:%d)", a->message, a->file, a->line);
+}
+
+void gs__grpc_route_logs(void) {
+  gpr_set_log_function(grpc_log_to_gs);
 }

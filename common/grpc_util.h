@@ -26,5 +26,8 @@ int gs__md_view(const grpc_metadata_array *md, const char *key, const char **val
 gpr_timespec gs__deadline_ms(int64_t ms);
 /* An integer channel argument (key is a GRPC_ARG_* constant). */
 grpc_arg gs__int_arg(const char *key, int value);
+/* Routes gRPC core's own log lines through gs__log (call before
+ * grpc_init). */
+void gs__grpc_route_logs(void);
 
 #endif

@@ -12,6 +12,18 @@ typedef enum gs__log_level {
   GS__LOG_DEBUG = 3
 } gs__log_level;
 
+/* Line formats. TEXT: "2026-01-02T03:04:05.678Z prog LEVEL message" (the
+ * library's default); LOGFMT: time=... level=info prog=... msg="..."
+ * (gradsyncd's default); JSON: one object per line. In LOGFMT and JSON a
+ * multi-line message stays one line (newlines escaped). */
+typedef enum gs__log_format {
+  GS__LOG_TEXT = 0,
+  GS__LOG_LOGFMT = 1,
+  GS__LOG_JSON = 2
+} gs__log_format;
+/* Set once at start-up, before threads. */
+void gs__log_set_format(gs__log_format f);
+
 /* program: "gradsyncd", "gradsync[rank 3]" ...; copied. */
 void gs__log_init(const char *program);
 void gs__log_set_level(gs__log_level level);

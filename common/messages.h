@@ -48,6 +48,7 @@ typedef struct gs__join_response {
    * GS__SECRET_BYTES). */
   uint8_t rank_secret[GS__SECRET_BYTES];
   uint8_t ring_key[GS__SECRET_BYTES];
+  char version[32]; /* gradsyncd's */
 } gs__join_response;
 
 typedef struct gs__tensor_request {

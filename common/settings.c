@@ -123,10 +123,21 @@ static const gs__setting table[GS__S_COUNT] = {
                            "RESOURCE_EXHAUSTED."},
     [GS__S_DIAGNOSTICS_OPEN] = {"diagnostics_open", "--diagnostics-open",
                                 "GRADSYNC_DIAGNOSTICS_OPEN", NULL, GS__T_BOOL, "0", NULL, 0, 1,
-                                NULL, GS__FOR_SERVER, NULL,
+                                NULL, GS__FOR_SERVER, "BOOL",
                                 "Let gradsync.v1.Diagnostics' read-only calls through without "
                                 "the job token (AbortJob still needs it). Health and reflection "
                                 "are always open."},
+    [GS__S_METRICS_LISTEN] = {"metrics_listen", "--metrics-listen", "GRADSYNC_METRICS_LISTEN", NULL,
+                              GS__T_ADDRESS, NULL, "off", 0, 65535, NULL, GS__FOR_SERVER,
+                              "HOST:PORT",
+                              "Serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
+                              "(libmicrohttpd); port 0 picks a free one (printed as the second "
+                              "stdout line). Unset: no HTTP server."},
+    [GS__S_LOG_FORMAT] = {"log_format", "--log-format", "GRADSYNC_LOG_FORMAT", NULL, GS__T_CHOICE,
+                          "logfmt", NULL, 0, 0, "logfmt|json|text", GS__FOR_SERVER, "FORMAT",
+                          "gradsyncd's log lines on stderr: logfmt (time=... level=... msg=\"...\"), "
+                          "json (one object per line) or text. A multi-line report stays one "
+                          "line in logfmt and json."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},

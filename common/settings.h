@@ -51,6 +51,8 @@ typedef enum gs__setting_id {
   GS__S_KV_MAX_BYTES,
   GS__S_KV_MAX_KEYS,
   GS__S_DIAGNOSTICS_OPEN,
+  GS__S_METRICS_LISTEN,
+  GS__S_LOG_FORMAT,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,

@@ -137,7 +137,9 @@ static void on_join(void *arg, gs__call *c) {
     return;
   }
   memcpy(resp.ring_key, co->ring_key, sizeof resp.ring_key);
-  GS_LOG_INFO("rank %d joined from %s (pid %d)", req.rank, req.host, req.pid);
+  snprintf(resp.version, sizeof resp.version, "%s", GS__VERSION);
+  GS_LOG_INFO("rank %d joined from %s (pid %d, libgradsync %s)", req.rank, req.host, req.pid,
+              req.version[0] ? req.version : "of unknown version");
   size_t olen;
   uint8_t *out = NULL;
   rc = gs__encode_join_response(&resp, &out, &olen);
@@ -324,7 +326,7 @@ static session *session_of_rank(gs__coordinator *co, int32_t rank) {
 }
 
 static void session_send(gs__coordinator *co, session *ss, const uint8_t *buf, size_t len) {
-  if (gs__call_send(ss->call, buf, len) == 0 || ss->rank < 0 || ss->cut_off ||
+  if (gs__call_send(ss->call, buf, len) != -2 || ss->rank < 0 || ss->cut_off ||
       gs__server_shutting_down(co->srv))
     return;
   GS_LOG_ERROR("rank %d is not reading its session stream (its send queue overflowed); cutting "
@@ -514,9 +516,14 @@ static void coordinator_tick(void *arg, uint64_t now) {
 static void coordinator_shutdown(void *arg) {
   gs__coordinator *co = arg;
   GS_LOG_INFO("shutting down: closing %s sessions", co->sessions ? "open" : "no");
-  for (session *ss = co->sessions; ss; ss = ss->next)
+  /* The coordinator ends these sessions itself: not a rank lost. */
+  while (co->sessions) {
+    session *ss = co->sessions;
+    ss->rank = -1;
+    session_unlink(co, ss);
     gs__call_finish(ss->call, GRPC_STATUS_UNAVAILABLE,
                     "gradsyncd is shutting down (SIGTERM/SIGINT); the job cannot continue");
+  }
   expire_waiters(co, gs__now_ms(), 1);
 }
 

@@ -140,7 +140,7 @@ static int send_event(gs__diagnostics *d, watcher *w, const gs__diag_event *ev) 
   if (gs__encode_diag_event(ev, &buf, &len) != GS__OK) return 0;
   int rc = gs__call_send(w->call, buf, len);
   free(buf);
-  if (rc) {
+  if (rc == -2) {
     d->watchers_dropped++;
     GS_LOG_WARN("an event watcher (%s) did not keep up; its WatchEvents stream was cut off",
                 gs__call_peer(w->call));

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "listen_addr.h"
+#include "grpc_util.h"
 #include "log.h"
 #include "secret.h"
 #include "settings.h"
@@ -16,6 +17,7 @@
 #include "coordinator.h"
 #include "diagnostics.h"
 #include "health.h"
+#include "metrics_http.h"
 #include "reflection.h"
 #include "transport.h"
 
@@ -121,6 +123,9 @@ int main(int argc, char **argv) {
     }
   }
   gs__log_set_level((gs__log_level)gs__settings_int(&cfg, GS__S_LOG_LEVEL));
+  static const gs__log_format formats[] = {GS__LOG_LOGFMT, GS__LOG_JSON, GS__LOG_TEXT};
+  gs__log_set_format(formats[gs__settings_int(&cfg, GS__S_LOG_FORMAT)]);
+  gs__grpc_route_logs();
 
   gs__coordinator_opts o;
   memset(&o, 0, sizeof o);
@@ -171,11 +176,12 @@ int main(int argc, char **argv) {
   gs__diagnostics *diag = NULL;
   gs__health *health = NULL;
   gs__reflection *refl = NULL;
+  gs__metrics_http *http = NULL;
   int rc = 1;
   gs__diag_setting settings[GS__S_COUNT];
   size_t nset = effective_settings(&cfg, settings, GS__S_COUNT);
-  gs__diagnostics_opts dopts = {(int)gs__settings_int(&cfg, GS__S_DIAGNOSTICS_OPEN), settings,
-                                nset, GS__VERSION};
+  gs__diagnostics_opts dopts = {(int)gs__settings_int(&cfg, GS__S_DIAGNOSTICS_OPEN), settings, nset,
+                                GS__VERSION};
   /* What health and reflection name (reflection adds itself). */
   static const char *const served[] = {"gradsync.v1.Coordinator", "gradsync.v1.Diagnostics",
                                        "grpc.health.v1.Health"};
@@ -197,12 +203,24 @@ int main(int argc, char **argv) {
     snprintf(err, sizeof err, "internal: could not register the services");
     goto out_err;
   }
+  const char *metrics_listen = gs__settings_str(&cfg, GS__S_METRICS_LISTEN);
+  if (metrics_listen && *metrics_listen &&
+      (gs__metrics_http_create(metrics_listen, diag, &http, err, sizeof err) != GS__OK ||
+       gs__server_add_service(s, gs__metrics_http_service(http)) != GS__OK))
+    goto out_err;
   if (gs__server_start(s, err, sizeof err) != GS__OK) goto out_err;
   char host[256];
   snprintf(host, sizeof host, "%s", so.listen);
   char *colon = strrchr(host, ':');
   if (colon) *colon = 0;
   printf("gradsyncd listening on %s:%d\n", host, gs__server_port(s));
+  if (http) {
+    char mhost[256];
+    int mport;
+    gs__split_host_port(metrics_listen, mhost, sizeof mhost, &mport);
+    printf("gradsyncd metrics on http://%s%s%s:%d/metrics\n", strchr(mhost, ':') ? "[" : "", mhost,
+           strchr(mhost, ':') ? "]" : "", gs__metrics_http_port(http));
+  }
   fflush(stdout);
   GS_LOG_INFO("serving %s:%d, world size %s%d%s", host, gs__server_port(s),
               o.world_size ? "" : "(from the first rank) ", o.world_size,
@@ -217,6 +235,7 @@ out_err:
   GS_LOG_ERROR("%s", err);
 out_destroy:
   gs__server_destroy(s);
+  gs__metrics_http_destroy(http);
   gs__diagnostics_destroy(diag);
   gs__health_destroy(health);
   gs__reflection_destroy(refl);

@@ -300,7 +300,7 @@ int gs__call_send(gs__call *c, const uint8_t *buf, size_t len) {
     queue_drop(c);
     gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                     "this client stopped reading its stream; gradsyncd cut it off");
-    return -1;
+    return -2;
   }
   n->bb = bb;
   n->bytes = len;

@@ -128,9 +128,9 @@ void gs__call_fail(gs__call *c, grpc_status_code code, const char *msg);
  * (deadline, cancel, connection gone) before the answer, the method's
  * on_close runs (cancelled = 1) and the call is invalid afterwards. */
 void gs__call_watch_close(gs__call *c);
-/* Streaming: queues a message (bytes copied). Returns 0, or -1 when the
- * call is finishing/closed or its queue overflowed (then the call was
- * ended with RESOURCE_EXHAUSTED and the message dropped). */
+/* Streaming: queues a message (bytes copied). Returns 0; -1 when the call
+ * is finishing or closed (message dropped); -2 when its queue overflowed
+ * (the call is ended with RESOURCE_EXHAUSTED, the message dropped). */
 int gs__call_send(gs__call *c, const uint8_t *buf, size_t len);
 /* Streaming: ends the call with code once the queued messages are sent.
  * Later calls are no-ops. */

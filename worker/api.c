@@ -41,6 +41,10 @@ gs_status gs__set_error(gs_status status, const char *fmt, ...) {
   return status;
 }
 
+const char *gs_version(void) {
+  return GS_VERSION_STRING;
+}
+
 const char *gs_last_error(const gs_ctx *ctx) {
   (void)ctx;
   return tl_error;

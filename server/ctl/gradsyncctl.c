@@ -774,6 +774,7 @@ int main(int argc, char **argv) {
   ctl c;
   memset(&c, 0, sizeof c);
   gs__log_init("gradsyncctl");
+  gs__grpc_route_logs();
   c.addr = getenv("GRADSYNC_COORDINATOR");
   if (!c.addr || !*c.addr) c.addr = "127.0.0.1:50051";
   const char *tok = getenv("GRADSYNC_JOB_TOKEN");

@@ -161,7 +161,7 @@ try:
     st = json.loads(r.stdout)
     check(st["world_size"] == 2 and st["version"] and st["world_ready"]
           and [x["state"] for x in st["ranks"]] == ["connected", "connected"]
-          and st["ranks"][0]["blocked_on"] == ["hold/tensor"] and st["settings"]["token"] == "(set)",
+          and st["ranks"][0]["blocked_on"] == ["hold/tensor"] and st["settings"]["job_token"] == "(set)",
           "GetStatus (reflected stubs): world, version, ranks, blocked-on, settings")
 
     r = ctl(addr, "pending")
@@ -253,6 +253,38 @@ try:
     check(json.loads(r.stdout)["aborted"] is True, "status shows the job aborted")
     d.send_signal(signal.SIGTERM)
     d.wait(timeout=60)
+
+    # ---- /metrics over HTTP, JSON log lines ----
+    import urllib.request, urllib.error
+    open(LOG, "w").close()
+    d, addr = gradsyncd("--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+    second = d.stdout.readline().strip()
+    m = re.match(r"gradsyncd metrics on (http://127\.0\.0\.1:\d+/metrics)$", second)
+    check(m is not None, "second stdout line names the metrics URL: %r" % second)
+    body = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+    try:
+        vals = parse_prometheus(body)
+        check(vals["gradsync_world_size"] == 2 and vals["gradsync_live_ranks"] == 0
+              and vals["gradsync_pending_tensors"] == 0 and vals["gradsync_plans_total"] == 0,
+              "GET /metrics parses as Prometheus text")
+    except ValueError as e:
+        check(False, "GET /metrics parses as Prometheus text: %s" % e)
+    try:
+        urllib.request.urlopen(m.group(1).replace("/metrics", "/other"), timeout=10)
+        check(False, "GET /other is refused")
+    except urllib.error.HTTPError as e:
+        check(e.code == 404, "GET /other: 404")
+    d.send_signal(signal.SIGTERM)
+    d.wait(timeout=60)
+    lines = open(LOG).read().splitlines()
+    try:
+        objs = [json.loads(l) for l in lines]
+        check(all(set(o) == {"time", "level", "prog", "msg"} for o in objs)
+              and any(o["msg"].startswith("settings: ") for o in objs)
+              and not any(o["level"] == "error" for o in objs),
+              "--log-format json: one JSON object per line, settings logged, no error on SIGTERM")
+    except ValueError as e:
+        check(False, "--log-format json lines parse: %s %r" % (e, lines[:3]))
 
     # ---- gradsyncctl usage errors ----
     r = ctl("127.0.0.1:1", "bogus")

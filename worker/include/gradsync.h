@@ -382,6 +382,10 @@ GS_API void gs_handle_free(gs_handle *h);
  * NULL, e.g. after gs_init failed). Valid until the thread's next call. */
 GS_API const char *gs_last_error(const gs_ctx *ctx);
 
+/* The library's version at run time ("0.1.0"); GS_VERSION_STRING is the
+ * header's. Static string; any thread. */
+GS_API const char *gs_version(void);
+
 /* "GS_ERR_MISMATCH: tensor differs across ranks"-style text; never NULL. */
 GS_API const char *gs_status_str(gs_status status);
 
