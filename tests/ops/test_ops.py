@@ -225,9 +225,10 @@ try:
     # Health/Watch sees NOT_SERVING when gradsyncd shuts down
     hw = start([PY, os.path.join(HERE, "grpc_client.py"), addr, "", "health-watch", ""],
                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    first = hw.stdout.readline()  # the watch is up: it got the current status
     d.send_signal(signal.SIGTERM)
     out, _ = hw.communicate(timeout=60)
+    out = first + out
     check(out.split()[:2] == ["SERVING", "NOT_SERVING"], "Health/Watch: SERVING, then NOT_SERVING on SIGTERM: %r" % out)
     d.wait(timeout=60)
     w0.wait(timeout=60)
