@@ -349,20 +349,20 @@ int gs__diagnostics_create(const gs__diagnostics_opts *o, gs__coordinator *co,
   }
   gs__rpc_auth rd = o->open_reads ? GS__AUTH_OPEN : GS__AUTH_TOKEN;
   d->methods[M_STATUS] =
-      (gs__method){DIAG("GetStatus"), GS__RPC_UNARY, rd, on_status, NULL, NULL, 0};
+      (gs__method){DIAG("GetStatus"), GS__RPC_UNARY, rd, on_status, NULL, NULL, 0, 0};
   d->methods[M_PENDING] =
-      (gs__method){DIAG("ListPending"), GS__RPC_UNARY, rd, on_pending, NULL, NULL, 0};
+      (gs__method){DIAG("ListPending"), GS__RPC_UNARY, rd, on_pending, NULL, NULL, 0, 0};
   d->methods[M_STALLS] =
-      (gs__method){DIAG("ListStalls"), GS__RPC_UNARY, rd, on_stalls, NULL, NULL, 0};
+      (gs__method){DIAG("ListStalls"), GS__RPC_UNARY, rd, on_stalls, NULL, NULL, 0, 0};
   d->methods[M_LOCALS] =
-      (gs__method){DIAG("ListLocalVars"), GS__RPC_UNARY, rd, on_locals, NULL, NULL, 0};
+      (gs__method){DIAG("ListLocalVars"), GS__RPC_UNARY, rd, on_locals, NULL, NULL, 0, 0};
   d->methods[M_EVENTS] =
       (gs__method){DIAG("WatchEvents"), GS__RPC_SERVER_STREAM, rd, on_watch, NULL,
-                   on_watch_close,      WATCHER_QUEUE_BYTES};
+                   on_watch_close,      WATCHER_QUEUE_BYTES, 0};
   d->methods[M_METRICS] =
-      (gs__method){DIAG("GetMetrics"), GS__RPC_UNARY, rd, on_metrics, NULL, NULL, 0};
+      (gs__method){DIAG("GetMetrics"), GS__RPC_UNARY, rd, on_metrics, NULL, NULL, 0, 0};
   d->methods[M_ABORT] =
-      (gs__method){DIAG("AbortJob"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_abort, NULL, NULL, 0};
+      (gs__method){DIAG("AbortJob"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_abort, NULL, NULL, 0, 0};
   d->service = (gs__service){.name = "gradsync.v1.Diagnostics",
                              .methods = d->methods,
                              .n_methods = M_COUNT,

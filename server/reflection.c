@@ -70,7 +70,8 @@ int gs__reflection_create(const char *const *names, size_t n, gs__reflection **o
                             on_open,
                             on_msg,
                             NULL,
-                            4 << 20};
+                            4 << 20,
+                            64 << 10};
   r->m_v1 = r->m_alpha;
   r->m_v1.path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
   r->s_alpha = (gs__service){.name = "grpc.reflection.v1alpha.ServerReflection",
