@@ -133,11 +133,17 @@ static const gs__setting table[GS__S_COUNT] = {
                               "Serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
                               "(libmicrohttpd); port 0 picks a free one (printed as the second "
                               "stdout line). Unset: no HTTP server."},
-    [GS__S_LOG_FORMAT] = {"log_format", "--log-format", "GRADSYNC_LOG_FORMAT", NULL, GS__T_CHOICE,
-                          "logfmt", NULL, 0, 0, "logfmt|json|text", GS__FOR_SERVER, "FORMAT",
-                          "gradsyncd's log lines on stderr: logfmt (time=... level=... msg=\"...\"), "
-                          "json (one object per line) or text. A multi-line report stays one "
-                          "line in logfmt and json."},
+    [GS__S_LOG_FORMAT] =
+        {"log_format", "--log-format", "GRADSYNC_LOG_FORMAT", NULL, GS__T_CHOICE, "logfmt", NULL, 0,
+         0, "logfmt|json|text", GS__FOR_SERVER, "FORMAT",
+         "gradsyncd's log lines on stderr: logfmt (time=... level=... msg=\"...\"), "
+         "json (one object per line) or text. A multi-line report stays one "
+         "line in logfmt and json."},
+    [GS__S_TIMELINE] = {"timeline", "--timeline", "GRADSYNC_TIMELINE", "HOROVOD_TIMELINE",
+                        GS__T_STRING, NULL, "off", 0, 0, NULL, GS__FOR_SERVER, "FILE",
+                        "Write a Chrome trace-event timeline (chrome://tracing, Perfetto) of "
+                        "every tensor to FILE on gradsyncd's host from the start; complete JSON "
+                        "once stopped (StopTimeline, SIGTERM, the job's end)."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},

@@ -53,6 +53,7 @@ typedef enum gs__setting_id {
   GS__S_DIAGNOSTICS_OPEN,
   GS__S_METRICS_LISTEN,
   GS__S_LOG_FORMAT,
+  GS__S_TIMELINE,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,

@@ -24,6 +24,7 @@
 #include "identity.h"
 #include "kv.h"
 #include "log.h"
+#include "timeline.h"
 #include "secret.h"
 #include "status.h"
 
@@ -68,6 +69,7 @@ struct gs__coordinator {
   uint64_t join_timeout_ms;
   gs__event_sink sink;
   void *sink_arg;
+  gs__timeline *timeline; /* NULL when off */
   gs__method methods[M_COUNT];
   gs__service service;
 };
@@ -337,6 +339,34 @@ static void session_send(gs__coordinator *co, session *ss, const uint8_t *buf, s
   co->cut_offs++;
 }
 
+/* What a rank message means for the timeline: submissions (in full or by
+ * cache id) and plans it finished. Before the engine sees the message,
+ * so a cache id still resolves. */
+static void timeline_rank_msg(gs__coordinator *co, int32_t rank, const gs__rank_msg *m) {
+  uint64_t now = gs__now_us();
+  for (size_t i = 0; i < m->nrequests; i++)
+    gs__timeline_submit(co->timeline, m->requests[i].name, m->requests[i].op, rank, now);
+  for (size_t i = 0; i < m->ncached; i++) {
+    const gs__tensor_request *r = gs__engine_cached_request(co->engine, m->cached[i]);
+    if (r) gs__timeline_submit(co->timeline, r->name, r->op, rank, now);
+  }
+  if (m->ndone) {
+    gs__engine_stats st;
+    gs__engine_get_stats(co->engine, &st);
+    for (size_t i = 0; i < m->ndone; i++)
+      gs__timeline_done(co->timeline, m->done_plans[i], rank, st.connected, now);
+  }
+}
+
+static void timeline_stop(gs__coordinator *co, const char *why) {
+  if (!co->timeline) return;
+  char path[GS__DIAG_MAX_PATH];
+  snprintf(path, sizeof path, "%s", gs__timeline_path(co->timeline));
+  uint64_t n = gs__timeline_stop(co->timeline, gs__now_us());
+  co->timeline = NULL;
+  GS_LOG_INFO("timeline %s stopped (%s): %llu events", path, why, (unsigned long long)n);
+}
+
 /* Sends what the engine produced, in order. */
 static void session_gone(gs__coordinator *co, session *ss, const char *detail);
 
@@ -347,6 +377,7 @@ static void flush_outbox(gs__coordinator *co) {
       if (o->level >= 0) gs__log((gs__log_level)o->level, "%s", o->text ? o->text : "");
       if (o->event && co->sink)
         co->sink(co->sink_arg, o->event, o->event_rank, o->text ? o->text : "");
+      if (o->event == GS__EV_JOB_FINISHED) timeline_stop(co, "the job finished");
       continue;
     }
     if (o->kind == GS__OUT_CLOSE_RANK) {
@@ -361,6 +392,8 @@ static void flush_outbox(gs__coordinator *co) {
       }
       continue;
     }
+    if (co->timeline && o->kind == GS__OUT_TO_ALL && o->msg.kind == GS__MSG_PLAN)
+      gs__timeline_plan(co->timeline, &o->msg.plan, gs__now_us());
     uint8_t *buf = NULL;
     size_t len = 0;
     if (gs__encode_plan_msg(&o->msg, &buf, &len) != GS__OK) {
@@ -477,6 +510,7 @@ static void on_session_msg(void *arg, gs__call *c, const uint8_t *buf, size_t le
     co->sessions = ss;
   }
   if (m.has_leave) ss->left = 1;
+  if (co->timeline) timeline_rank_msg(co, ss->rank, &m);
   gs__engine_rank_message(co->engine, ss->rank, &m, gs__now_ms(), &co->box);
   flush_outbox(co);
 out_free_msg:
@@ -515,6 +549,7 @@ static void coordinator_tick(void *arg, uint64_t now) {
 
 static void coordinator_shutdown(void *arg) {
   gs__coordinator *co = arg;
+  timeline_stop(co, "gradsyncd is shutting down");
   GS_LOG_INFO("shutting down: closing %s sessions", co->sessions ? "open" : "no");
   /* The coordinator ends these sessions itself: not a rank lost. */
   while (co->sessions) {
@@ -611,6 +646,26 @@ void gs__coordinator_abort(gs__coordinator *co, const char *reason) {
   flush_outbox(co);
 }
 
+int gs__coordinator_timeline_start(gs__coordinator *co, const char *path, char *err,
+                                   size_t errlen) {
+  gs__timeline *t = NULL;
+  int rc = gs__timeline_start(path, &t, err, errlen);
+  if (rc) return rc;
+  timeline_stop(co, "replaced by a new timeline");
+  co->timeline = t;
+  GS_LOG_INFO("timeline started: %s", path);
+  return GS__OK;
+}
+
+int gs__coordinator_timeline_stop(gs__coordinator *co, char *path, size_t cap, uint64_t *events) {
+  if (!co->timeline) return -1;
+  snprintf(path, cap, "%s", gs__timeline_path(co->timeline));
+  *events = gs__timeline_stop(co->timeline, gs__now_us());
+  co->timeline = NULL;
+  GS_LOG_INFO("timeline %s stopped (StopTimeline): %llu events", path, (unsigned long long)*events);
+  return 0;
+}
+
 int gs__coordinator_sessions(const gs__coordinator *co) {
   int n = 0;
   for (const session *ss = co->sessions; ss; ss = ss->next) n++;
@@ -627,6 +682,7 @@ gs__engine *gs__coordinator_engine(gs__coordinator *c) {
 
 void gs__coordinator_destroy(gs__coordinator *co) {
   if (!co) return;
+  timeline_stop(co, "gradsyncd exits");
   for (waiter *w = co->waiters, *next; w; w = next) {
     next = w->next;
     free(w->key);

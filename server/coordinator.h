@@ -19,7 +19,7 @@ typedef struct gs__coordinator_opts {
   int deadlock_warn_only; /* --deadlock-action warn */
   int window_policy;      /* --emit-policy window */
   int max_plans_in_flight;
-  uint32_t max_pending_per_rank; /* --max-pending-per-rank (0 = the engine's default) */
+  uint32_t max_pending_per_rank;    /* --max-pending-per-rank (0 = the engine's default) */
   size_t kv_max_bytes, kv_max_keys; /* 0 = the defaults of kv.h */
   int join_timeout_ms; /* a joined rank without a Session is released after it (0 = 60 s) */
 } gs__coordinator_opts;
@@ -38,6 +38,12 @@ typedef void (*gs__event_sink)(void *arg, int kind, int32_t rank, const char *te
 void gs__coordinator_set_event_sink(gs__coordinator *c, gs__event_sink fn, void *arg);
 /* An operator aborts the job: every rank is told reason. */
 void gs__coordinator_abort(gs__coordinator *c, const char *reason);
+/* Starts writing a timeline to path (replacing a running one, which is
+ * stopped first). GS__OK or an error with a message in err. */
+int gs__coordinator_timeline_start(gs__coordinator *c, const char *path, char *err, size_t errlen);
+/* Stops the timeline: the file is complete JSON. Returns 0 and the path
+ * (copied into path) and events, or -1 when none was running. */
+int gs__coordinator_timeline_stop(gs__coordinator *c, char *path, size_t cap, uint64_t *events);
 /* Open sessions (ranks connected now). */
 int gs__coordinator_sessions(const gs__coordinator *c);
 /* Frees it, after the server is destroyed. NULL is a no-op. */

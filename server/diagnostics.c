@@ -26,7 +26,18 @@ typedef struct watcher {
   struct watcher *prev, *next;
 } watcher;
 
-enum { M_STATUS, M_PENDING, M_STALLS, M_LOCALS, M_EVENTS, M_METRICS, M_ABORT, M_COUNT };
+enum {
+  M_STATUS,
+  M_PENDING,
+  M_STALLS,
+  M_LOCALS,
+  M_EVENTS,
+  M_METRICS,
+  M_TL_START,
+  M_TL_STOP,
+  M_ABORT,
+  M_COUNT
+};
 
 struct gs__diagnostics {
   gs__coordinator *co;
@@ -301,6 +312,54 @@ static void on_metrics(void *arg, gs__call *c) {
   reply_or_fail(c, rc, buf, len);
 }
 
+/* ---- timeline ------------------------------------------------------------ */
+
+static void on_timeline_start(void *arg, gs__call *c) {
+  gs__diagnostics *d = arg;
+  const uint8_t *req;
+  size_t rlen;
+  char err[GS__MAX_TEXT], *path = NULL;
+  gs__call_request(c, &req, &rlen);
+  if (gs__decode_diag_text(GS__TXT_TIMELINE_START, req, rlen, GS__DIAG_MAX_PATH - 1, &path, err,
+                           sizeof err)) {
+    gs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+    return;
+  }
+  if (!path[0] || strchr(path, '\n')) {
+    free(path);
+    gs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                  "StartTimeline needs a path: a file on gradsyncd's host to write the trace to");
+    return;
+  }
+  if (gs__coordinator_timeline_start(d->co, path, err, sizeof err) != GS__OK) {
+    free(path);
+    gs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION, err);
+    return;
+  }
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = gs__encode_diag_text(GS__TXT_TIMELINE_STARTED, path, &buf, &len);
+  free(path);
+  reply_or_fail(c, rc, buf, len);
+}
+
+static void on_timeline_stop(void *arg, gs__call *c) {
+  gs__diagnostics *d = arg;
+  if (check_empty(c)) return;
+  char path[GS__DIAG_MAX_PATH];
+  uint64_t events = 0;
+  if (gs__coordinator_timeline_stop(d->co, path, sizeof path, &events) != 0) {
+    gs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                  "no timeline is running: start one with StartTimeline (gradsyncctl timeline "
+                  "start FILE) or gradsyncd --timeline FILE");
+    return;
+  }
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = gs__encode_timeline_stopped(path, events, &buf, &len);
+  reply_or_fail(c, rc, buf, len);
+}
+
 /* ---- abort --------------------------------------------------------------- */
 
 static void on_abort(void *arg, gs__call *c) {
@@ -358,9 +417,13 @@ int gs__diagnostics_create(const gs__diagnostics_opts *o, gs__coordinator *co,
       (gs__method){DIAG("ListLocalVars"), GS__RPC_UNARY, rd, on_locals, NULL, NULL, 0, 0};
   d->methods[M_EVENTS] =
       (gs__method){DIAG("WatchEvents"), GS__RPC_SERVER_STREAM, rd, on_watch, NULL,
-                   on_watch_close,      WATCHER_QUEUE_BYTES, 0};
+                   on_watch_close,      WATCHER_QUEUE_BYTES,   0};
   d->methods[M_METRICS] =
       (gs__method){DIAG("GetMetrics"), GS__RPC_UNARY, rd, on_metrics, NULL, NULL, 0, 0};
+  d->methods[M_TL_START] = (gs__method){
+      DIAG("StartTimeline"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_timeline_start, NULL, NULL, 0, 0};
+  d->methods[M_TL_STOP] = (gs__method){
+      DIAG("StopTimeline"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_timeline_stop, NULL, NULL, 0, 0};
   d->methods[M_ABORT] =
       (gs__method){DIAG("AbortJob"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_abort, NULL, NULL, 0, 0};
   d->service = (gs__service){.name = "gradsync.v1.Diagnostics",

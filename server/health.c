@@ -144,7 +144,8 @@ int gs__health_create(const char *const *names, size_t n, gs__health **out) {
                                on_watch,
                                NULL,
                                on_watch_close,
-                               64 << 10, 0};
+                               64 << 10,
+                               0};
   h->service = (gs__service){.name = "grpc.health.v1.Health",
                              .methods = h->methods,
                              .n_methods = 2,

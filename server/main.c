@@ -190,6 +190,10 @@ int main(int argc, char **argv) {
     goto out_destroy;
   }
   if (gs__coordinator_create(&o, s, &co, err, sizeof err) != GS__OK) goto out_err;
+  const char *timeline = gs__settings_str(&cfg, GS__S_TIMELINE);
+  if (timeline && *timeline &&
+      gs__coordinator_timeline_start(co, timeline, err, sizeof err) != GS__OK)
+    goto out_err;
   snprintf(err, sizeof err, "out of memory");
   if (gs__diagnostics_create(&dopts, co, &diag) != GS__OK ||
       gs__health_create(served, 3, &health) != GS__OK ||

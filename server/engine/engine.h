@@ -146,6 +146,9 @@ int gs__engine_list_pending(const gs__engine *e, const gs__diag_pending_query *q
 int gs__engine_stalls(const gs__engine *e, uint64_t now_ms, gs__diag_stalls *out);
 /* Local (model-parallel) names per rank, ranks without any left out. */
 int gs__engine_locals(const gs__engine *e, gs__diag_locals *out);
+/* The request behind a response-cache id a rank sent (NULL when unknown):
+ * its name and op, for the timeline. Valid until the next event. */
+const gs__tensor_request *gs__engine_cached_request(const gs__engine *e, uint32_t id);
 /* An operator aborts the job: every rank gets GS__ERR_ABORTED with reason.
  * No-op when the job already ended. */
 void gs__engine_abort(gs__engine *e, const char *reason, gs__outbox *box);

@@ -205,6 +205,10 @@ out_oom:
   return GS__ERR_NO_MEMORY;
 }
 
+const gs__tensor_request *gs__engine_cached_request(const gs__engine *e, uint32_t id) {
+  return gs__eng_cache_lookup(e, id);
+}
+
 void gs__engine_abort(gs__engine *e, const char *reason, gs__outbox *box) {
   if (e->aborted) return;
   char text[GS__MAX_TEXT];

@@ -237,10 +237,29 @@ try:
     check(r.returncode == 1 and "unreachable" in r.stderr, "gradsyncctl against a stopped gradsyncd: exit 1")
 
     # ---- --diagnostics-open: reads without the token, AbortJob still needs it ----
-    d, addr = gradsyncd("--token", TOKEN, "--diagnostics-open")
+    tl1 = tempfile.mktemp(prefix="gs-test-ops-", suffix=".json")
+    d, addr = gradsyncd("--token", TOKEN, "--diagnostics-open", "--timeline", tl1)
     w0 = worker(addr, 0, 0)
     w1 = worker(addr, 1, 30000)
     wait_for(lambda: "hold/tensor" in ctl(addr, "pending", token="").stdout, "open pending")
+    r = ctl(addr, "timeline", "stop", token="")
+    check(r.returncode == 1 and "refused" in r.stderr, "timeline stop without the token refused")
+    r = ctl(addr, "--json", "timeline", "stop")
+    check(r.returncode == 0 and json.loads(r.stdout)["path"] == tl1, "timeline stop: " + r.stdout)
+    try:
+        ev = json.load(open(tl1))
+        hold = [e["pid"] for e in ev if e.get("name") == "process_name"
+                and e["args"]["name"] == "hold/tensor"]
+        phases = [e["ph"] for e in ev if hold and e["pid"] == hold[0] and e["ph"] in "BE"]
+        check(hold and phases == ["B", "E"]
+              and any(e.get("name") == "rank 0 submitted" for e in ev),
+              "a timeline stopped mid-step is valid JSON, its open span closed: %s" % phases)
+    except ValueError as e:
+        check(False, "the timeline stopped mid-step parses as JSON: %s" % e)
+    os.unlink(tl1)
+    r = ctl(addr, "timeline", "stop")
+    check(r.returncode == 1 and "no timeline is running" in r.stderr,
+          "timeline stop with none running: " + r.stderr)
     r = ctl(addr, "status", token="")
     check(r.returncode == 0 and "2 connected" in r.stdout, "--diagnostics-open: status without token")
     r = ctl(addr, "abort", "no token", token="")
@@ -286,6 +305,31 @@ try:
               "--log-format json: one JSON object per line, settings logged, no error on SIGTERM")
     except ValueError as e:
         check(False, "--log-format json lines parse: %s %r" % (e, lines[:3]))
+
+    # ---- the timeline of a 3-step demo job (HOROVOD_TIMELINE alias) ----
+    tl = tempfile.mktemp(prefix="gs-test-ops-", suffix=".json")
+    r = subprocess.run([os.path.join(BIN, "gradsync-run"), "-np", "2",
+                        os.path.join(BIN, "gradsync-train"), "--steps", "3"],
+                       env=dict(os.environ, HOROVOD_TIMELINE=tl), capture_output=True, text=True,
+                       timeout=120)
+    check(r.returncode == 0, "the 3-step demo runs: " + r.stderr[-500:])
+    try:
+        ev = json.load(open(tl))
+        rows = {e["args"]["name"]: e["pid"] for e in ev if e.get("name") == "process_name"}
+        layers = ["fc1/weight", "fc1/bias", "fc2/weight", "fc2/bias", "fc3/weight", "fc3/bias"]
+        ok = all(n in rows for n in layers)
+        for n in layers:
+            mine = [e for e in ev if n in rows and e["pid"] == rows[n]]
+            spans = [e["name"] for e in mine if e["ph"] == "B"]
+            subs = [e["name"] for e in mine if e["ph"] == "i" and e["name"].endswith("submitted")]
+            ok = ok and spans.count("NEGOTIATE_ALLREDUCE") == 3 and spans.count("ALLREDUCE") == 3
+            ok = ok and subs.count("rank 0 submitted") == 3 and subs.count("rank 1 submitted") == 3
+            ok = ok and sum(e["ph"] == "B" for e in mine) == sum(e["ph"] == "E" for e in mine)
+        check(ok, "the demo's timeline parses and has, for every layer, 3 negotiations, 3 "
+                  "allreduces and every rank's submissions (%d events)" % len(ev))
+        os.unlink(tl)
+    except (ValueError, OSError) as e:
+        check(False, "the demo's timeline parses as JSON: %s" % e)
 
     # ---- gradsyncctl usage errors ----
     r = ctl("127.0.0.1:1", "bogus")
