@@ -428,6 +428,10 @@ static int parse_args(int argc, char **argv, options *o) {
       usage(stdout);
       exit(0);
     }
+    if (!strcmp(a, "--version")) {
+      printf("gradsync-bench %s (libgradsync %s)\n", GS_VERSION_STRING, gs_version());
+      exit(0);
+    }
     static const char *const keys[] = {"--workload", "--raw-allreduce", "--uniform",
                                        "--steps",    "--warmup",        "--scale",
                                        "--gap-us",   "--jitter-us",     "--tag"};

@@ -598,6 +598,7 @@ static void usage(FILE *f) {
         "  --wait MODE    how ops are waited for: block (default: one gs_wait),\n"
         "                 timed (gs_wait with a 1 s timeout in a loop) or poll\n"
         "                 (gs_test every 5 ms)\n"
+        "  --version      print the version\n"
         "  -h, --help     show this help\n"
         "\n"
         "The run ends by checking that the shared parameters (the embedding table\n"
@@ -689,6 +690,10 @@ static int parse_args(int argc, char **argv, options *o) {
     const char *a = argv[i];
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
+      return 0;
+    }
+    if (strcmp(a, "--version") == 0) {
+      printf("gradsync-train %s (libgradsync %s)\n", GS_VERSION_STRING, gs_version());
       return 0;
     }
     const char *eq = strchr(a, '=');

@@ -180,6 +180,14 @@ int main(int argc, char **argv) {
   int rc = 1;
   gs__diag_setting settings[GS__S_COUNT];
   size_t nset = effective_settings(&cfg, settings, GS__S_COUNT);
+  for (size_t i = 0; i < nset; i++) /* a token read from --token-file counts as set */
+    if (!strcmp(settings[i].key, "job_token") && so.token && *so.token) {
+      char *v = strdup("(set)");
+      if (v) {
+        free(settings[i].value);
+        settings[i].value = v;
+      }
+    }
   gs__diagnostics_opts dopts = {(int)gs__settings_int(&cfg, GS__S_DIAGNOSTICS_OPEN), settings, nset,
                                 GS__VERSION};
   /* What health and reflection name (reflection adds itself). */

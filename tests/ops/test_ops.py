@@ -340,8 +340,9 @@ try:
     check(r.returncode == 2, "bad --page-size: exit 2")
     r = subprocess.run([os.path.join(BIN, "gradsyncctl"), "--version"], capture_output=True, text=True)
     check(r.returncode == 0 and r.stdout.startswith("gradsyncctl "), "gradsyncctl --version")
-    r = subprocess.run([os.path.join(BIN, "gradsyncd"), "--version"], capture_output=True, text=True)
-    check(r.returncode == 0 and r.stdout.startswith("gradsyncd "), "gradsyncd --version")
+    for prog in ("gradsyncd", "gradsync-run", "gradsync-train", "gradsync-bench"):
+        r = subprocess.run([os.path.join(BIN, prog), "--version"], capture_output=True, text=True)
+        check(r.returncode == 0 and r.stdout.startswith(prog + " 0."), prog + " --version: " + r.stdout)
 finally:
     cleanup()
 

@@ -257,6 +257,7 @@ static void usage(FILE *f) {
         "                            default: GRADSYNC_JOB_TOKEN as inherited\n"
         "  --coord-arg ARG           pass ARG to the gradsyncd started here (repeatable)\n"
         "  --timeout SECONDS         stop everything after SECONDS and exit 124\n"
+        "  --version                 print the version\n"
         "  -h, --help                show this help\n"
         "\n"
         "Without --coordinator, starts 'gradsyncd --listen 127.0.0.1:0 --world-size N\n"
@@ -320,6 +321,10 @@ static int parse_args(int argc, char **argv, config *cfg) {
     if (a[0] != '-') break; /* PROGRAM */
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
+      return 0;
+    }
+    if (strcmp(a, "--version") == 0) {
+      printf("gradsync-run %s\n", GS__VERSION);
       return 0;
     }
     if (take_opt(argc, argv, &i, "-np", &v) || take_opt(argc, argv, &i, "--np", &v) ||
