@@ -792,9 +792,11 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
+      free(rest);
       return EXIT_OK;
     } else if (!strcmp(a, "--version")) {
       printf("gradsyncctl %s\n", GS__VERSION);
+      free(rest);
       return EXIT_OK;
     } else if (!strcmp(a, "--json")) {
       c.json = 1;
@@ -811,6 +813,7 @@ int main(int argc, char **argv) {
         char *t = read_file(v, sizeof c.token - 1);
         if (!t) {
           fprintf(stderr, "gradsyncctl: cannot read --token-file %s: %s\n", v, strerror(errno));
+          free(rest);
           return EXIT_USAGE;
         }
         t[strcspn(t, "\r\n")] = 0;
