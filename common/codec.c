@@ -567,6 +567,10 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
     r->reduce_op = (gs__reduce_op)pr->reduce_op;
     r->prescale = pr->prescale;
     r->postscale = pr->postscale;
+    if (!isfinite(r->prescale) || !isfinite(r->postscale))
+      return fail(err, errlen,
+                  "plan response %zu: prescale %g / postscale %g must be finite numbers", i,
+                  r->prescale, r->postscale);
     r->root_rank = pr->root_rank;
     r->device = (gs__device)pr->device;
     r->error_status = pr->error_status;
@@ -591,6 +595,10 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
           if (!t->rank_dims) return GS__ERR_NO_MEMORY;
           memcpy(t->rank_dims, pt->rank_dims, pt->n_rank_dims * sizeof *t->rank_dims);
           t->nrank_dims = pt->n_rank_dims;
+          for (size_t q = 0; q < t->nrank_dims; q++)
+            if (t->rank_dims[q] < 0)
+              return fail(err, errlen, "tensor '%s': rank %zu's first dimension is negative (%lld)",
+                          t->name, q, (long long)t->rank_dims[q]);
         }
       }
     }

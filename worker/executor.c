@@ -145,6 +145,15 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   int packed = n > 1 || r->prescale != 1.0 || r->postscale != 1.0;
   uint64_t total = packed ? gs__fusion_offsets(r, offs)
                           : gs__tensor_bytes(r->dtype, r->tensors[0].shape, r->tensors[0].ndim);
+  if (total == UINT64_MAX || total > SIZE_MAX) {
+    snprintf(err, errlen,
+             "tensor '%s'%s: the plan's sizes overflow on rank %d (%s); every rank must pass "
+             "shapes whose total fits in memory",
+             r->tensors[0].name, n > 1 ? " and the tensors fused with it" : "", ctx->rank,
+             ctx->host);
+    rc = GS__ERR_INVALID_ARG;
+    goto out_free;
+  }
   size_t count = (size_t)(total / esize), ncp = 0;
   if ((rc = begin(b, hs, n, err, errlen))) goto out_fail;
   void *buf;
@@ -219,6 +228,29 @@ static int lone_op(gs_ctx *ctx, const gs__response *r, struct gs_handle **h, cha
   return GS__ERR_INTERNAL;
 }
 
+/* Bytes of `rows` rows of `row` bytes into *out, and *total += that, both
+ * checked: rows may come from other ranks (the plan's per-rank sizes, an
+ * alltoall's split matrix). 0, or -1 when rows is negative or a size
+ * overflows (the caller reports it). */
+static int rows_bytes(uint64_t row, int64_t rows, size_t *out, uint64_t *total) {
+  uint64_t b;
+  if (rows < 0 || row == UINT64_MAX || __builtin_mul_overflow(row, (uint64_t)rows, &b) ||
+      b > SIZE_MAX || (total && __builtin_add_overflow(*total, b, total)) ||
+      (total && *total > SIZE_MAX))
+    return -1;
+  *out = (size_t)b;
+  return 0;
+}
+
+static int size_overflow(gs_ctx *ctx, const char *name, const char *op, size_t q, int64_t rows,
+                         uint64_t row, char *err, size_t errlen) {
+  snprintf(err, errlen,
+           "tensor '%s': the %s's sizes overflow on rank %d (%s): %lld rows of %llu bytes from "
+           "rank %zu; every rank must pass shapes whose total fits in memory",
+           name, op, ctx->rank, ctx->host, (long long)rows, (unsigned long long)row, q);
+  return GS__ERR_INVALID_ARG;
+}
+
 /* Allgather, alone or fused: the per-rank first dimensions come in the
  * plan. In a fused allgather rank q's block holds, tensor after tensor, the
  * rows rank q contributes to each, so every rank computes the same block
@@ -264,9 +296,17 @@ static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t e
       goto out_free;
     }
     row[i] = gs__tensor_bytes(r->dtype, t->shape + 1, t->ndim > 0 ? t->ndim - 1 : 0);
-    for (size_t q = 0; q < nr; q++) bytes[q] += (size_t)(row[i] * (uint64_t)t->rank_dims[q]);
+    for (size_t q = 0; q < nr; q++) {
+      size_t part;
+      uint64_t sum = bytes[q];
+      if (rows_bytes(row[i], t->rank_dims[q], &part, &sum) ||
+          __builtin_add_overflow(total, (uint64_t)part, &total) || total > SIZE_MAX) {
+        rc = size_overflow(ctx, t->name, "allgather", q, t->rank_dims[q], row[i], err, errlen);
+        goto out_free;
+      }
+      bytes[q] = (size_t)sum;
+    }
   }
-  for (size_t q = 0; q < nr; q++) total += bytes[q];
   recv = b->v->mem_alloc(b, total ? total : 1);
   if (n > 1) send = b->v->staging(b, bytes[me] ? bytes[me] : 1, err, errlen);
   if (!recv || (n > 1 && !send)) {
@@ -414,9 +454,11 @@ static int run_alltoall(gs_ctx *ctx, const gs__response *r, char *err, size_t er
   uint64_t total = 0;
   for (size_t q = 0; q < n; q++) {
     recv_rows[q] = matrix[q * n + (size_t)ctx->rank];
-    send_bytes[q] = (size_t)(row * (uint64_t)h->splits[q]);
-    recv_bytes[q] = (size_t)(row * (uint64_t)recv_rows[q]);
-    total += recv_bytes[q];
+    if (rows_bytes(row, h->splits[q], &send_bytes[q], NULL) ||
+        rows_bytes(row, recv_rows[q], &recv_bytes[q], &total)) {
+      rc = size_overflow(ctx, h->req.name, "alltoall", q, recv_rows[q], row, err, errlen);
+      goto out_free;
+    }
   }
   out = b->v->mem_alloc(b, total ? total : 1);
   if (!out) {

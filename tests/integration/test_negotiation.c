@@ -536,6 +536,27 @@ static void test_max_pending_per_rank_2(void **state) {
   job_expect_no_output(w.ranks[1], "GS_ERR_INVALID_ARG", 0);
 }
 
+/* Allgather sizes that overflow: each rank's part is valid, their sum is
+ * not; every rank fails the op with the same error naming the tensor and
+ * the rank with the largest part, and the job goes on. */
+static void test_allgather_size_overflow_3(void **state) {
+  (void)state;
+  char *args[] = {"allgather-overflow", NULL};
+  job w;
+  run_world(&w, 3, NULL, args, "allgather-overflow");
+  char want[512];
+  snprintf(want, sizeof want,
+           "allgather-overflow: GS_ERR_INVALID_ARG: tensor 'huge/gather': the allgather of every "
+           "rank's rows overflows 64 bits of bytes (rank 0 (");
+  for (int r = 0; r < 3; r++) {
+    char line[4096];
+    line_or_fail(w.ranks[r], "allgather-overflow: GS_", line, sizeof line);
+    if (strncmp(line, want, strlen(want)) != 0 ||
+        !strstr(line, "sent the largest first dimension, 1152921504606846975)"))
+      job_fail("rank %d:\n  got:      %s\n  expected: %s...", r, line, want);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_mismatch_every_attribute_3, setup, job_teardown),
@@ -556,6 +577,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_early_leave_fails_every_pending_op_3, setup,
                                       job_teardown),
       cmocka_unit_test_setup_teardown(test_max_pending_per_rank_2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_allgather_size_overflow_3, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("negotiation", tests, NULL, NULL);
 }

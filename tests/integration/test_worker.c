@@ -1345,6 +1345,29 @@ static int mode_pending_limit(gs_ctx *ctx, int limit) {
   return 0;
 }
 
+/* Each rank allgathers 2^60 - 1 - rank rows of float64: each rank's part is a
+ * valid size (the library takes up to 2^60 - 1 elements; the buffer is never
+ * read, the op fails before any data moves) but the sum over 3 ranks
+ * overflows 64 bits of bytes. Every rank gets
+ * GS_ERR_INVALID_ARG naming the tensor and the rank with the largest part,
+ * and the job goes on. */
+static int mode_allgather_overflow(gs_ctx *ctx) {
+  static double never_read[1];
+  int64_t shape[1] = {(INT64_C(1) << 60) - 1 - g_rank};
+  gs_handle *h = NULL;
+  submitted_or_die(
+      ctx, gs_allgather_async(ctx, "huge/gather", never_read, shape, 1, GS_FLOAT64, NULL, &h),
+      "huge/gather", "gs_allgather_async");
+  gs_status s = gs_wait(h, WAIT_MS);
+  printf("allgather-overflow: %s: %s\n", wu_status_name(s), gs_handle_error(h));
+  if (s != GS_ERR_INVALID_ARG)
+    wu_die("tensor 'huge/gather': expected GS_ERR_INVALID_ARG, got %s", wu_status_name(s));
+  gs_handle_free(h);
+  one_allreduce(ctx, "allgather-overflow/after");
+  printf("allgather-overflow: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static void usage(void) {
@@ -1353,7 +1376,7 @@ static void usage(void) {
                   "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
                   "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
                   "                      join-steps STEPS | duplicate | model-diff N |\n"
-                  "                      early-leave N | pending-limit L\n");
+                  "                      early-leave N | pending-limit L | allgather-overflow\n");
   exit(2);
 }
 
@@ -1459,6 +1482,10 @@ int main(int argc, char **argv) {
     if (argc != 3 || atoi(argv[2]) < 1) usage();
     gs_ctx *ctx = join_or_die();
     rc = mode_early_leave(ctx, atoi(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "allgather-overflow") == 0) {
+    gs_ctx *ctx = join_or_die();
+    rc = mode_allgather_overflow(ctx);
     shutdown_or_die(ctx);
   } else if (strcmp(mode, "pending-limit") == 0) {
     if (argc != 3 || atoi(argv[2]) < 1) usage();

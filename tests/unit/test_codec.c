@@ -1506,6 +1506,58 @@ static void test_shape_format(void **state) {
   assert_int_equal(small[0], '#');
 }
 
+/* Regression (found by tests/fuzz/fuzz_codec): a PlanMessage whose
+ * response carries a NaN postscale decoded fine, so a worker would have
+ * scaled a result by NaN; and per-rank first dimensions could be negative.
+ * Both are refused when decoding, naming the value. The bytes are the
+ * fuzzer's input (after its selector byte). */
+static void test_plan_msg_rejects_non_finite_scale_and_negative_dims(void **state) {
+  (void)state;
+  static const uint8_t nan_postscale[] = {
+      0x12, 0x66, 0x18, 0x07, 0x12, 0x1c, 0x29, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf0, 0x3f,
+      0x31, 0x00, 0xfe, 0xf9, 0xff, 0xff, 0xff, 0xf0, 0x3f, 0x4a, 0x08, 0x0a, 0x01, 0x61, 0x1a,
+      0x01, 0x04, 0x20, 0x02, 0x12, 0x44, 0x08, 0x01, 0x10, 0x01, 0x29, 0x3a, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0xf0, 0x3f, 0x31, 0x00, 0x00, 0x00, 0x10, 0x00, 0x80, 0xf0, 0x7f, 0x4a, 0x0b,
+      0x0a, 0x01, 0x3f, 0x1a, 0x02, 0x01, 0x02, 0x1a, 0x02, 0xfe, 0x03, 0x50, 0x00, 0x5a, 0x1d,
+      0x25, 0x65, 0x6e, 0x73, 0x6f, 0x72, 0x20, 0x27, 0x67, 0x27, 0x3a, 0x20, 0x6d, 0x69, 0x73,
+      0x6d, 0x61, 0x74, 0x63, 0xe8, 0x65, 0x64, 0x20, 0x73, 0x68, 0x61, 0x70, 0x65, 0x73};
+  gs__plan_msg m;
+  char err[512] = "";
+  assert_int_equal(gs__decode_plan_msg(nan_postscale, sizeof nan_postscale, &m, err, sizeof err),
+                   GS__ERR_INVALID_ARG);
+  assert_contains(err, "plan response 1: prescale 1 / postscale nan must be finite numbers");
+
+  /* A valid allgather plan with rank 1's first dimension made negative. */
+  gs__plan_tensor t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.name, sizeof t.name, "g");
+  t.ndim = 2;
+  t.shape[0] = 1;
+  t.shape[1] = 3;
+  int64_t dims[2] = {1, -5};
+  t.rank_dims = dims;
+  t.nrank_dims = 2;
+  gs__response r;
+  memset(&r, 0, sizeof r);
+  r.kind = GS__RESP_COLLECTIVE;
+  r.op = GS__OP_ALLGATHER;
+  r.prescale = r.postscale = 1.0;
+  r.tensors = &t;
+  r.ntensors = 1;
+  gs__plan_msg in;
+  memset(&in, 0, sizeof in);
+  in.kind = GS__MSG_PLAN;
+  in.plan.seq = 3;
+  in.plan.responses = &r;
+  in.plan.nresponses = 1;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  assert_int_equal(gs__encode_plan_msg(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_plan_msg(buf, len, &m, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_contains(err, "tensor 'g': rank 1's first dimension is negative (-5)");
+  free(buf);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_join_request_round_trip),
@@ -1519,6 +1571,7 @@ int main(void) {
       cmocka_unit_test(test_plan_msg_plan_round_trip),
       cmocka_unit_test(test_plan_msg_abort_and_rank_error_round_trip),
       cmocka_unit_test(test_plan_msg_rejections),
+      cmocka_unit_test(test_plan_msg_rejects_non_finite_scale_and_negative_dims),
       cmocka_unit_test(test_random_garbage),
       cmocka_unit_test(test_known_malformed_bytes),
       cmocka_unit_test(test_truncated_messages),
