@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything on a fresh Debian 12 machine and runs the whole test
 # suite: the normal build's tests (unit, integration, fault), the same tests
-# under AddressSanitizer + UndefinedBehaviorSanitizer, and valgrind over the
-# unit tests. Exits non-zero on the first failing stage.
+# under AddressSanitizer + UndefinedBehaviorSanitizer, valgrind over the
+# unit tests, and a bounded libFuzzer run of the codec and engine targets
+# (scripts/fuzz.sh). Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -24,4 +25,7 @@ unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
 
 echo "== unit tests under valgrind =="
 bash tests/valgrind.sh build
+
+echo "== fuzzing (libFuzzer: codec, codec + engine; 30 s each) =="
+bash scripts/fuzz.sh build-fuzz 30
 echo "test.sh: all stages passed"
