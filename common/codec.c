@@ -17,6 +17,7 @@
 
 _Static_assert((int)GRADSYNC__V1__OP_TYPE__OP_JOIN == (int)GS__OP_JOIN, "op enum");
 _Static_assert((int)GRADSYNC__V1__DATA_TYPE__DT_UINT8 == (int)GS__UINT8, "dtype enum");
+_Static_assert((int)GRADSYNC__V1__DATA_TYPE__DT_INT16 == (int)GS__INT16, "dtype enum");
 _Static_assert((int)GRADSYNC__V1__REDUCE_OP__REDUCE_ADASUM == (int)GS__ADASUM, "reduce enum");
 _Static_assert((int)GRADSYNC__V1__DEVICE_KIND__DEVICE_GPU == (int)GS__DEVICE_GPU, "device enum");
 

@@ -13,14 +13,14 @@
 #include <string.h>
 
 static const size_t k_dtype_size[GS__DTYPE_COUNT] = {
-    [GS__FLOAT32] = 4, [GS__FLOAT64] = 8, [GS__FLOAT16] = 2, [GS__BFLOAT16] = 2,
-    [GS__INT32] = 4,   [GS__INT64] = 8,   [GS__INT8] = 1,    [GS__UINT8] = 1,
+    [GS__FLOAT32] = 4, [GS__FLOAT64] = 8, [GS__FLOAT16] = 2, [GS__BFLOAT16] = 2, [GS__INT32] = 4,
+    [GS__INT64] = 8,   [GS__INT8] = 1,    [GS__UINT8] = 1,   [GS__INT16] = 2,
 };
 
 static const char *const k_dtype_name[GS__DTYPE_COUNT] = {
     [GS__FLOAT32] = "float32",   [GS__FLOAT64] = "float64", [GS__FLOAT16] = "float16",
     [GS__BFLOAT16] = "bfloat16", [GS__INT32] = "int32",     [GS__INT64] = "int64",
-    [GS__INT8] = "int8",         [GS__UINT8] = "uint8",
+    [GS__INT8] = "int8",         [GS__UINT8] = "uint8",     [GS__INT16] = "int16",
 };
 
 static const char *const k_reduce_op_name[GS__REDUCE_OP_COUNT] = {
@@ -198,6 +198,7 @@ INT_KERNELS(int32_t, uint32_t, i32)
 INT_KERNELS(int64_t, uint64_t, i64)
 INT_KERNELS(int8_t, uint32_t, i8)
 INT_KERNELS(uint8_t, uint32_t, u8)
+INT_KERNELS(int16_t, uint32_t, i16)
 
 static float apply_f32(float a, float b, gs__reduce_op op) {
   switch (op) {
@@ -255,6 +256,8 @@ void gs__reduce(void *dst, const void *src, size_t n, gs__dtype dt, gs__reduce_o
     DISPATCH(i8, int8_t);
   case GS__UINT8:
     DISPATCH(u8, uint8_t);
+  case GS__INT16:
+    DISPATCH(i16, int16_t);
   case GS__FLOAT16:
     reduce_half(dst, src, n, op, 0);
     return;
@@ -312,6 +315,11 @@ void gs__divide(void *buf, size_t n, gs__dtype dt, int divisor) {
   case GS__UINT8: {
     uint8_t *p = buf;
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(p[i] / divisor);
+    return;
+  }
+  case GS__INT16: {
+    int16_t *p = buf;
+    for (size_t i = 0; i < n; i++) p[i] = (int16_t)(p[i] / divisor);
     return;
   }
   default:

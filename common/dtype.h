@@ -36,8 +36,10 @@ void gs__reduce(void *dst, const void *src, size_t n, gs__dtype dt, gs__reduce_o
  * toward zero; float16/bfloat16 divide in float32 and round back. */
 void gs__divide(void *buf, size_t n, gs__dtype dt, int divisor);
 
-/* buf[i] = buf[i] * factor for n elements (scale.c). Integers are scaled in
- * double and rounded to nearest; float16/bfloat16 in float32. */
+/* buf[i] = buf[i] * factor for n elements (scale.c), as Horovod computes it:
+ * float32/float16/bfloat16 in float32 with the factor rounded to float,
+ * float64 in double, integers in double truncated toward zero (saturating
+ * at the type's range). */
 void gs__scale(void *buf, size_t n, gs__dtype dt, double factor);
 
 #endif

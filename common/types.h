@@ -13,6 +13,7 @@ typedef enum gs__dtype {
   GS__INT64 = 5,
   GS__INT8 = 6,
   GS__UINT8 = 7,
+  GS__INT16 = 8,
   GS__DTYPE_COUNT
 } gs__dtype;
 

@@ -26,6 +26,7 @@
 _Static_assert((int)GS_ERR_ALREADY_JOINED == GS__ERR_ALREADY_JOINED, "status numbering");
 _Static_assert((int)GS_ERR_MISMATCH == GS__ERR_MISMATCH, "status numbering");
 _Static_assert((int)GS_UINT8 == (int)GS__UINT8, "dtype numbering");
+_Static_assert((int)GS_INT16 == (int)GS__INT16, "dtype numbering");
 _Static_assert((int)GS_BFLOAT16 == (int)GS__BFLOAT16, "dtype numbering");
 _Static_assert((int)GS_ADASUM == (int)GS__ADASUM, "reduce op numbering");
 _Static_assert((int)GS_PRODUCT == (int)GS__PRODUCT, "reduce op numbering");
@@ -697,7 +698,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
                          nlen, GS__MAX_NAME);
   if ((int)dtype < 0 || (int)dtype >= GS__DTYPE_COUNT)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_UINT8)", name,
+                         "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_INT16)", name,
                          (int)dtype);
   if (ndim < 0 || ndim > GS__MAX_DIMS || (ndim > 0 && !shape))
     return gs__set_error(GS_ERR_INVALID_ARG,
@@ -1408,4 +1409,76 @@ gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out) {
   s.struct_size = given;
   memcpy(out, &s, given); /* an older caller gets the fields it knows */
   return GS_OK;
+}
+
+const char *gs_version(void) {
+  return GS_VERSION_STRING;
+}
+
+/* ---- the application's key-value namespace ---------------------------------- */
+
+/* "epoch/<epoch>/app/<key>": scoped to this job's epoch and apart from the
+ * library's own keys (ring addresses live under "epoch/<epoch>/ring/"). */
+static gs_status app_key(const gs_ctx *ctx, const char *fn, const char *key, char **out) {
+  if (!ctx || !key || !*key)
+    return gs__set_error(GS_ERR_INVALID_ARG, "%s: %s", fn,
+                         !ctx ? "ctx is NULL" : "key is NULL or empty; give a non-empty name");
+  size_t klen = strlen(key);
+  if (klen > GS_KV_KEY_MAX)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "%s: key of %zu bytes is longer than GS_KV_KEY_MAX (%d); use a shorter "
+                         "name",
+                         fn, klen, GS_KV_KEY_MAX);
+  if (asprintf(out, "epoch/%llu/app/%s", (unsigned long long)ctx->join.epoch, key) < 0) {
+    *out = NULL;
+    return gs__set_error(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+  }
+  return GS_OK;
+}
+
+gs_status gs_kv_set(gs_ctx *ctx, const char *key, const void *value, size_t len) {
+  if (!value && len)
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_kv_set: value is NULL but len is %zu", len);
+  if (len > GS_KV_VALUE_MAX)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_kv_set: key '%s': value of %zu bytes is larger than GS_KV_VALUE_MAX "
+                         "(%d)",
+                         key ? key : "(null)", len, GS_KV_VALUE_MAX);
+  char *k;
+  gs_status st = app_key(ctx, "gs_kv_set", key, &k);
+  if (st) return st;
+  char err[GS__MAX_TEXT];
+  int rc = gs__client_kv_set(ctx->client, k, value ? value : "", len, err, sizeof err);
+  free(k);
+  if (rc) return gs__set_error((gs_status)rc, "gs_kv_set (rank %d): %s", ctx->rank, err);
+  return GS_OK;
+}
+
+gs_status gs_kv_get(gs_ctx *ctx, const char *key, int timeout_ms, void **value, size_t *len) {
+  if (!value || !len)
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_kv_get: value and len must not be NULL");
+  *value = NULL;
+  *len = 0;
+  if (timeout_ms < 0 || timeout_ms > GS_KV_WAIT_MAX_MS)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_kv_get: timeout_ms %d is outside 0..%d; wait in a loop for longer",
+                         timeout_ms, GS_KV_WAIT_MAX_MS);
+  char *k;
+  gs_status st = app_key(ctx, "gs_kv_get", key, &k);
+  if (st) return st;
+  char err[GS__MAX_TEXT];
+  void *v = NULL;
+  size_t n = 0;
+  int rc = gs__client_kv_get(ctx->client, k, timeout_ms, &v, &n, err, sizeof err);
+  free(k);
+  if (rc) return gs__set_error((gs_status)rc, "gs_kv_get (rank %d): %s", ctx->rank, err);
+  /* never NULL on success, so that an empty value differs from none */
+  if (!v && !(v = malloc(1))) return gs__set_error(GS_ERR_NO_MEMORY, "gs_kv_get: out of memory");
+  *value = v;
+  *len = n;
+  return GS_OK;
+}
+
+void gs_free(void *p) {
+  free(p);
 }

@@ -78,7 +78,7 @@ gs_status gs__sparse_check_rows(const char *what, const char *name, const int64_
   const char *n = name ? name : "?";
   if (gs_dtype_size(dtype) == 0)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "%s: tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_UINT8)",
+                         "%s: tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_INT16)",
                          what, n, (int)dtype);
   if (nnz > 0 && (!indices || (!values && row_len > 0)))
     return gs__set_error(GS_ERR_INVALID_ARG, "%s: tensor '%s': %s is NULL for nnz=%zu rows", what,

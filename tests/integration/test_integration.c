@@ -69,7 +69,7 @@ static void run_world(int size, char *const args[], const char *expect) {
 
 /* ---- every op x dtype x placement x count against a local reference ------ */
 
-/* 336 tensors (5 ops x 8 dtypes x 2 placements x 4 counts, plus count 0 for
+/* 378 tensors (5 ops x 9 dtypes x 2 placements x 4 counts, plus count 0 for
  * sum) x 2 rounds (the second through the response cache). */
 
 static void ops_world(int size) {
@@ -80,7 +80,7 @@ static void ops_world(int size) {
   for (int r = 0; r < size; r++) job_expect_exit(w.ranks[r], 0);
   for (int r = 0; r < size; r++) {
     char want[128];
-    job_expect_output(w.ranks[r], "ops: 672 checks passed (336 tensors x 2 rounds");
+    job_expect_output(w.ranks[r], "ops: 756 checks passed (378 tensors x 2 rounds");
     snprintf(want, sizeof want, "rank %d of %d)", r, size);
     job_expect_output(w.ranks[r], want);
   }

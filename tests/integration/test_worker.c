@@ -105,6 +105,8 @@ static size_t dsize(gs_dtype d) {
     return 1;
   case GS_UINT8:
     return 1;
+  case GS_INT16:
+    return 2;
   }
   return 0;
 }
@@ -130,6 +132,8 @@ static double exact_limit(gs_dtype d) {
     return 127;
   case GS_UINT8:
     return 255;
+  case GS_INT16:
+    return 32767;
   }
   return 0;
 }
@@ -298,15 +302,15 @@ static size_t check(const tensor *t, unsigned round) {
 
 static int mode_ops(gs_ctx *ctx, int rounds) {
   static const gs_reduce_op ops[] = {GS_SUM, GS_AVERAGE, GS_MIN, GS_MAX, GS_PRODUCT};
-  static const gs_dtype dts[] = {GS_FLOAT32, GS_FLOAT64, GS_FLOAT16, GS_BFLOAT16,
-                                 GS_INT32,   GS_INT64,   GS_INT8,    GS_UINT8};
+  static const gs_dtype dts[] = {GS_FLOAT32, GS_FLOAT64, GS_FLOAT16, GS_BFLOAT16, GS_INT32,
+                                 GS_INT64,   GS_INT8,    GS_UINT8,   GS_INT16};
   static const size_t counts[] = {0, 1, 7, 1000, 65539};
-  const size_t max_tensors = 5 * 8 * 2 * 5;
+  const size_t max_tensors = 5 * 9 * 2 * 5;
   tensor *ts = calloc(max_tensors, sizeof *ts);
   if (!ts) wu_die("out of memory");
   size_t n = 0;
   for (size_t o = 0; o < 5; o++)
-    for (size_t d = 0; d < 8; d++)
+    for (size_t d = 0; d < 9; d++)
       for (int inplace = 0; inplace < 2; inplace++)
         for (size_t c = 0; c < 5; c++) {
           if (counts[c] == 0 && ops[o] != GS_SUM) continue;

@@ -89,6 +89,8 @@ const char *wu_dtype_name(gs_dtype d) {
     return "int8";
   case GS_UINT8:
     return "uint8";
+  case GS_INT16:
+    return "int16";
   }
   return "?";
 }
@@ -193,6 +195,9 @@ void wu_put(gs_dtype d, void *buf, size_t i, double v) {
   case GS_UINT8:
     ((uint8_t *)buf)[i] = (uint8_t)v;
     break;
+  case GS_INT16:
+    ((int16_t *)buf)[i] = (int16_t)v;
+    break;
   }
 }
 
@@ -214,6 +219,8 @@ double wu_get(gs_dtype d, const void *buf, size_t i) {
     return ((const int8_t *)buf)[i];
   case GS_UINT8:
     return ((const uint8_t *)buf)[i];
+  case GS_INT16:
+    return ((const int16_t *)buf)[i];
   }
   return NAN;
 }

@@ -587,7 +587,7 @@ static void test_rank_msg_rejects_bad_requests(void **state) {
   expect_request_refused(&w, "op has unknown value -1");
   pbw_free(&w);
   pbw_request(&w, "e", 0, GS__DTYPE_COUNT, shape2, 2);
-  expect_request_refused(&w, "dtype has unknown value 8");
+  expect_request_refused(&w, "dtype has unknown value 9");
   pbw_free(&w);
   pbw_request(&w, "e", 0, 0, shape2, 2);
   pbw_int(&w, 5, GS__REDUCE_OP_COUNT);
@@ -948,7 +948,7 @@ static void test_plan_msg_rejections(void **state) {
     const char *want;
   } enums[] = {
       {1, 2, "response kind has unknown value 2"}, {2, 7, "op has unknown value 7"},
-      {2, -1, "op has unknown value -1"},          {3, 8, "dtype has unknown value 8"},
+      {2, -1, "op has unknown value -1"},          {3, 9, "dtype has unknown value 9"},
       {4, 6, "reduce_op has unknown value 6"},     {8, 2, "device has unknown value 2"},
   };
   for (size_t i = 0; i < sizeof enums / sizeof enums[0]; i++) {

@@ -35,6 +35,7 @@ static void test_sizes_and_names(void **state) {
   assert_int_equal(gs__dtype_size(GS__INT64), 8);
   assert_int_equal(gs__dtype_size(GS__INT8), 1);
   assert_int_equal(gs__dtype_size(GS__UINT8), 1);
+  assert_int_equal(gs__dtype_size(GS__INT16), 2);
   assert_int_equal(gs__dtype_size(GS__DTYPE_COUNT), 0);
   assert_int_equal(gs__dtype_size((gs__dtype)-1), 0);
 
@@ -46,6 +47,7 @@ static void test_sizes_and_names(void **state) {
   assert_string_equal(gs__dtype_name(GS__INT64), "int64");
   assert_string_equal(gs__dtype_name(GS__INT8), "int8");
   assert_string_equal(gs__dtype_name(GS__UINT8), "uint8");
+  assert_string_equal(gs__dtype_name(GS__INT16), "int16");
   assert_string_equal(gs__dtype_name(GS__DTYPE_COUNT), "invalid");
 
   assert_string_equal(gs__reduce_op_name(GS__SUM), "sum");
@@ -464,6 +466,78 @@ static void test_divide(void **state) {
   assert_int_equal(nan16[0], 0x7e01);
 }
 
+/* int16 (GS_INT16, numbered 8): wrapping sums and products, min/max,
+ * truncating division. */
+static void test_int16(void **state) {
+  (void)state;
+  int16_t a[4] = {32767, -32768, -5, 100}, b[4] = {1, -1, 3, -300};
+  gs__reduce(a, b, 4, GS__INT16, GS__SUM);
+  assert_int_equal(a[0], -32768); /* wraps */
+  assert_int_equal(a[1], 32767);
+  assert_int_equal(a[2], -2);
+  assert_int_equal(a[3], -200);
+  int16_t p[2] = {300, -7}, q[2] = {300, 5};
+  gs__reduce(p, q, 2, GS__INT16, GS__PRODUCT);
+  assert_int_equal(p[0], (int16_t)(uint16_t)(90000u & 0xffffu));
+  assert_int_equal(p[1], -35);
+  int16_t mn[2] = {-4, 9}, mx[2] = {-4, 9}, o[2] = {-5, 10};
+  gs__reduce(mn, o, 2, GS__INT16, GS__MIN);
+  gs__reduce(mx, o, 2, GS__INT16, GS__MAX);
+  assert_int_equal(mn[0], -5);
+  assert_int_equal(mn[1], 9);
+  assert_int_equal(mx[0], -4);
+  assert_int_equal(mx[1], 10);
+  int16_t d[3] = {-7, 7, 32767};
+  gs__divide(d, 3, GS__INT16, 2);
+  assert_int_equal(d[0], -3);
+  assert_int_equal(d[1], 3);
+  assert_int_equal(d[2], 16383);
+}
+
+/* Prescale/postscale as Horovod computes them: float32 in float32 with the
+ * factor rounded to float; integers in double, truncated toward zero. */
+static void test_scale_like_horovod(void **state) {
+  (void)state;
+  const double third = 1.0 / 3.0;
+  float f[3] = {1.0f, 10.0f, -7.0f};
+  gs__scale(f, 3, GS__FLOAT32, third);
+  for (int i = 0; i < 3; i++) {
+    float in[3] = {1.0f, 10.0f, -7.0f};
+    float want = in[i] * (float)third;
+    assert_memory_equal(&f[i], &want, sizeof want);
+  }
+  double g[2] = {1.0, 10.0};
+  gs__scale(g, 2, GS__FLOAT64, third);
+  assert_true(g[0] == 1.0 * third && g[1] == 10.0 * third);
+  /* integers truncate toward zero (7 * 0.5 = 3.5 -> 3, -3.5 -> -3) */
+  int32_t i32[4] = {7, -7, 5, 2000000000};
+  gs__scale(i32, 4, GS__INT32, 0.5);
+  assert_int_equal(i32[0], 3);
+  assert_int_equal(i32[1], -3);
+  assert_int_equal(i32[2], 2);
+  assert_int_equal(i32[3], 1000000000);
+  int64_t i64[2] = {-9, 9};
+  gs__scale(i64, 2, GS__INT64, 0.25);
+  assert_int_equal(i64[0], -2);
+  assert_int_equal(i64[1], 2);
+  int16_t i16[3] = {5, -5, 30000};
+  gs__scale(i16, 3, GS__INT16, 2.5);
+  assert_int_equal(i16[0], 12);
+  assert_int_equal(i16[1], -12);
+  assert_int_equal(i16[2], 32767); /* saturates instead of undefined behaviour */
+  int8_t i8[2] = {3, -3};
+  gs__scale(i8, 2, GS__INT8, 0.9);
+  assert_int_equal(i8[0], 2);
+  assert_int_equal(i8[1], -2);
+  uint8_t u8[2] = {200, 3};
+  gs__scale(u8, 2, GS__UINT8, 2.0);
+  assert_int_equal(u8[0], 255);
+  assert_int_equal(u8[1], 6);
+  uint16_t h[1] = {gs__float_to_half(3.0f)};
+  gs__scale(h, 1, GS__FLOAT16, third);
+  assert_int_equal(h[0], gs__float_to_half(3.0f * (float)third));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes_and_names),
@@ -485,6 +559,8 @@ int main(void) {
       cmocka_unit_test(test_reduce_half_types),
       cmocka_unit_test(test_reduce_zero_count),
       cmocka_unit_test(test_divide),
+      cmocka_unit_test(test_int16),
+      cmocka_unit_test(test_scale_like_horovod),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -326,6 +326,9 @@ static void store(gs__dtype dt, void *base, size_t i, double f, uint64_t u) {
   case GS__UINT8:
     ((uint8_t *)base)[i] = (uint8_t)u;
     break;
+  case GS__INT16:
+    ((int16_t *)base)[i] = (int16_t)(uint16_t)u;
+    break;
   default:
     break;
   }

@@ -83,6 +83,7 @@ typedef enum gs_dtype {
   GS_INT64 = 5,
   GS_INT8 = 6,
   GS_UINT8 = 7,
+  GS_INT16 = 8,
 } gs_dtype;
 
 typedef enum gs_reduce_op {
@@ -388,6 +389,37 @@ GS_API const char *gs_version(void);
 
 /* "GS_ERR_MISMATCH: tensor differs across ranks"-style text; never NULL. */
 GS_API const char *gs_status_str(gs_status status);
+
+/* The library's version, GS_VERSION_STRING of the build ("0.1.0"); static
+ * storage, never NULL. Any thread, before gs_init too. */
+GS_API const char *gs_version(void);
+
+/* ---- the job's key-value store, for the application ----
+ * A rendezvous for frameworks that need one (e.g. a torch.distributed
+ * Store, so that a PyTorch process group needs no MASTER_ADDR and no port of
+ * its own). Keys live in an application namespace of this job and epoch at
+ * the coordinator, apart from the library's own keys; every rank of the job
+ * can read and write every key of it, over the job's authenticated channel.
+ * Any thread, concurrently with collectives; each call is one round trip to
+ * the coordinator. */
+#define GS_KV_KEY_MAX 448         /* bytes of a key, without the NUL */
+#define GS_KV_VALUE_MAX (1 << 20) /* bytes of a value */
+#define GS_KV_WAIT_MAX_MS 60000   /* longest single gs_kv_get wait */
+
+/* Stores len bytes of value under key (replacing any value). value is
+ * borrowed for the call. GS_ERR_INVALID_ARG for an empty or over-long key or
+ * value; GS_ERR_COORDINATOR_LOST / GS_ERR_UNAUTHENTICATED from the
+ * coordinator. */
+GS_API gs_status gs_kv_set(gs_ctx *ctx, const char *key, const void *value, size_t len);
+
+/* Reads key, waiting up to timeout_ms (0 = answer at once, at most
+ * GS_KV_WAIT_MAX_MS) for it to be set. On success *value is a new buffer of
+ * *len bytes (never NULL, even for an empty value) that the caller frees
+ * with gs_free. GS_ERR_TIMEOUT if the key was not set in time (*value NULL). */
+GS_API gs_status gs_kv_get(gs_ctx *ctx, const char *key, int timeout_ms, void **value, size_t *len);
+
+/* Frees memory the library handed to the caller (gs_kv_get). NULL is a no-op. */
+GS_API void gs_free(void *p);
 
 /* Counters of one context since gs_init, for tests, benchmarks and
  * monitoring. */
