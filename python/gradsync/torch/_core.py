@@ -1,0 +1,309 @@
+"""The process's gradsync context, its ops in flight and the completer thread.
+
+Ownership and threads:
+- `_state.ctx` is the gs_ctx of this process, created by init() and freed by
+  shutdown() (or at interpreter exit).
+- An _Op owns the C handles of one user-visible handle (a grouped op has
+  several) and keeps every tensor the library reads or writes alive until
+  the C handles are freed. Its fields are guarded by its own lock; `pins`
+  and `released` by the module lock `_mu`.
+- One completer thread per process waits on the C handles of every live op
+  with gs_wait_any in bounded slices, finishes ops as they complete (results
+  copied out of the library's buffers, errors turned into exceptions) and
+  runs their callbacks (futures of the DDP hook). Application threads that
+  synchronize() wait on their own op in bounded gs_wait slices, so the
+  library sees them blocked (deadlock detection names the tensors) and
+  Ctrl-C interrupts them within a slice. Whichever thread sees an op
+  complete first finishes it; the op's lock makes that happen once.
+- A C handle is freed only when no thread has it in a wait (`pins` == 0)
+  and the op was released (synchronized, or its callbacks ran).
+"""
+
+import atexit
+import ctypes
+import itertools
+import os
+import threading
+
+from .. import _lib
+from .._lib import lib
+
+# Slices of the bounded waits, in ms.
+WAIT_SLICE_MS = 100
+COMPLETER_SLICE_MS = 50
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed (mismatch across ranks, a lost rank, a stall or
+    deadlock abort, shutdown): the message is gradsync's and names the
+    tensor, the ranks and what to do."""
+
+
+class _State:
+    def __init__(self):
+        self.ctx = None
+        self.rank = self.size = self.local_rank = self.local_size = -1
+        self.counter = itertools.count()
+
+
+_state = _State()
+_mu = threading.Lock()
+
+
+def ctx():
+    if _state.ctx is None:
+        raise ValueError(
+            "gradsync has not been initialized; run gradsync.torch.init() (hvd.init()) first")
+    return _state.ctx
+
+
+def next_id():
+    return next(_state.counter)
+
+
+def last_error():
+    return _lib.text(lib.gs_last_error(_state.ctx))
+
+
+def raise_submit_error(st, what):
+    """An error returned at the call: bad arguments and duplicate names are
+    ValueError (as Horovod's), the job's failure HorovodInternalError."""
+    msg = last_error() or _lib.text(lib.gs_status_str(st))
+    if st in (_lib.GS_ERR_INVALID_ARG, _lib.GS_ERR_DUPLICATE_NAME):
+        raise ValueError(msg)
+    if st == _lib.GS_ERR_UNSUPPORTED:
+        raise NotImplementedError(msg)
+    raise HorovodInternalError(msg)
+
+
+class _Op:
+    """One user-visible async op: C handles, the tensors kept alive, and a
+    finish step that builds the result once every C handle completed."""
+
+    __slots__ = ("handles", "keep", "finish", "name", "lock", "event", "result", "error",
+                 "finished", "callbacks", "pins", "released", "freed", "__weakref__")
+
+    def __init__(self, handles, keep, finish, name):
+        self.handles = handles  # list of c_void_p values (ints)
+        self.keep = keep
+        self.finish = finish
+        self.name = name
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        self.result = None
+        self.error = None
+        self.finished = False
+        self.callbacks = []
+        self.pins = 0
+        self.released = False
+        self.freed = False
+
+    def all_done(self):
+        done = ctypes.c_int(0)
+        for h in self.handles:
+            lib.gs_test(h, ctypes.byref(done))
+            if not done.value:
+                return False
+        return True
+
+    def try_complete(self):
+        """Finishes the op if every C handle completed; True when finished.
+        The caller has the op pinned."""
+        if self.finished:
+            return True
+        if not self.all_done():
+            return False
+        with self.lock:
+            if self.finished:
+                return True
+            err = None
+            for h in self.handles:
+                st = lib.gs_wait(h, 0)
+                if st != _lib.GS_OK:
+                    msg = _lib.text(lib.gs_handle_error(h)) or _lib.text(lib.gs_status_str(st))
+                    err = HorovodInternalError(msg)
+                    break
+            if err is None:
+                try:
+                    self.result = self.finish(self.handles) if self.finish else None
+                except BaseException as e:  # surfaced on the waiting thread
+                    err = e
+            self.error = err
+            self.finished = True
+            callbacks, self.callbacks = self.callbacks, []
+        self.event.set()
+        for cb in callbacks:
+            cb(self)
+        return True
+
+    def add_callback(self, cb):
+        """cb(op) runs once the op finished (at once if it already has), on
+        the completer thread or the thread that finished it."""
+        with self.lock:
+            if not self.finished:
+                self.callbacks.append(cb)
+                return
+        cb(self)
+
+
+def _free_locked(op):
+    if op.freed:
+        return
+    op.freed = True
+    for h in op.handles:
+        lib.gs_handle_free(h)
+    op.keep = None
+
+
+def pin(ops):
+    with _mu:
+        for op in ops:
+            op.pins += 1
+
+
+def unpin(ops):
+    with _mu:
+        for op in ops:
+            op.pins -= 1
+            if op.pins == 0 and op.released:
+                _free_locked(op)
+
+
+def release(op):
+    """The user is done with op: free its C handles once no wait holds them."""
+    with _mu:
+        op.released = True
+        if op.pins == 0:
+            _free_locked(op)
+
+
+class _Completer:
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.live = []
+        self.running = True
+        self.thread = threading.Thread(target=self.run, name="gradsync-completer", daemon=True)
+        self.thread.start()
+
+    def add(self, op):
+        with self.cv:
+            self.live.append(op)
+            self.cv.notify()
+
+    def stop(self):
+        with self.cv:
+            self.running = False
+            self.cv.notify()
+        self.thread.join(timeout=5)
+
+    def run(self):
+        idx = ctypes.c_size_t(0)
+        while True:
+            with self.cv:
+                self.live = [op for op in self.live if not op.finished]
+                while self.running and not self.live:
+                    self.cv.wait(1.0)
+                if not self.running:
+                    return
+                ops = list(self.live)
+            pin(ops)
+            try:
+                pending = [h for op in ops if not op.finished for h in op.handles]
+                if pending:
+                    arr = (ctypes.c_void_p * len(pending))(*pending)
+                    lib.gs_wait_any(arr, len(pending), COMPLETER_SLICE_MS, ctypes.byref(idx))
+                for op in ops:
+                    op.try_complete()
+            finally:
+                unpin(ops)
+            # ops only the completer finishes (callbacks, fire-and-forget)
+            # are released by their callbacks.
+
+
+_completer = None
+
+
+def submit(handles, keep, finish, name, callback=None):
+    """Registers the C handles of a new op with the completer."""
+    op = _Op(handles, keep, finish, name)
+    if callback is not None:
+        op.callbacks.append(callback)
+    _completer.add(op)
+    return op
+
+
+def wait(op):
+    """Blocks until op finished, in bounded slices; returns its result or
+    raises its error. Does not release the op."""
+    pin([op])
+    try:
+        while not op.try_complete():
+            for h in op.handles:
+                done = ctypes.c_int(0)
+                lib.gs_test(h, ctypes.byref(done))
+                if not done.value:
+                    lib.gs_wait(h, WAIT_SLICE_MS)
+                    break
+    finally:
+        unpin([op])
+    if op.error is not None:
+        raise op.error
+    return op.result
+
+
+def initialized():
+    return _state.ctx is not None
+
+
+def init_ctx():
+    global _completer
+    if _state.ctx is not None:
+        return
+    opts = _lib.gs_options()
+    lib.gs_options_init(ctypes.byref(opts))
+    c = ctypes.c_void_p()
+    st = lib.gs_init(ctypes.byref(opts), ctypes.byref(c))
+    if st != _lib.GS_OK:
+        msg = _lib.text(lib.gs_last_error(None)) or _lib.text(lib.gs_status_str(st))
+        if st == _lib.GS_ERR_INVALID_ARG:
+            raise ValueError(msg)
+        raise HorovodInternalError(msg)
+    _state.ctx = c.value
+    _state.rank = lib.gs_rank(c)
+    _state.size = lib.gs_size(c)
+    _state.local_rank = lib.gs_local_rank(c)
+    _state.local_size = lib.gs_local_size(c)
+    _completer = _Completer()
+
+
+def shutdown_ctx():
+    global _completer
+    if _state.ctx is None:
+        return
+    c = _state.ctx
+    ops = []
+    # The completer waits inside the library: stop it before the context
+    # goes (it leaves its wait within one slice).
+    if _completer is not None:
+        with _completer.cv:
+            ops = list(_completer.live)
+        _completer.stop()
+        _completer = None
+    # gs_shutdown completes every pending op with GS_ERR_SHUTDOWN; completed
+    # handles stay readable without the context, so the ops left are
+    # finished here (their futures and waiters get the error).
+    lib.gs_shutdown(c)
+    _state.ctx = None
+    for op in ops:
+        op.try_complete()
+
+
+def _at_exit():
+    # The process is ending: leave the job cleanly so that the other ranks
+    # are told this rank left rather than lost.
+    if _state.ctx is not None and os.getpid() == _init_pid[0]:
+        shutdown_ctx()
+
+
+_init_pid = [os.getpid()]
+atexit.register(_at_exit)

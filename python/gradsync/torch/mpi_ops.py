@@ -1,0 +1,883 @@
+"""Horovod's PyTorch collectives (horovod.torch.mpi_ops) over libgradsync.
+
+Same names, arguments, defaults and return types as Horovod. Handles are
+ints for poll()/synchronize(). Tensor names seen by the coordinator (and in
+every error message) are "<op>.<name>" for a given name, else
+"<op>.noname.<n>" with n counting this process's ops, so ranks that issue
+the same ops in the same order agree on names, as in Horovod.
+
+Scaling follows Horovod exactly: an Average is a Sum whose postscale factor
+is divided by the number of ranks, and prescale/postscale are applied in the
+tensor's own precision (float32 math for float32 and the 16-bit floats,
+double for float64, integers via double then truncation toward zero).
+"""
+
+import ctypes
+import itertools
+import warnings
+
+import torch
+
+from .. import _lib
+from .._lib import lib
+from . import _core
+from ._core import HorovodInternalError
+from .compression import Compression
+
+# Reduction ops: Horovod's values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_C_OP = {Average: _lib.GS_AVERAGE, Sum: _lib.GS_SUM, Min: _lib.GS_MIN, Max: _lib.GS_MAX,
+         Product: _lib.GS_PRODUCT, Adasum: _lib.GS_ADASUM}
+_OP_NAME = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+            Product: "Product"}
+
+_DTYPES = {
+    torch.float32: _lib.GS_FLOAT32,
+    torch.float64: _lib.GS_FLOAT64,
+    torch.float16: _lib.GS_FLOAT16,
+    torch.bfloat16: _lib.GS_BFLOAT16,
+    torch.int32: _lib.GS_INT32,
+    torch.int64: _lib.GS_INT64,
+    torch.int8: _lib.GS_INT8,
+    torch.uint8: _lib.GS_UINT8,
+    torch.int16: _lib.GS_INT16,
+}
+# As Horovod: reductions on int32, int64 and the floats; data movement also
+# on the 8- and 16-bit integers.
+_REDUCE_DTYPES = (torch.int32, torch.int64, torch.float16, torch.float32, torch.float64,
+                  torch.bfloat16)
+_MOVE_DTYPES = _REDUCE_DTYPES + (torch.uint8, torch.int8, torch.int16)
+
+# handle (int) -> _core._Op
+_handle_map = {}
+
+
+# ---- process sets: only the global one ------------------------------------
+
+class ProcessSet:
+    """Horovod's process set; gradsync has only the global one so far."""
+
+    def __init__(self, ranks=None):
+        self.ranks = ranks
+        self.process_set_id = 0
+
+    def size(self):
+        return size()
+
+    def rank(self):
+        return rank()
+
+    def included(self):
+        return True
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set):
+    raise NotImplementedError(
+        "gradsync does not support process sets other than the global one yet; "
+        "use the default process_set")
+
+
+def remove_process_set(process_set):
+    raise NotImplementedError("gradsync has only the global process set")
+
+
+def _check_ps(process_set):
+    if process_set is not global_process_set and getattr(process_set, "process_set_id", 0) != 0:
+        raise NotImplementedError(
+            "gradsync does not support process sets other than the global one yet")
+
+
+# ---- basics ----------------------------------------------------------------
+
+def init(comm=None, process_sets=None):
+    """Joins the job (settings from GRADSYNC_* variables, as set by
+    gradsync-run). Safe to call again: a second call does nothing."""
+    if comm is not None:
+        raise NotImplementedError("gradsync.torch.init: MPI communicators are not supported; "
+                                  "ranks come from GRADSYNC_RANK/GRADSYNC_SIZE")
+    _core.init_ctx()
+
+
+def shutdown():
+    """Leaves the job. Ops still pending fail with a shutdown error."""
+    _core.shutdown_ctx()
+    _handle_map.clear()
+
+
+def is_initialized():
+    return _core.initialized()
+
+
+def size():
+    _core.ctx()
+    return _core._state.size
+
+
+def rank():
+    _core.ctx()
+    return _core._state.rank
+
+
+def local_size():
+    _core.ctx()
+    return _core._state.local_size
+
+
+def local_rank():
+    _core.ctx()
+    return _core._state.local_rank
+
+
+def cross_size():
+    """Number of hosts, assuming local_size() ranks on every host (as
+    gradsync-run -H lays them out)."""
+    _core.ctx()
+    return max(1, _core._state.size // max(1, _core._state.local_size))
+
+
+def cross_rank():
+    """Index of this rank's host, assuming consecutive ranks per host."""
+    _core.ctx()
+    return _core._state.rank // max(1, _core._state.local_size)
+
+
+def is_homogeneous():
+    _core.ctx()
+    return _core._state.size % max(1, _core._state.local_size) == 0
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    """False: gradsync does not use MPI."""
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    """False: gradsync's CPU data plane is its own TCP ring, not Gloo."""
+    return False
+
+
+def nccl_built():
+    """As Horovod: NCCL's version code when the library has the NCCL
+    backend, else 0."""
+    fn = getattr(lib, "gs_nccl_version", None)
+    if fn is None:
+        return 0
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return int(fn())
+
+
+def cuda_built():
+    return nccl_built() > 0
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("gradsync records the timeline at the coordinator; "
+                              "see docs/pytorch.md")
+
+
+def stop_timeline():
+    raise NotImplementedError("gradsync records the timeline at the coordinator; "
+                              "see docs/pytorch.md")
+
+
+# ---- helpers -----------------------------------------------------------------
+
+def _gs_dtype(tensor, allowed):
+    if tensor.dtype not in allowed:
+        raise ValueError("Tensor type %s is not supported." % tensor.type())
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    if tensor.is_cuda and not cuda_built():
+        raise ValueError(
+            "Tensor type %s is not supported: this libgradsync (%s) was built without the "
+            "NCCL backend; build it with CUDA and NCCL found, or move the tensor to the CPU"
+            % (tensor.type(), _lib.path))
+    return _DTYPES[tensor.dtype]
+
+
+def _op_name(kind, name):
+    if name is None or name == "":
+        return "%s.noname.%d" % (kind, _core.next_id())
+    return "%s.%s" % (kind, name)
+
+
+def _shape(t):
+    dims = list(t.shape) or [1]
+    return (ctypes.c_int64 * len(dims))(*dims), len(dims)
+
+
+_handle_ids = itertools.count(1)
+
+
+def _register(op):
+    hid = next(_handle_ids)
+    _handle_map[hid] = op
+    return hid
+
+
+def _resolve_op(op, average, default=Average):
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning)
+        return Average if average else Sum
+    return default if op is None else op
+
+
+def _scale_(t, factor):
+    """t *= factor in t's own precision (Horovod's ScaleBuffer)."""
+    if factor == 1.0:
+        return t
+    if t.dtype == torch.float64:
+        return t.mul_(factor)
+    if t.dtype.is_floating_point:  # float32 math, the factor rounded to float
+        f32 = torch.tensor(factor, dtype=torch.float32)
+        if t.dtype == torch.float32:
+            return t.mul_(f32)
+        return t.copy_((t.float() * f32).to(t.dtype))
+    return t.copy_(torch.trunc(t.double() * factor).to(t.dtype))
+
+
+def _cuda_stream_of(tensor):
+    if tensor.is_cuda:
+        return torch.cuda.current_stream(tensor.device).cuda_stream
+    return None
+
+
+# ---- allreduce ---------------------------------------------------------------
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    _check_ps(process_set)
+    if op == Adasum:
+        raise NotImplementedError(
+            "gradsync does not support the Adasum reduction yet; use op=Average or op=Sum")
+    if op not in _C_OP:
+        raise ValueError("op %r is not one of Average, Sum, Min, Max, Product, Adasum" % (op,))
+    gdt = _gs_dtype(tensor, _REDUCE_DTYPES)
+    c = _core.ctx()
+    full = _op_name("allreduce", name)
+    c_op = _C_OP[op]
+    post = float(postscale_factor)
+    if op == Average and not lib.gs_is_local(c, full.encode()):
+        # As Horovod: the average is a sum postscaled by 1/size, in the
+        # tensor's precision. (A local tensor keeps GS_AVERAGE: the library
+        # scales it by 1/size without communicating.)
+        c_op = _lib.GS_SUM
+        post = post / _core._state.size
+    shape, ndim = _shape(tensor)
+    opts = _lib.gs_allreduce_opts()
+    opts.shape = shape
+    opts.ndim = ndim
+    opts.prescale = float(prescale_factor)
+    opts.postscale = post
+    h = ctypes.c_void_p()
+    st = lib.gs_allreduce_async(c, full.encode(), tensor.data_ptr(), output.data_ptr(),
+                                tensor.numel(), gdt, c_op, ctypes.byref(opts), ctypes.byref(h))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, full)
+    op_ = _core.submit([h.value], (tensor, output), lambda hs: output, full)
+    return _register(op_)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts averaging (or summing, ...) tensor over all ranks into a new
+    tensor; returns a handle for poll()/synchronize()."""
+    op = _resolve_op(op, average)
+    output = tensor.new(tensor.shape)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce_async."""
+    op = _resolve_op(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Allreduce as an autograd function (the gradient is allreduced too)."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (allreduce(grad_output.contiguous(), average=ctx.average, op=ctx.op,
+                          prescale_factor=ctx.prescale_factor,
+                          postscale_factor=ctx.postscale_factor, process_set=ctx.process_set),
+                None, None, None, None, None, None)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Averages (or sums, ...) tensor over all ranks; returns a new tensor."""
+    tensor_compressed, cctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(tensor_compressed, average, name, op, prescale_factor,
+                                     postscale_factor, process_set)
+    return compression.decompress(reduced, cctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce; returns tensor."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+# ---- grouped allreduce --------------------------------------------------------
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                             process_set):
+    _check_ps(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped allreduce needs at least one tensor")
+    if op == Adasum:
+        raise NotImplementedError(
+            "gradsync does not support the Adasum reduction yet; use op=Average or op=Sum")
+    dts = {t.dtype for t in tensors}
+    if len(dts) > 1:
+        raise ValueError("grouped allreduce: all tensors must have the same dtype, got %s"
+                         % sorted(str(d) for d in dts))
+    gdt = _gs_dtype(tensors[0], _REDUCE_DTYPES)
+    for t in tensors[1:]:
+        _gs_dtype(t, _REDUCE_DTYPES)
+    c = _core.ctx()
+    base = _op_name("grouped_allreduce", name)
+    names = ["%s.%d" % (base, i) for i in range(len(tensors))]
+    c_op = _C_OP[op]
+    post = float(postscale_factor)
+    if op == Average:
+        c_op = _lib.GS_SUM
+        post = post / _core._state.size
+    n = len(tensors)
+    c_names = (ctypes.c_char_p * n)(*[s.encode() for s in names])
+    sends = (ctypes.c_void_p * n)(*[t.data_ptr() for t in tensors])
+    recvs = (ctypes.c_void_p * n)(*[o.data_ptr() for o in outputs])
+    counts = (ctypes.c_size_t * n)(*[t.numel() for t in tensors])
+    opts = _lib.gs_allreduce_opts()
+    opts.prescale = float(prescale_factor)
+    opts.postscale = post
+    hs = (ctypes.c_void_p * n)()
+    st = lib.gs_grouped_allreduce_async(c, n, c_names, sends, recvs, counts, gdt, c_op,
+                                        ctypes.byref(opts), hs)
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, base)
+    outs = list(outputs)
+    op_ = _core.submit(list(hs), (tensors, outs), lambda _: outs, base)
+    return _register(op_)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    op = _resolve_op(op, average)
+    outputs = [t.new(t.shape) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    op = _resolve_op(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                *tensors):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op,
+                                                         prescale_factor, postscale_factor,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        reduced = grouped_allreduce([g.contiguous() for g in grad_output], average=ctx.average, op=ctx.op,
+                                    prescale_factor=ctx.prescale_factor,
+                                    postscale_factor=ctx.postscale_factor,
+                                    process_set=ctx.process_set)
+        return (None, None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                            postscale_factor, process_set, *compressed)
+    return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# ---- allgather ------------------------------------------------------------------
+
+def _result_bytes(h):
+    data = ctypes.c_void_p()
+    nbytes = ctypes.c_size_t()
+    st = lib.gs_handle_result(h, ctypes.byref(data), ctypes.byref(nbytes))
+    if st != _lib.GS_OK:
+        raise HorovodInternalError(_core.last_error())
+    return data.value, nbytes.value
+
+
+def _copy_out(data, nbytes, shape, dtype):
+    out = torch.empty(shape, dtype=dtype)
+    if nbytes:
+        ctypes.memmove(out.data_ptr(), data, nbytes)
+    return out
+
+
+def _allgather_submit(tensor, full):
+    gdt = _gs_dtype(tensor, _MOVE_DTYPES)
+    c = _core.ctx()
+    shape, ndim = _shape(tensor)
+    h = ctypes.c_void_p()
+    st = lib.gs_allgather_async(c, full.encode(), tensor.data_ptr(), shape, ndim, gdt,
+                                ctypes.byref(h))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, full)
+    return h.value
+
+
+def _allgather_finish(h, tensor):
+    data, nbytes = _result_bytes(h)
+    total = ctypes.c_int64()
+    lib.gs_allgather_dims(h, None, 0, ctypes.byref(total))
+    rest = list(tensor.shape[1:]) if tensor.dim() > 0 else []
+    return _copy_out(data, nbytes, [total.value] + rest, tensor.dtype)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's tensor along the first dimension
+    (which may differ per rank); returns a handle."""
+    _check_ps(process_set)
+    full = _op_name("allgather", name)
+    h = _allgather_submit(tensor, full)
+    op_ = _core.submit([h], (tensor,), lambda hs: _allgather_finish(hs[0], tensor), full)
+    return _register(op_)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim = tensor.shape[0] if tensor.dim() else 1
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output.contiguous(), op=Average,
+                                 process_set=ctx.process_set)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64),
+                         process_set=ctx.process_set)
+        offset = int(dims[:rank()].sum().item())
+        return grad_reduced.narrow(0, offset, ctx.dim), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenation of every rank's tensor along the first dimension."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    _check_ps(process_set)
+    tensors = list(tensors)
+    base = _op_name("grouped_allgather", name)
+    hs = []
+    try:
+        for i, t in enumerate(tensors):
+            hs.append(_allgather_submit(t, "%s.%d" % (base, i)))
+    except BaseException:
+        for h in hs:  # the ones already submitted complete and are freed
+            _core.release(_core.submit([h], None, None, base))
+        raise
+    op_ = _core.submit(hs, (tensors,),
+                       lambda hh: [_allgather_finish(h, t) for h, t in zip(hh, tensors)], base)
+    return _register(op_)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# ---- broadcast --------------------------------------------------------------------
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    _check_ps(process_set)
+    gdt = _gs_dtype(tensor, _MOVE_DTYPES)
+    c = _core.ctx()
+    full = _op_name("broadcast", name)
+    if output is not tensor:
+        output.copy_(tensor)
+    h = ctypes.c_void_p()
+    st = lib.gs_broadcast_async(c, full.encode(), output.data_ptr(), output.numel(), gdt,
+                                int(root_rank), ctypes.byref(h))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, full)
+    op_ = _core.submit([h.value], (tensor, output), lambda hs: output, full)
+    return _register(op_)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    return _broadcast_async(tensor, tensor.new(tensor.shape), root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output.contiguous(), op=Average,
+                                 process_set=ctx.process_set)
+        if rank() != ctx.root_rank:
+            grad_reduced *= 0
+        return grad_reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---- alltoall -------------------------------------------------------------------------
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends splits[q] rows of tensor to rank q (equal parts when splits is
+    None); synchronize() returns (output, received_splits)."""
+    _check_ps(process_set)
+    gdt = _gs_dtype(tensor, _MOVE_DTYPES)
+    c = _core.ctx()
+    n = _core._state.size
+    c_splits = None
+    if splits is not None:
+        sp = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+        if len(sp) != n:
+            raise ValueError("alltoall: splits has %d entries, but there are %d ranks; give one "
+                             "entry per rank" % (len(sp), n))
+        c_splits = (ctypes.c_int64 * n)(*[int(x) for x in sp])
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    full = _op_name("alltoall", name)
+    shape, ndim = _shape(tensor)
+    h = ctypes.c_void_p()
+    st = lib.gs_alltoall_async(c, full.encode(), tensor.data_ptr(), shape, ndim, gdt, c_splits,
+                               ctypes.byref(h))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, full)
+    splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+
+    def finish(hs):
+        data, nbytes = _result_bytes(hs[0])
+        recv = (ctypes.c_int64 * n)()
+        lib.gs_alltoall_recv_splits(hs[0], recv, n)
+        out = _copy_out(data, nbytes, [sum(recv)] + list(tensor.shape[1:]), tensor.dtype)
+        return out, torch.tensor(list(recv), dtype=splits_dtype)
+
+    op_ = _core.submit([h.value], (tensor, c_splits), finish, full)
+    return _register(op_)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set = process_set
+        ctx.recvsplits = received_splits
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, *dead):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.recvsplits,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """The rows every rank sent to this one, in rank order; with splits
+    given, also the tensor of rows received from each rank."""
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+
+
+# ---- reducescatter -----------------------------------------------------------------------
+
+def _reducescatter_submit(tensor, full, op, prescale_factor):
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter supports op=Average and op=Sum, not %s"
+                         % _OP_NAME.get(op, op))
+    gdt = _gs_dtype(tensor, _REDUCE_DTYPES)
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    c = _core.ctx()
+    send = tensor
+    if prescale_factor != 1.0:
+        send = _scale_(tensor.clone(), prescale_factor)
+    shape, ndim = _shape(send)
+    h = ctypes.c_void_p()
+    st = lib.gs_reducescatter_async(c, full.encode(), send.data_ptr(), shape, ndim, gdt,
+                                    _lib.GS_SUM, ctypes.byref(h))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, full)
+    return h.value, send
+
+
+def _reducescatter_finish(h, tensor, op, postscale_factor):
+    data, nbytes = _result_bytes(h)
+    rest = list(tensor.shape[1:])
+    row = tensor.element_size()
+    for d in rest:
+        row *= d
+    if row:
+        rows = nbytes // row
+    else:  # rows of zero elements: this rank's share of the first dimension
+        n, r, d0 = _core._state.size, _core._state.rank, tensor.shape[0]
+        rows = d0 // n + (1 if r < d0 % n else 0)
+    out = _copy_out(data, nbytes, [rows] + rest, tensor.dtype)
+    post = float(postscale_factor)
+    if op == Average:
+        post = post / _core._state.size
+    return _scale_(out, post)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces tensor over ranks and leaves this rank its share of the first
+    dimension (lower ranks get the extra rows)."""
+    _check_ps(process_set)
+    full = _op_name("reducescatter", name)
+    h, send = _reducescatter_submit(tensor, full, op, prescale_factor)
+    op_ = _core.submit([h], (tensor, send),
+                       lambda hs: _reducescatter_finish(hs[0], tensor, op, postscale_factor), full)
+    return _register(op_)
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
+        scale = ctx.scale / (size() if ctx.op == Average else 1)
+        return grad * scale if scale != 1.0 else grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    compressed, cctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    _check_ps(process_set)
+    tensors = list(tensors)
+    base = _op_name("grouped_reducescatter", name)
+    hs, sends = [], []
+    try:
+        for i, t in enumerate(tensors):
+            h, s = _reducescatter_submit(t, "%s.%d" % (base, i), op, prescale_factor)
+            hs.append(h)
+            sends.append(s)
+    except BaseException:
+        for h in hs:
+            _core.release(_core.submit([h], (sends,), None, base))
+        raise
+    op_ = _core.submit(hs, (tensors, sends),
+                       lambda hh: [_reducescatter_finish(h, t, op, postscale_factor)
+                                   for h, t in zip(hh, tensors)], base)
+    return _register(op_)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    outs = synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+    return [compression.decompress(t, c) for t, c in zip(outs, ctxs)]
+
+
+# ---- sparse -------------------------------------------------------------------------------
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts reducing a sparse COO gradient by gathering every rank's
+    (index, row) pairs; returns a callable that waits and returns the
+    (uncoalesced) sparse result, values divided by size for Average."""
+    _check_ps(process_set)
+    if op not in (Average, Sum):
+        raise ValueError("sparse allreduce supports op=Average and op=Sum")
+    t = tensor
+    if t.sparse_dim() != 1:
+        # several sparse dimensions: indices and values gathered separately
+        ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name="%s.indices" % name,
+                             process_set=process_set)
+        vh = allgather_async(t._values().contiguous(), name="%s.values" % name,
+                             process_set=process_set)
+
+        def gathered():
+            values = synchronize(vh)
+            indices = synchronize(ih)
+            if op == Average:
+                values = values / size()
+            return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+        return gathered
+    values = t._values().contiguous()
+    gdt = _gs_dtype(values, _REDUCE_DTYPES)
+    indices = t._indices().reshape(-1).contiguous()
+    nnz = indices.numel()
+    row_len = 1
+    for d in values.shape[1:]:
+        row_len *= d
+    c = _core.ctx()
+    full = "sparse_allreduce.%s" % name
+    h = ctypes.c_void_p()
+    st = lib.gs_sparse_allreduce_async(
+        c, full.encode(), ctypes.cast(indices.data_ptr(), ctypes.POINTER(ctypes.c_int64)),
+        values.data_ptr(), nnz, row_len, gdt, _C_OP[op], None, ctypes.byref(h))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, full)
+    rest = list(values.shape[1:])
+
+    def finish(hs):
+        ip = ctypes.POINTER(ctypes.c_int64)()
+        vp = ctypes.c_void_p()
+        total = ctypes.c_size_t()
+        if lib.gs_sparse_result(hs[0], ctypes.byref(ip), ctypes.byref(vp),
+                                ctypes.byref(total)) != _lib.GS_OK:
+            raise HorovodInternalError(_core.last_error())
+        m = total.value
+        idx = torch.empty([m], dtype=torch.int64)
+        if m:
+            ctypes.memmove(idx.data_ptr(), ctypes.cast(ip, ctypes.c_void_p).value, m * 8)
+        vals = _copy_out(vp.value, m * row_len * values.element_size(), [m] + rest, values.dtype)
+        return torch.sparse_coo_tensor(idx.view(1, m), vals, t.size())
+
+    op_ = _core.submit([h.value], (indices, values), finish, full)
+    hid = _register(op_)
+
+    def result():
+        return synchronize(hid)
+    return result
+
+
+# ---- completion -----------------------------------------------------------------------------
+
+def poll(handle):
+    """True once the op completed (successfully or not); never blocks."""
+    op = _handle_map.get(handle)
+    if op is None:
+        return True
+    _core.pin([op])
+    try:
+        return op.try_complete()
+    finally:
+        _core.unpin([op])
+
+
+def synchronize(handle):
+    """Waits for the op and returns its result (the output tensor, a list for
+    grouped ops, (output, received_splits) for alltoall). Raises
+    HorovodInternalError (a RuntimeError) with gradsync's message when the
+    collective failed. The wait is bounded in slices, so Ctrl-C works."""
+    op = _handle_map.get(handle)
+    if op is None:
+        return None
+    try:
+        return _core.wait(op)
+    finally:
+        _handle_map.pop(handle, None)
+        _core.release(op)
+
+
+def join(device=-1):
+    """This rank has run out of data: takes part in the other ranks'
+    allreduces with zeros until every rank joined. Returns the rank that
+    joined last."""
+    c = _core.ctx()
+    last = ctypes.c_int(-1)
+    st = lib.gs_join(c, ctypes.byref(last))
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, "join")
+    return last.value
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank reached the barrier."""
+    _check_ps(process_set)
+    st = lib.gs_barrier(_core.ctx())
+    if st != _lib.GS_OK:
+        _core.raise_submit_error(st, "barrier")

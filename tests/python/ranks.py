@@ -1,0 +1,567 @@
+"""The rank side of the Python tests: run as `ranks.py MODE` on every rank
+under gradsync-run (tests/python/test_*.py start it). Each mode checks its
+results on every rank against references computed locally with torch, prints
+"<mode>: ... ok" and exits 0, or prints what differed and exits 1."""
+
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn as nn
+
+import gradsync.torch as hvd
+
+torch.set_num_threads(1)
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL: %s" % what, flush=True)
+
+
+def same(a, b, what):
+    ok = a.dtype == b.dtype and list(a.shape) == list(b.shape) and torch.equal(a, b)
+    check(ok, "%s: got %s %s %s, want %s %s %s" % (what, a.dtype, list(a.shape), a.flatten()[:8],
+                                                   b.dtype, list(b.shape), b.flatten()[:8]))
+
+
+# ---- collectives x dtypes ------------------------------------------------------
+
+REDUCE_DT = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+             torch.int64]
+MOVE_DT = REDUCE_DT + [torch.uint8, torch.int8, torch.int16]
+
+
+def inp(r, dt, shape, seed, op=hvd.Sum):
+    """Rank r's input: small integers (exact sums in every dtype);
+    {-1, 1, 2} for products; non-negative for uint8."""
+    g = torch.Generator().manual_seed(1000 * seed + r)
+    if op == hvd.Product:
+        v = torch.tensor([-1, 1, 2])[torch.randint(0, 3, shape, generator=g)]
+    elif dt == torch.uint8:
+        v = torch.randint(0, 40, shape, generator=g)
+    else:
+        v = torch.randint(-20, 21, shape, generator=g)
+    return v.to(dt)
+
+
+def hscale(t, f):
+    """Horovod's ScaleBuffer, written independently: float types multiply by
+    the factor rounded to float32 (float64: double), integers in double then
+    truncated."""
+    if f == 1.0:
+        return t.clone()
+    if t.dtype == torch.float64:
+        return t * f
+    if t.dtype.is_floating_point:
+        return (t.float() * torch.tensor(f, dtype=torch.float32)).to(t.dtype)
+    return torch.trunc(t.double() * f).to(t.dtype)
+
+
+def ref_allreduce(n, dt, shape, seed, op, pre=1.0, post=1.0):
+    xs = [hscale(inp(r, dt, shape, seed, op), pre) for r in range(n)]
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op in (hvd.Sum, hvd.Average):
+            acc = (acc.double() + x.double()).to(dt) if dt.is_floating_point else acc + x
+        elif op == hvd.Min:
+            acc = torch.minimum(acc, x)
+        elif op == hvd.Max:
+            acc = torch.maximum(acc, x)
+        elif op == hvd.Product:
+            acc = acc * x
+    if op == hvd.Average:
+        post = post / n
+    return hscale(acc, post)
+
+
+def mode_collectives():
+    n, r = hvd.size(), hvd.rank()
+    shape = [3, 5]
+    count = 0
+    for seed, dt in enumerate(REDUCE_DT):
+        for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
+            x = inp(r, dt, shape, seed, op)
+            name = "ar.%s.%d" % (dt, op)
+            same(hvd.allreduce(x, name=name, op=op), ref_allreduce(n, dt, shape, seed, op),
+                 "allreduce %s op %d" % (dt, op))
+            y = x.clone()
+            hvd.allreduce_(y, name=name + ".inplace", op=op)
+            same(y, ref_allreduce(n, dt, shape, seed, op), "allreduce_ %s op %d" % (dt, op))
+            count += 2
+        # Prescaled inputs stay exact (powers of two; integers truncate per
+        # element), so only the scaling arithmetic decides the result.
+        scales = [(0.5, 3.0), (2.0, 1.0 / 3.0), (0.25, 0.7)]
+        if not dt.is_floating_point:
+            scales.append((1.0 / 3.0, 0.7))
+        for pre, post in scales:
+            for op in (hvd.Sum, hvd.Average):
+                x = inp(r, dt, shape, seed)
+                h = hvd.allreduce_async(x, name="sc.%s.%d.%g.%g" % (dt, op, pre, post), op=op,
+                                        prescale_factor=pre, postscale_factor=post)
+                got = hvd.synchronize(h)
+                same(got, ref_allreduce(n, dt, shape, seed, op, pre, post),
+                     "allreduce %s op %d prescale %g postscale %g" % (dt, op, pre, post))
+                same(x, inp(r, dt, shape, seed), "allreduce_async left its input untouched")
+                count += 1
+        # grouped
+        xs = [inp(r, dt, [4], seed * 10 + k) for k in range(3)]
+        got = hvd.grouped_allreduce(xs, name="grp.%s" % dt)
+        for k in range(3):
+            same(got[k], ref_allreduce(n, dt, [4], seed * 10 + k, hvd.Average),
+                 "grouped_allreduce %s [%d]" % (dt, k))
+        ys = [x.clone() for x in xs]
+        hvd.synchronize(hvd.grouped_allreduce_async_(ys, name="grp_.%s" % dt, op=hvd.Sum))
+        for k in range(3):
+            same(ys[k], ref_allreduce(n, dt, [4], seed * 10 + k, hvd.Sum),
+                 "grouped_allreduce_async_ %s [%d]" % (dt, k))
+        hvd.grouped_allreduce_(ys, name="grp__.%s" % dt, op=hvd.Max)
+        count += 7
+        # reducescatter: 7 rows over n ranks, lower ranks get the extra rows
+        for op in (hvd.Sum, hvd.Average):
+            x = inp(r, dt, [7, 2], seed + 50)
+            full = ref_allreduce(n, dt, [7, 2], seed + 50, op)
+            rows = [7 // n + (1 if q < 7 % n else 0) for q in range(n)]
+            start = sum(rows[:r])
+            same(hvd.reducescatter(x, name="rs.%s.%d" % (dt, op), op=op),
+                 full[start:start + rows[r]], "reducescatter %s op %d" % (dt, op))
+            count += 1
+        outs = hvd.grouped_reducescatter([inp(r, dt, [n, 3], seed + 60)], name="grs.%s" % dt,
+                                         op=hvd.Sum)
+        same(outs[0], ref_allreduce(n, dt, [n, 3], seed + 60, hvd.Sum)[r:r + 1],
+             "grouped_reducescatter %s" % dt)
+        count += 1
+    for dt in (torch.int8, torch.uint8, torch.int16, torch.bool):
+        try:
+            hvd.allreduce(torch.zeros(2, dtype=dt), name="bad.%s" % dt)
+            check(False, "allreduce on %s must raise ValueError (as Horovod)" % dt)
+        except ValueError as e:
+            check("not supported" in str(e), "allreduce %s: message %r" % (dt, str(e)))
+    for seed, dt in enumerate(MOVE_DT):
+        # allgather: rank q contributes q rows (rank 0 none)
+        x = inp(r, dt, [r, 3], seed + 100)
+        want = torch.cat([inp(q, dt, [q, 3], seed + 100) for q in range(n)])
+        same(hvd.allgather(x, name="ag.%s" % dt), want, "allgather %s" % dt)
+        g = hvd.grouped_allgather([x, x[:, :1].contiguous()], name="gag.%s" % dt)
+        same(g[0], want, "grouped_allgather %s [0]" % dt)
+        same(g[1], want[:, :1], "grouped_allgather %s [1]" % dt)
+        # broadcast from the last rank, four ways
+        root = n - 1
+        x = inp(r, dt, [2, 3], seed + 200)
+        want = inp(root, dt, [2, 3], seed + 200)
+        same(hvd.broadcast(x, root, name="bc.%s" % dt), want, "broadcast %s" % dt)
+        same(x, inp(r, dt, [2, 3], seed + 200), "broadcast left its input untouched")
+        same(hvd.synchronize(hvd.broadcast_async(x, root, name="bca.%s" % dt)), want,
+             "broadcast_async %s" % dt)
+        y = x.clone()
+        hvd.broadcast_(y, root, name="bc_.%s" % dt)
+        same(y, want, "broadcast_ %s" % dt)
+        y = x.clone()
+        hvd.synchronize(hvd.broadcast_async_(y, root, name="bca_.%s" % dt))
+        same(y, want, "broadcast_async_ %s" % dt)
+        # alltoall: equal parts, then rank r sends q+1 rows to rank q
+        x = inp(r, dt, [2 * n, 2], seed + 300)
+        want = torch.cat([inp(q, dt, [2 * n, 2], seed + 300)[2 * r:2 * r + 2] for q in range(n)])
+        same(hvd.alltoall(x, name="a2a.%s" % dt), want, "alltoall %s" % dt)
+        rows = sum(q + 1 for q in range(n))
+        x = inp(r, dt, [rows, 2], seed + 400)
+        splits = torch.tensor([q + 1 for q in range(n)], dtype=torch.int32)
+        off = sum(q + 1 for q in range(r))
+        want = torch.cat([inp(q, dt, [rows, 2], seed + 400)[off:off + r + 1] for q in range(n)])
+        out, recv = hvd.alltoall(x, splits=splits, name="a2as.%s" % dt)
+        same(out, want, "alltoall with splits %s" % dt)
+        same(recv, torch.full([n], r + 1, dtype=torch.int32), "alltoall received splits %s" % dt)
+        count += 8
+    # poll() is False until the op completed: rank 1 submits only after
+    # rank 0 has polled (told through the job's kv store)
+    store = hvd.GradsyncStore(prefix="test-poll")
+    x = torch.ones(3)
+    if r == 0:
+        h = hvd.allreduce_async(x, name="poll")
+        check(hvd.poll(h) is False, "poll() must be False before every rank submitted")
+        store.set("polled", b"1")
+    else:
+        store.get("polled")
+        h = hvd.allreduce_async(x, name="poll")
+    same(hvd.synchronize(h), torch.ones(3), "allreduce after poll")
+    check(hvd.poll(h) is True, "poll() of a synchronized handle")
+    # duplicate in-flight name and bad alltoall splits: ValueError at the call
+    # (each rank in turn holds 'dup.<q>' in flight: the others submit it
+    # only after rank q tried the duplicate)
+    for q in range(n):
+        if r == q:
+            h = hvd.allreduce_async(torch.ones(2), name="dup.%d" % q)
+            try:
+                hvd.allreduce_async(torch.ones(2), name="dup.%d" % q)
+                check(False, "a duplicate in-flight name must raise ValueError")
+            except ValueError as e:
+                check("dup.%d" % q in str(e), "duplicate-name message names the tensor: %r"
+                      % str(e))
+            store.set("dup/%d" % q, b"1")
+        else:
+            store.get("dup/%d" % q)
+            h = hvd.allreduce_async(torch.ones(2), name="dup.%d" % q)
+        same(hvd.synchronize(h), torch.ones(2), "the first op of a duplicated name")
+    for bad in ([1] * (n + 1), [-1] + [2] * (n - 1), [5] * n):
+        try:
+            hvd.alltoall(torch.zeros(2 * n, 2), splits=bad, name="bad-split")
+            check(False, "alltoall splits %s must raise ValueError" % bad)
+        except ValueError as e:
+            check("split" in str(e), "bad split message: %r" % str(e))
+    try:
+        hvd.allreduce(torch.ones(2), name="adasum", op=hvd.Adasum)
+        check(False, "Adasum must raise")
+    except NotImplementedError as e:
+        check("Adasum" in str(e), "Adasum message: %r" % str(e))
+    # compression, autograd
+    x = inp(r, torch.float32, [6], 7) / 4
+    got = hvd.allreduce(x, name="fp16", compression=hvd.Compression.fp16)
+    want = hscale(sum(hscale(inp(q, torch.float32, [6], 7) / 4, 1.0).half().float()
+                      for q in range(n)).half(), 1.0 / n).float()
+    same(got, want, "allreduce with Compression.fp16")
+    c, ctx = hvd.Compression.fp16.compress(torch.ones(2))
+    check(c.dtype == torch.float16 and hvd.Compression.fp16.decompress(c, ctx).dtype ==
+          torch.float32, "Compression.fp16 compress/decompress dtypes")
+    w = torch.full([3], float(r + 1), dtype=torch.float64, requires_grad=True)
+    y = hvd.allreduce(w, name="grad.fwd", op=hvd.Sum)
+    y.sum().backward()
+    same(w.grad, torch.full([3], float(n), dtype=torch.float64),
+         "gradient of allreduce(Sum) is the summed upstream gradient")
+    # objects
+    obj = hvd.broadcast_object({"rank": r, "data": [1, 2, r]}, root_rank=n - 1)
+    check(obj == {"rank": n - 1, "data": [1, 2, n - 1]}, "broadcast_object: %r" % (obj,))
+    objs = hvd.allgather_object(("x", r))
+    check(objs == [("x", q) for q in range(n)], "allgather_object: %r" % (objs,))
+    # sparse
+    t = torch.sparse_coo_tensor(torch.tensor([[r, 0]]), torch.tensor([[1.0, 2.0], [3.0, r]]),
+                                (n + 1, 2))
+    got = hvd.sparse_allreduce_async(t, name="sp", op=hvd.Average)().coalesce().to_dense()
+    want = sum(torch.sparse_coo_tensor(torch.tensor([[q, 0]]),
+                                       torch.tensor([[1.0, 2.0], [3.0, q]]),
+                                       (n + 1, 2)).to_dense() for q in range(n)) / n
+    check(torch.allclose(got, want, rtol=0, atol=1e-6),
+          "sparse_allreduce_async (Average): %s vs %s" % (got, want))
+    hvd.barrier()
+    check(hvd.join() in range(n), "join returns a rank")
+    return count
+
+
+# ---- training against one process on the concatenated batches ------------------------
+
+D_IN, D_H, BATCH, STEPS = 6, 8, 4, 4
+
+
+def batch(step, r, micro=0):
+    g = torch.Generator().manual_seed(7919 * step + 31 * r + micro)
+    x = torch.randn(BATCH, D_IN, generator=g, dtype=torch.float64)
+    y = torch.randn(BATCH, 1, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(D_IN, D_H), nn.Tanh(), nn.Linear(D_H, D_H), nn.Tanh(),
+                         nn.Linear(D_H, 1)).double()
+
+
+def maxdiff(ma, mb):
+    return max((a - b).abs().max().item() for a, b in zip(ma.parameters(), mb.parameters()))
+
+
+def report(mode, d, tol=1e-6):
+    check(d <= tol, "%s: max |delta| %.3g vs one process exceeds %g" % (mode, d, tol))
+    print("%s: max|delta| = %.3g" % (mode, d), flush=True)
+
+
+def ref_train(model, opt, steps, n, micro=1):
+    for s in range(steps):
+        opt.zero_grad()
+        for k in range(micro):
+            xs, ys = zip(*[batch(s, q, k) for q in range(n)])
+            x, y = torch.cat(xs), torch.cat(ys)
+            nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def mode_mlp_opt(passes=1):
+    n, r = hvd.size(), hvd.rank()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes)
+    for s in range(STEPS):
+        opt.zero_grad()
+        for k in range(passes):
+            x, y = batch(s, r, k)
+            nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    ref = mlp()
+    ref_train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), STEPS, n, passes)
+    report("mlp DistributedOptimizer backward_passes_per_step=%d" % passes, maxdiff(model, ref))
+
+
+def mode_mlp_ddp():
+    n, r = hvd.size(), hvd.rank()
+    if not torch.distributed.is_initialized():
+        hvd.init_process_group()
+    model = mlp()
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0005)
+    ddp.register_comm_hook(ddp, hvd.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    for s in range(STEPS + 2):  # DDP rebuilds its buckets after the first step
+        opt.zero_grad()
+        x, y = batch(s, r)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    ref = mlp()
+    ref_train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), STEPS + 2, n)
+    report("mlp DDP allreduce_hook", maxdiff(model, ref))
+
+
+class EmbNet(nn.Module):
+    def __init__(self, sparse):
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = nn.Embedding(20, 4, sparse=sparse).double()
+        self.out = nn.Linear(4, 1).double()
+
+    def forward(self, idx):
+        return self.out(self.emb(idx).mean(1))
+
+
+def emb_batch(step, r):
+    g = torch.Generator().manual_seed(104729 * step + r)
+    return torch.randint(0, 20, (BATCH, 3), generator=g), torch.randn(BATCH, 1, generator=g,
+                                                                     dtype=torch.float64)
+
+
+def mode_embedding(sparse_as_dense):
+    n, r = hvd.size(), hvd.rank()
+    model = EmbNet(sparse=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                   named_parameters=model.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    for s in range(STEPS):
+        opt.zero_grad()
+        i, y = emb_batch(s, r)
+        nn.functional.mse_loss(model(i), y).backward()
+        check(sparse_as_dense or model.emb.weight.grad.is_sparse, "embedding grad is sparse")
+        opt.step()
+    ref = EmbNet(sparse=True)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for s in range(STEPS):
+        ropt.zero_grad()
+        ii, yy = zip(*[emb_batch(s, q) for q in range(n)])
+        nn.functional.mse_loss(ref(torch.cat(ii)), torch.cat(yy)).backward()
+        ropt.step()
+    report("Embedding(sparse=True) %s" % ("sparse_as_dense" if sparse_as_dense else "gathered"),
+           maxdiff(model, ref))
+
+
+class Towers(nn.Module):
+    """A shared trunk and one private tower per rank (model parallel)."""
+
+    def __init__(self, n):
+        super().__init__()
+        torch.manual_seed(5)
+        self.trunk = nn.Linear(D_IN, D_H).double()
+        self.towers = nn.ModuleList()
+        for q in range(n):
+            torch.manual_seed(100 + q)
+            self.towers.append(nn.Linear(D_H, 1).double())
+
+    def forward(self, x, q):
+        return self.towers[q](torch.tanh(self.trunk(x)))
+
+
+def mode_local():
+    n, r = hvd.size(), hvd.rank()
+    model = Towers(n)
+    mine = model.towers[r]
+    params = list(model.trunk.parameters()) + list(mine.parameters())
+    named = [("trunk." + k, v) for k, v in model.trunk.named_parameters()] + \
+        [("tower." + k, v) for k, v in mine.named_parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=named,
+                                   local_parameters=list(mine.parameters()))
+    before = [p.detach().clone() for p in mine.parameters()]
+    for s in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(s, r)
+        nn.functional.mse_loss(model(x, r), y).backward()
+        opt.step()
+    ref = Towers(n)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for s in range(STEPS):
+        ropt.zero_grad()
+        loss = sum(nn.functional.mse_loss(ref(*batch(s, q)[:1], q), batch(s, q)[1])
+                   for q in range(n)) / n
+        loss.backward()
+        ropt.step()
+    d = max(maxdiff(model.trunk, ref.trunk), maxdiff(mine, ref.towers[r]))
+    report("local parameters (tower per rank, trunk averaged)", d)
+    # the towers stayed distinct: gathered, rank q's tower is q's own
+    w = hvd.allgather(mine.weight.detach().clone().reshape(1, -1), name="towers")
+    check(all(not torch.equal(w[q], w[(q + 1) % n]) for q in range(n)) or n == 1,
+          "local towers must differ across ranks (never averaged)")
+    check(not torch.equal(before[0], mine.weight.detach()), "local tower was trained")
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(9)
+        self.a = nn.Linear(D_IN, 1).double()
+        self.b = nn.Linear(D_IN, 1).double()  # used on even ranks only
+
+    def forward(self, x, q):
+        out = self.a(x)
+        return out + self.b(x) if q % 2 == 0 else out
+
+
+def mode_nograd():
+    n, r = hvd.size(), hvd.rank()
+    model = Branchy()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for s in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(s, r)
+        nn.functional.mse_loss(model(x, r), y).backward()
+        opt.step()
+    ref = Branchy()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for s in range(STEPS):
+        ropt.zero_grad()
+        loss = sum(nn.functional.mse_loss(ref(batch(s, q)[0], q), batch(s, q)[1])
+                   for q in range(n)) / n
+        loss.backward()
+        ropt.step()
+    report("parameters without a gradient on odd ranks", maxdiff(model, ref))
+
+
+def mode_bcast_state():
+    n, r = hvd.size(), hvd.rank()
+    model = mlp(seed=r)  # different initial weights on every rank
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = batch(99, r)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()  # rank-specific momentum buffers
+    opt.param_groups[0]["lr"] = 0.1 + r
+    root_params = hvd.broadcast_object([p.detach().clone() for p in model.parameters()], 0)
+    root_state = hvd.broadcast_object(opt.state_dict(), 0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for p, q in zip(model.parameters(), root_params):
+        same(p.detach(), q, "broadcast_parameters: parameter equals rank 0's")
+    st = opt.state_dict()
+    check(st["param_groups"][0]["lr"] == 0.1, "broadcast_optimizer_state: lr is rank 0's")
+    for k, v in root_state["state"].items():
+        same(st["state"][k]["momentum_buffer"], v["momentum_buffer"],
+             "broadcast_optimizer_state: momentum buffer %s equals rank 0's" % k)
+    print("broadcast_parameters / broadcast_optimizer_state: equal to rank 0's", flush=True)
+
+
+def mode_train():
+    mode_mlp_opt(1)
+    mode_mlp_opt(2)
+    mode_embedding(False)
+    mode_embedding(True)
+    mode_local()
+    mode_nograd()
+    mode_bcast_state()
+    mode_mlp_ddp()
+
+
+# ---- failures ---------------------------------------------------------------------------
+
+def mode_desync():
+    """Rank 0 waits on 'grads.A', the others on 'grads.B': every rank must
+    get an exception naming the tensors, in seconds, while waiting in
+    Python (synchronize)."""
+    r = hvd.rank()
+    name = "grads.A" if r == 0 else "grads.B"
+    t0 = time.monotonic()
+    h = hvd.allreduce_async(torch.ones(4), name=name)
+    try:
+        hvd.synchronize(h)
+        check(False, "desync: synchronize returned")
+    except hvd.HorovodInternalError as e:
+        msg = str(e)
+        dt = time.monotonic() - t0
+        print("desync: rank %d raised %s after %.1f s: %s" % (r, type(e).__name__, dt, msg),
+              flush=True)
+        check(isinstance(e, RuntimeError), "HorovodInternalError is a RuntimeError")
+        check("allreduce.grads.A" in msg and "allreduce.grads.B" in msg,
+              "the error names both tensors: %r" % msg)
+
+
+def mode_mismatch():
+    r = hvd.rank()
+    try:
+        hvd.allreduce(torch.ones(3 + (r % 2)), name="shape")
+        check(False, "mismatched shapes must raise")
+    except RuntimeError as e:
+        print("mismatch: rank %d: %s" % (r, e), flush=True)
+        check("allreduce.shape" in str(e) and "shape" in str(e), "names tensor: %r" % str(e))
+    try:
+        hvd.allreduce(torch.ones(3, dtype=torch.float32 if r == 0 else torch.float64),
+                      name="dtype")
+        check(False, "mismatched dtypes must raise")
+    except RuntimeError as e:
+        check("allreduce.dtype" in str(e), "names tensor: %r" % str(e))
+    same(hvd.allreduce(torch.ones(2), name="after"), torch.ones(2), "job usable after mismatch")
+
+
+def mode_ddp_deadlock():
+    """DDP: rank 1 stops doing backward at step 2 and waits on another
+    tensor; rank 0's backward() must raise, not hang."""
+    r = hvd.rank()
+    hvd.init_process_group()
+    model = mlp()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(ddp, hvd.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for s in range(3):
+        x, y = batch(s, r)
+        try:
+            if s == 2 and r == 1:
+                hvd.allreduce(torch.ones(1), name="elsewhere")
+            else:
+                opt.zero_grad()
+                nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+        except RuntimeError as e:
+            print("ddp: rank %d step %d raised: %s" % (r, s, e), flush=True)
+            check(s == 2, "only step 2 fails")
+            check("ddp.bucket" in str(e) or "elsewhere" in str(e), "names tensors: %r" % str(e))
+            return
+    check(False, "ddp deadlock: no exception")
+
+
+def main():
+    mode = sys.argv[1]
+    hvd.init()
+    hvd.init()  # safe to call again
+    t0 = time.monotonic()
+    try:
+        out = globals()["mode_" + mode]()
+    except Exception:
+        traceback.print_exc()
+        failures.append("exception")
+        out = None
+    if failures:
+        print("%s: %d failures (rank %d)" % (mode, len(failures), hvd.rank()), flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    extra = " (%d checks)" % out if isinstance(out, int) else ""
+    print("%s: ok%s in %.1f s" % (mode, extra, time.monotonic() - t0), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Failures surface as exceptions, never hangs: a desynced rank (rank 0
+waits on one tensor, the others on another) gets every rank an exception
+naming both tensors within seconds while the ranks wait in Python
+(synchronize); under DDP the same desync raises from backward()."""
+
+import re
+
+from conftest import expect_ok, run_ranks
+
+
+def test_desync_raises_on_every_rank_naming_the_tensors():
+    job = run_ranks(3, "desync", timeout=120)
+    expect_ok(job, 3, "desync: ok")
+    for r in range(3):
+        line = [l for l in job.lines(r) if l.startswith("desync: rank %d raised" % r)]
+        assert line, job.out
+        assert "allreduce.grads.A" in line[0] and "allreduce.grads.B" in line[0], line[0]
+        secs = float(re.search(r"after (\S+) s", line[0]).group(1))
+        print("rank %d: exception after %.1f s" % (r, secs))
+
+
+def test_ddp_desync_raises_from_backward():
+    job = run_ranks(2, "ddp_deadlock", timeout=120)
+    expect_ok(job, 2, "ddp_deadlock: ok")
+    assert any("ddp: rank 0 step 2 raised" in l for l in job.lines(0)), job.out

@@ -1,0 +1,113 @@
+"""The package itself: import with PYTHONPATH=<repo>/python, gradsync.version
+== gs_version() == the header's GS_VERSION_STRING, the ImportError that
+names every place tried, `pip install ./python` (pure Python, loads the
+library from the install prefix), and the ctypes struct mirrors against the
+C header (sizes and offsets from a probe compiled against gradsync.h)."""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import LIB, REPO
+
+HEADER = os.path.join(REPO, "worker", "include", "gradsync.h")
+
+
+def py(code, env=None, cwd=None):
+    e = {k: v for k, v in os.environ.items() if k not in ("GRADSYNC_LIB", "PYTHONPATH")}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=e, cwd=cwd or "/",
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)
+
+
+def header_version():
+    m = re.search(r'#define GS_VERSION_STRING "([^"]+)"', open(HEADER).read())
+    return m.group(1)
+
+
+def test_version_matches_gs_version():
+    p = py("import gradsync; print(gradsync.version); print(gradsync.library_path)",
+           {"PYTHONPATH": os.path.join(REPO, "python")})
+    assert p.returncode == 0, p.stdout
+    version, path = p.stdout.split()
+    lib = ctypes.CDLL(LIB)
+    lib.gs_version.restype = ctypes.c_char_p
+    assert version == lib.gs_version().decode() == header_version()
+    assert os.path.realpath(path) == os.path.realpath(LIB)
+
+
+def test_import_error_names_the_places_tried(tmp_path):
+    p = py("import gradsync", {"PYTHONPATH": os.path.join(REPO, "python"),
+                               "GRADSYNC_LIB": str(tmp_path / "nope.so")})
+    assert p.returncode != 0
+    assert "ImportError: gradsync: could not load libgradsync.so; tried:" in p.stdout
+    assert "GRADSYNC_LIB: %s (no such file)" % (tmp_path / "nope.so") in p.stdout
+
+
+def pip_install(target):
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
+                        "--no-deps", "--no-index", "--target", str(target),
+                        os.path.join(REPO, "python")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+    # pure Python: nothing compiled
+    for root, _, files in os.walk(target):
+        assert not [f for f in files if f.endswith((".so", ".pyd"))], (root, files)
+
+
+def test_pip_install_loads_from_the_install_prefix(tmp_path):
+    # <prefix>/lib/libgradsync.so.0 beside <prefix>/lib/python3/dist-packages
+    prefix = tmp_path / "prefix"
+    site = prefix / "lib" / "python3" / "dist-packages"
+    pip_install(site)
+    shutil.copy(LIB, prefix / "lib" / "libgradsync.so.0")
+    p = py("import gradsync; print(gradsync.version, gradsync.library_path)",
+           {"PYTHONPATH": str(site)})
+    assert p.returncode == 0, p.stdout
+    assert p.stdout.split() == [header_version(), str(prefix / "lib" / "libgradsync.so.0")]
+    # without the library there, the error lists the prefix and the hint
+    os.remove(prefix / "lib" / "libgradsync.so.0")
+    p = py("import gradsync", {"PYTHONPATH": str(site)})
+    if p.returncode == 0:
+        pytest.skip("a libgradsync is installed system-wide; the not-found path is not testable")
+    assert "install prefix: %s" % (prefix / "lib" / "libgradsync.so.0") in p.stdout, p.stdout
+    assert "set GRADSYNC_LIB=" in p.stdout
+
+
+def test_struct_mirrors_match_the_header(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    os.environ["GRADSYNC_LIB"] = LIB
+    from gradsync import _lib
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "gradsync.h"',
+             'int main(void) {']
+    for name, st in _lib.STRUCTS.items():
+        lines.append('printf("%s %%zu\\n", sizeof(%s));' % (name, name))
+        for fname, _ in st._fields_:
+            lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));'
+                         % (name, fname, name, fname))
+    lines.append("return 0; }")
+    src = tmp_path / "probe.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "probe"
+    c = subprocess.run([cc, "-I", os.path.dirname(HEADER), str(src), "-o", str(exe)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert c.returncode == 0, "a field of the ctypes mirror is not in gradsync.h:\n" + c.stdout
+    want = dict(l.split() for l in subprocess.check_output([str(exe)], text=True).splitlines())
+    for name, st in _lib.STRUCTS.items():
+        assert ctypes.sizeof(st) == int(want[name]), \
+            "%s: ctypes mirror is %d bytes, gradsync.h says %s" % (name, ctypes.sizeof(st),
+                                                                  want[name])
+        for fname, _ in st._fields_:
+            assert getattr(st, fname).offset == int(want[name + "." + fname]), (name, fname)
+    # and every field of the C struct is mirrored: same size and offsets of
+    # every mirrored field leave no room for a missing one in the middle;
+    # a field added at the end changes sizeof.
