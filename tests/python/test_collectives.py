@@ -7,7 +7,7 @@ import pytest
 from conftest import expect_ok, run_ranks
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])
 def test_collectives(np_):
     job = run_ranks(np_, "collectives")
     expect_ok(job, np_, "collectives: ok (232 checks)")
