@@ -38,6 +38,7 @@ GS_SUM, GS_AVERAGE, GS_MIN, GS_MAX, GS_PRODUCT, GS_ADASUM = 0, 1, 2, 3, 4, 5
 
 class gs_options(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("coordinator", c_char_p),
         ("rank", c_int),
         ("size", c_int),
@@ -48,22 +49,34 @@ class gs_options(ctypes.Structure):
         ("join_timeout_ms", c_int),
         ("data_timeout_ms", c_int),
         ("scale_local", c_int),
+        ("backend", c_char_p),
+        ("cuda_device", c_int),
     ]
 
 
 class gs_allreduce_opts(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("shape", ctypes.POINTER(c_int64)),
         ("ndim", c_int),
         ("prescale", c_double),
         ("postscale", c_double),
         ("compression", c_int),
         ("gradient_predivide_factor", c_double),
+        ("stream", c_void_p),
+    ]
+
+
+class gs_op_opts(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("stream", c_void_p),
     ]
 
 
 class gs_sparse_opts(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("sparse_as_dense", c_int),
         ("dense_rows", c_int64),
         ("dense_out", c_void_p),
@@ -71,16 +84,17 @@ class gs_sparse_opts(ctypes.Structure):
 
 
 class gs_stats(ctypes.Structure):
-    _fields_ = [(n, c_uint64) for n in (
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in (
         "plans_executed", "collectives", "tensors", "fused_collectives", "requests_sent",
         "cache_hits", "bytes_to_coordinator", "messages_to_coordinator", "local_ops",
-        "plans_replayed")]
+        "plans_replayed", "gpu_collectives")]
 
 
 # The structs the ABI test checks: name in gradsync.h -> ctypes mirror.
 STRUCTS = {
     "gs_options": gs_options,
     "gs_allreduce_opts": gs_allreduce_opts,
+    "gs_op_opts": gs_op_opts,
     "gs_sparse_opts": gs_sparse_opts,
     "gs_stats": gs_stats,
 }
@@ -88,11 +102,16 @@ STRUCTS = {
 _P = c_void_p
 _PP = ctypes.POINTER(c_void_p)
 _I64P = ctypes.POINTER(c_int64)
+_OPTS = ctypes.POINTER(gs_op_opts)
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "gs_version": (c_char_p, []),
     "gs_options_init": (None, [ctypes.POINTER(gs_options)]),
+    "gs_allreduce_opts_init": (None, [ctypes.POINTER(gs_allreduce_opts)]),
+    "gs_op_opts_init": (None, [ctypes.POINTER(gs_op_opts)]),
+    "gs_sparse_opts_init": (None, [ctypes.POINTER(gs_sparse_opts)]),
+    "gs_stats_init": (None, [ctypes.POINTER(gs_stats)]),
     "gs_init": (c_int, [ctypes.POINTER(gs_options), _PP]),
     "gs_shutdown": (c_int, [_P]),
     "gs_rank": (c_int, [_P]),
@@ -107,11 +126,12 @@ _PROTOTYPES = {
     "gs_grouped_allreduce_async": (c_int, [_P, c_size_t, ctypes.POINTER(c_char_p), _PP, _PP,
                                            ctypes.POINTER(c_size_t), c_int, c_int,
                                            ctypes.POINTER(gs_allreduce_opts), _PP]),
-    "gs_allgather_async": (c_int, [_P, c_char_p, _P, _I64P, c_int, c_int, _PP]),
-    "gs_broadcast_async": (c_int, [_P, c_char_p, _P, c_size_t, c_int, c_int, _PP]),
-    "gs_alltoall_async": (c_int, [_P, c_char_p, _P, _I64P, c_int, c_int, _I64P, _PP]),
+    "gs_allgather_async": (c_int, [_P, c_char_p, _P, _I64P, c_int, c_int, _OPTS, _PP]),
+    "gs_broadcast_async": (c_int, [_P, c_char_p, _P, c_size_t, c_int, c_int, _OPTS, _PP]),
+    "gs_alltoall_async": (c_int, [_P, c_char_p, _P, _I64P, c_int, c_int, _I64P, _OPTS, _PP]),
     "gs_alltoall_recv_splits": (c_int, [_P, _I64P, c_size_t]),
-    "gs_reducescatter_async": (c_int, [_P, c_char_p, _P, _I64P, c_int, c_int, c_int, _PP]),
+    "gs_reducescatter_async": (c_int, [_P, c_char_p, _P, _I64P, c_int, c_int, c_int, _OPTS,
+                                       _PP]),
     "gs_sparse_allreduce_async": (c_int, [_P, c_char_p, _I64P, _P, c_size_t, c_size_t, c_int,
                                           c_int, ctypes.POINTER(gs_sparse_opts), _PP]),
     "gs_sparse_result": (c_int, [_P, ctypes.POINTER(_I64P), _PP, ctypes.POINTER(c_size_t)]),
@@ -216,6 +236,19 @@ def load():
 
 
 lib, path = load()
+
+
+def allreduce_opts():
+    o = gs_allreduce_opts()
+    lib.gs_allreduce_opts_init(ctypes.byref(o))
+    return o
+
+
+def op_opts(stream=None):
+    o = gs_op_opts()
+    lib.gs_op_opts_init(ctypes.byref(o))
+    o.stream = stream
+    return o
 
 
 def text(b):

@@ -224,11 +224,9 @@ def _gs_dtype(tensor, allowed):
         raise ValueError("Tensor type %s is not supported." % tensor.type())
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
-    if tensor.is_cuda and not cuda_built():
-        raise ValueError(
-            "Tensor type %s is not supported: this libgradsync (%s) was built without the "
-            "NCCL backend; build it with CUDA and NCCL found, or move the tensor to the CPU"
-            % (tensor.type(), _lib.path))
+    # CUDA tensors go to the library as device pointers with the current
+    # stream in the op's options; it answers for itself whether its nccl
+    # backend can take them.
     return _DTYPES[tensor.dtype]
 
 
@@ -303,7 +301,8 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
         c_op = _lib.GS_SUM
         post = post / _core._state.size
     shape, ndim = _shape(tensor)
-    opts = _lib.gs_allreduce_opts()
+    opts = _lib.allreduce_opts()
+    opts.stream = _cuda_stream_of(tensor)
     opts.shape = shape
     opts.ndim = ndim
     opts.prescale = float(prescale_factor)
@@ -401,7 +400,8 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     sends = (ctypes.c_void_p * n)(*[t.data_ptr() for t in tensors])
     recvs = (ctypes.c_void_p * n)(*[o.data_ptr() for o in outputs])
     counts = (ctypes.c_size_t * n)(*[t.numel() for t in tensors])
-    opts = _lib.gs_allreduce_opts()
+    opts = _lib.allreduce_opts()
+    opts.stream = _cuda_stream_of(tensors[0])
     opts.prescale = float(prescale_factor)
     opts.postscale = post
     hs = (ctypes.c_void_p * n)()
@@ -486,8 +486,9 @@ def _allgather_submit(tensor, full):
     c = _core.ctx()
     shape, ndim = _shape(tensor)
     h = ctypes.c_void_p()
+    opts = _lib.op_opts(_cuda_stream_of(tensor))
     st = lib.gs_allgather_async(c, full.encode(), tensor.data_ptr(), shape, ndim, gdt,
-                                ctypes.byref(h))
+                                ctypes.byref(opts), ctypes.byref(h))
     if st != _lib.GS_OK:
         _core.raise_submit_error(st, full)
     return h.value
@@ -564,8 +565,9 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     if output is not tensor:
         output.copy_(tensor)
     h = ctypes.c_void_p()
+    opts = _lib.op_opts(_cuda_stream_of(output))
     st = lib.gs_broadcast_async(c, full.encode(), output.data_ptr(), output.numel(), gdt,
-                                int(root_rank), ctypes.byref(h))
+                                int(root_rank), ctypes.byref(opts), ctypes.byref(h))
     if st != _lib.GS_OK:
         _core.raise_submit_error(st, full)
     op_ = _core.submit([h.value], (tensor, output), lambda hs: output, full)
@@ -625,8 +627,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     full = _op_name("alltoall", name)
     shape, ndim = _shape(tensor)
     h = ctypes.c_void_p()
+    opts = _lib.op_opts(_cuda_stream_of(tensor))
     st = lib.gs_alltoall_async(c, full.encode(), tensor.data_ptr(), shape, ndim, gdt, c_splits,
-                               ctypes.byref(h))
+                               ctypes.byref(opts), ctypes.byref(h))
     if st != _lib.GS_OK:
         _core.raise_submit_error(st, full)
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
@@ -681,8 +684,9 @@ def _reducescatter_submit(tensor, full, op, prescale_factor):
         send = _scale_(tensor.clone(), prescale_factor)
     shape, ndim = _shape(send)
     h = ctypes.c_void_p()
+    opts = _lib.op_opts(_cuda_stream_of(send))
     st = lib.gs_reducescatter_async(c, full.encode(), send.data_ptr(), shape, ndim, gdt,
-                                    _lib.GS_SUM, ctypes.byref(h))
+                                    _lib.GS_SUM, ctypes.byref(opts), ctypes.byref(h))
     if st != _lib.GS_OK:
         _core.raise_submit_error(st, full)
     return h.value, send
