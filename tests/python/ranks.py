@@ -3,7 +3,8 @@ under gradsync-run (tests/python/test_*.py start it). Each mode checks its
 results on every rank against references computed locally with torch, prints
 "<mode>: ... ok" and exits 0, or prints what differed and exits 1."""
 
-import math
+import ctypes
+import datetime
 import os
 import sys
 import time
@@ -13,6 +14,7 @@ import torch
 import torch.nn as nn
 
 import gradsync.torch as hvd
+from gradsync._lib import lib
 
 torch.set_num_threads(1)
 failures = []
@@ -190,6 +192,27 @@ def mode_collectives():
         h = hvd.allreduce_async(x, name="poll")
     same(hvd.synchronize(h), torch.ones(3), "allreduce after poll")
     check(hvd.poll(h) is True, "poll() of a synchronized handle")
+    # the job's kv store (gs_kv_set/gs_kv_get) through GradsyncStore
+    kv = hvd.GradsyncStore(prefix="kvtest", timeout=datetime.timedelta(seconds=1))
+    kv.set("bin/%d" % r, bytes(range(256)) * 3)
+    check(kv.get("bin/%d" % ((r + 1) % n)) == bytes(range(256)) * 3,
+          "kv: another rank's binary value")
+    kv.set("empty/%d" % r, b"")
+    check(kv.get("empty/%d" % r) == b"", "kv: an empty value")
+    check(kv.add("counter", 2) >= 2 and kv.check(["bin/%d" % r]) and not kv.check(["never"]),
+          "kv: add and check")
+    try:
+        kv.get("never")
+        check(False, "kv: get of a key never set must time out")
+    except RuntimeError as e:
+        check("'never' was not set within 1 s" in str(e), "kv timeout message: %r" % str(e))
+    v, ln = ctypes.c_void_p(), ctypes.c_size_t()
+    check(lib.gs_kv_set(hvd._core._state.ctx, b"", None, 0) == 1 and
+          "key is NULL or empty" in hvd._core.last_error(), "kv: empty key refused")
+    check(lib.gs_kv_set(hvd._core._state.ctx, b"k" * 449, None, 0) == 1 and
+          "GS_KV_KEY_MAX" in hvd._core.last_error(), "kv: over-long key refused")
+    check(lib.gs_kv_get(hvd._core._state.ctx, b"k", 60001, ctypes.byref(v), ctypes.byref(ln))
+          == 1 and v.value is None, "kv: wait over GS_KV_WAIT_MAX_MS refused")
     # duplicate in-flight name and bad alltoall splits: ValueError at the call
     # (each rank in turn holds 'dup.<q>' in flight: the others submit it
     # only after rank q tried the duplicate)
@@ -466,7 +489,51 @@ def mode_bcast_state():
     print("broadcast_parameters / broadcast_optimizer_state: equal to rank 0's", flush=True)
 
 
+def mode_optimizer_api():
+    """synchronize()/skip_synchronize(), Horovod's warning, zero_grad guard."""
+    import warnings
+    r = hvd.rank()
+    model = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = batch(0, r)
+    nn.functional.mse_loss(model(x), y).backward()
+    try:
+        opt.zero_grad()
+        check(False, "zero_grad between backward and step must raise")
+    except AssertionError as e:
+        check("before optimizer.step() or optimizer.synchronize()" in str(e), str(e))
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with opt.skip_synchronize():
+            opt.step()
+        check(not w, "no warning inside skip_synchronize(): %s" % [str(m.message) for m in w])
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt.step()
+        check(any("optimizer.step() called without optimizer.skip_synchronize()" in
+                  str(m.message) for m in w), "Horovod's warning after a manual synchronize()")
+    for bad in (dict(op=hvd.Sum, gradient_predivide_factor=2.0),):
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **bad)
+            check(False, "%s must raise ValueError" % bad)
+        except ValueError:
+            pass
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("same", p) for p in model.parameters()])
+        check(False, "duplicate parameter names must raise ValueError")
+    except ValueError as e:
+        check("must be unique" in str(e), str(e))
+    print("optimizer API: synchronize/skip_synchronize/warning/zero_grad ok", flush=True)
+
+
 def mode_train():
+    mode_optimizer_api()
     mode_mlp_opt(1)
     mode_mlp_opt(2)
     mode_embedding(False)
@@ -538,7 +605,8 @@ def mode_ddp_deadlock():
         except RuntimeError as e:
             print("ddp: rank %d step %d raised: %s" % (r, s, e), flush=True)
             check(s == 2, "only step 2 fails")
-            check("ddp.bucket" in str(e) or "elsewhere" in str(e), "names tensors: %r" % str(e))
+            check("allreduce.ddp.bucket0[" in str(e) and "allreduce.elsewhere" in str(e),
+                  "names the tensors of both ranks: %r" % str(e))
             return
     check(False, "ddp deadlock: no exception")
 

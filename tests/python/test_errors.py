@@ -22,4 +22,5 @@ def test_desync_raises_on_every_rank_naming_the_tensors():
 def test_ddp_desync_raises_from_backward():
     job = run_ranks(2, "ddp_deadlock", timeout=120)
     expect_ok(job, 2, "ddp_deadlock: ok")
-    assert any("ddp: rank 0 step 2 raised" in l for l in job.lines(0)), job.out
+    line = [l for l in job.lines(0) if "ddp: rank 0 step 2 raised" in l]
+    assert line and "HorovodInternalError" in line[0] and "deadlock" in line[0], job.out

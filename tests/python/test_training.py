@@ -32,3 +32,5 @@ def test_training_matches_one_process(np_):
             assert d <= 1e-6, got[0]
         assert any("broadcast_parameters / broadcast_optimizer_state: equal to rank 0's" in l
                    for l in lines)
+        assert any("optimizer API: synchronize/skip_synchronize/warning/zero_grad ok" in l
+                   for l in lines)

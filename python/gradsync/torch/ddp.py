@@ -168,11 +168,17 @@ def allreduce_hook(state, bucket):
 
     def done(o):
         try:
-            if o.error is not None:
-                fut.set_exception(o.error)
-            else:
-                fut.set_result(tensor)
+            # an exception travels as the value and is raised in the
+            # continuation below, which errors DDP's future with its message
+            fut.set_result(o.error if o.error is not None else tensor)
         finally:
             _core.release(o)
     op.add_callback(done)
-    return fut
+    return fut.then(_raise_or_tensor)
+
+
+def _raise_or_tensor(fut):
+    v = fut.value()
+    if isinstance(v, BaseException):
+        raise v
+    return v
