@@ -51,6 +51,9 @@ class gs_options(ctypes.Structure):
         ("scale_local", c_int),
         ("backend", c_char_p),
         ("cuda_device", c_int),
+        ("tls_ca", c_char_p),
+        ("tls_cert", c_char_p),
+        ("tls_key", c_char_p),
     ]
 
 
@@ -238,15 +241,32 @@ def load():
 lib, path = load()
 
 
+# The *_init functions write struct_size and defaults for the struct as the
+# loaded library knows it, which may be larger than these mirrors (a newer
+# library with appended fields): every struct handed to an *_init lives in a
+# zeroed buffer with room to spare, so such a library writes into the spare
+# room instead of past the object. Fields beyond the mirror keep the
+# library's defaults.
+_SPARE = 1024
+
+
+def new_struct(cls, init):
+    buf = ctypes.create_string_buffer(max(ctypes.sizeof(cls), _SPARE))
+    obj = cls.from_buffer(buf)  # keeps buf alive
+    getattr(lib, init)(ctypes.byref(obj))
+    return obj
+
+
+def options():
+    return new_struct(gs_options, "gs_options_init")
+
+
 def allreduce_opts():
-    o = gs_allreduce_opts()
-    lib.gs_allreduce_opts_init(ctypes.byref(o))
-    return o
+    return new_struct(gs_allreduce_opts, "gs_allreduce_opts_init")
 
 
 def op_opts(stream=None):
-    o = gs_op_opts()
-    lib.gs_op_opts_init(ctypes.byref(o))
+    o = new_struct(gs_op_opts, "gs_op_opts_init")
     o.stream = stream
     return o
 

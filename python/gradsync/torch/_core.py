@@ -259,8 +259,7 @@ def init_ctx():
     global _completer
     if _state.ctx is not None:
         return
-    opts = _lib.gs_options()
-    lib.gs_options_init(ctypes.byref(opts))
+    opts = _lib.options()
     c = ctypes.c_void_p()
     st = lib.gs_init(ctypes.byref(opts), ctypes.byref(c))
     if st != _lib.GS_OK:
