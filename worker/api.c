@@ -1411,10 +1411,6 @@ gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out) {
   return GS_OK;
 }
 
-const char *gs_version(void) {
-  return GS_VERSION_STRING;
-}
-
 /* ---- the application's key-value namespace ---------------------------------- */
 
 /* "epoch/<epoch>/app/<key>": scoped to this job's epoch and apart from the

@@ -390,10 +390,6 @@ GS_API const char *gs_version(void);
 /* "GS_ERR_MISMATCH: tensor differs across ranks"-style text; never NULL. */
 GS_API const char *gs_status_str(gs_status status);
 
-/* The library's version, GS_VERSION_STRING of the build ("0.1.0"); static
- * storage, never NULL. Any thread, before gs_init too. */
-GS_API const char *gs_version(void);
-
 /* ---- the job's key-value store, for the application ----
  * A rendezvous for frameworks that need one (e.g. a torch.distributed
  * Store, so that a PyTorch process group needs no MASTER_ADDR and no port of
