@@ -17,6 +17,12 @@ include(CMakePackageConfigHelpers)
 # too (test_install links statically and fails otherwise).
 set(GRADSYNC_PC_REQUIRES grpc libprotobuf-c)
 set(GRADSYNC_PC_LIBS_PRIVATE "-lm -pthread")
+if(GS_HAVE_NCCL) # the nccl backend: NCCL and the CUDA runtime, where the build found them
+  get_filename_component(gs_nccl_dir ${NCCL_LIBRARY} DIRECTORY)
+  get_filename_component(gs_cudart_dir ${CUDA_cudart_LIBRARY} DIRECTORY)
+  string(APPEND GRADSYNC_PC_LIBS_PRIVATE
+    " -L${gs_nccl_dir} -Wl,-rpath,${gs_nccl_dir} -lnccl -L${gs_cudart_dir} -Wl,-rpath,${gs_cudart_dir} -lcudart -lstdc++")
+endif()
 
 set(gs_programs gradsyncd gradsync-run gradsync-train)
 if(TARGET gradsyncctl)

@@ -123,14 +123,17 @@ gs_status gs__opts_copy(void *dst, const void *src, const char *type) {
   size_t ours, given;
   memcpy(&ours, dst, sizeof ours);
   memcpy(&given, src, sizeof given);
-  if (given <= sizeof(size_t) || given > ours)
+  if (given > ours)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "%s.struct_size is %zu, but this libgradsync %s accepts %zu..%zu: "
-                         "initialise the struct with %s_init before setting fields%s",
-                         type, given, GS_VERSION_STRING, sizeof(size_t) + 1, ours, type,
-                         given > ours ? " (or link the gradsync version whose header you compiled "
-                                        "against)"
-                                      : "");
+                         "%s.struct_size is %zu, larger than this libgradsync %s knows (%zu): the "
+                         "program was compiled against a newer gradsync.h; link the matching "
+                         "libgradsync",
+                         type, given, GS_VERSION_STRING, ours);
+  if (given <= sizeof(size_t))
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "%s.struct_size is %zu: initialise the struct with %s_init before "
+                         "setting fields",
+                         type, given, type);
   memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), given - sizeof(size_t));
   return GS_OK;
 }
@@ -177,8 +180,11 @@ static gs_status resolve(const gs_options *given, resolved *r) {
   gs_options dflt;
   gs_options_init(&dflt);
   gs_status st;
-  if (given && (st = gs__opts_copy(&dflt, given, "gs_options")))
-    return gs__set_error(st, "gs_init: %s", gs_last_error(NULL));
+  if (given && (st = gs__opts_copy(&dflt, given, "gs_options"))) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", gs_last_error(NULL)); /* not the buffer it rewrites */
+    return gs__set_error(st, "gs_init: %s", msg);
+  }
   const gs_options *o = &dflt;
   char err[1024];
   if (gs__settings_load(&r->set, GS__FOR_WORKER, err, sizeof err) != GS__OK)
