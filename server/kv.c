@@ -122,6 +122,9 @@ size_t gs__kv_store_bytes(const gs__kv_store *s) {
 }
 
 int gs__kv_key_owner(const char *key) {
+  /* "<anything>/nccl/id" or "nccl/id": the NCCL unique id, made by rank 0 */
+  size_t klen = strlen(key);
+  if (!strcmp(key, "nccl/id") || (klen > 8 && !strcmp(key + klen - 8, "/nccl/id"))) return 0;
   /* "<anything>/addr/<rank>" or "addr/<rank>" with <rank> plain decimal */
   const char *slash = strrchr(key, '/');
   if (!slash || slash - key < 4 || memcmp(slash - 4, "addr", 4) != 0) return -1;

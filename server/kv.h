@@ -33,7 +33,8 @@ size_t gs__kv_store_bytes(const gs__kv_store *s);
 /* The rank that owns key, or -1 for keys any rank of the job may write.
  * A rank owns the keys that end in "addr/<rank>" (its ring address under
  * "epoch/<e>/ring/addr/<rank>"): only that rank's identity may set or
- * delete them. */
+ * delete them. Rank 0 owns "<prefix>nccl/id" (the NCCL unique id, a join
+ * credential no other rank may replace). */
 int gs__kv_key_owner(const char *key);
 
 #endif

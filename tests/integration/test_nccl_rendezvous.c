@@ -1,10 +1,11 @@
 /* The NCCL rendezvous through the coordinator's kv store, with a real
  * gradsyncd (started with a job token) on 127.0.0.1 and the library's own
- * gRPC client and gs__nccl_rendezvous: rank 0 makes a real ncclUniqueId
- * (which needs no GPU) and stores it under "<prefix>nccl/id"; a rank with
- * the token reads the same 128 bytes; a caller without the token, or with a
- * wrong one, is refused (the id is a join credential); a rank whose rank 0
- * never publishes times out with a message saying what to check.
+ * gRPC client and gs__nccl_rendezvous: rank 0 (joined, with its identity)
+ * makes a real ncclUniqueId (which needs no GPU) and stores it under
+ * "<prefix>nccl/id"; rank 1 reads the same 128 bytes; a caller without the
+ * token, or with a wrong one, is refused (the id is a join credential), and
+ * so is rank 1 trying to plant an id of its own; a rank whose rank 0 never
+ * publishes times out with a message saying what to check.
  * Built only with the nccl backend. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,8 +42,27 @@ static int kv_get(void *c, const char *key, int timeout_ms, void **val, size_t *
 static gs__client *client(const job *j, const char *token) {
   gs__client *c = NULL;
   char err[1024];
-  if (gs__client_create(j->addr, token, &c, err, sizeof err) != GS__OK)
-    job_fail("gs__client_create: %s", err);
+  gs__client_opts o = {.target = j->addr, .token = token};
+  if (gs__client_create(&o, &c, err, sizeof err) != GS__OK) job_fail("gs__client_create: %s", err);
+  return c;
+}
+
+/* A client that joined as rank of a job of 2 and carries its identity. */
+static gs__client *member(const job *j, int rank) {
+  gs__client *c = client(j, TOKEN);
+  gs__join_request jr;
+  memset(&jr, 0, sizeof jr);
+  jr.rank = rank;
+  jr.size = 2;
+  jr.local_rank = rank;
+  jr.local_size = 2;
+  snprintf(jr.host, sizeof jr.host, "localhost");
+  jr.pid = 1000 + rank;
+  gs__join_response resp;
+  char err[1024];
+  if (gs__client_join(c, &jr, 10000, &resp, err, sizeof err) != GS__OK)
+    job_fail("rank %d: join: %s", rank, err);
+  gs__client_set_identity(c, rank, resp.rank_secret);
   return c;
 }
 
@@ -51,7 +71,7 @@ static void test_id_through_kv(void **state) {
   job j;
   char *coord_args[] = {"--token", TOKEN, NULL};
   job_start_coordinator(&j, 2, coord_args);
-  gs__client *c0 = client(&j, TOKEN), *c1 = client(&j, TOKEN);
+  gs__client *c0 = member(&j, 0), *c1 = member(&j, 1);
   gs__kv kv0 = {c0, kv_set, kv_get}, kv1 = {c1, kv_set, kv_get};
   unsigned char id0[128], id1[128], zero[128] = {0};
   char err[2048];
@@ -75,9 +95,13 @@ static void test_id_through_kv(void **state) {
   rc = gs__nccl_rendezvous(&kvw, "epoch/1/", 1, 2000, stolen, err, sizeof err);
   assert_int_equal(rc, GS__ERR_UNAUTHENTICATED);
   assert_memory_equal(stolen, zero, sizeof stolen);
-  /* nor can they plant an id of their own as rank 0 */
+  /* nor can they plant an id of their own as rank 0, nor can rank 1 */
   rc = gs__nccl_rendezvous(&kvw, "epoch/2/", 0, 2000, stolen, err, sizeof err);
   assert_int_equal(rc, GS__ERR_UNAUTHENTICATED);
+  rc = gs__nccl_rendezvous(&kv1, "epoch/2/", 0, 2000, stolen, err, sizeof err);
+  assert_int_not_equal(rc, GS__OK);
+  assert_non_null(strstr(err, "rank 1 may not write rendezvous key 'epoch/2/nccl/id': it belongs "
+                              "to rank 0"));
 
   /* rank 0 never publishes (another epoch): a bounded wait, then a message */
   rc = gs__nccl_rendezvous(&kv1, "epoch/3/", 1, 500, id1, err, sizeof err);

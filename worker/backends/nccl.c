@@ -552,15 +552,15 @@ static void destroy_vt(gs__backend *b) {
       comm_abort(nb);
     }
   }
-  if (nb->stream) cudaStreamSynchronize(nb->stream); /* the comm is gone: nothing can hang */
+  /* Nothing here waits for the stream: a caller's stream that never
+   * finishes (our stream waits on its events) must not hang gs_shutdown.
+   * The frees are stream-ordered; destroying a stream or an event with
+   * work pending releases it once that work is done. */
   if (nb->staging) cudaFreeAsync(nb->staging, nb->stream);
   for (size_t i = 0; i < nb->nev; i++) cudaEventDestroy(nb->ev[i]);
   free(nb->ev);
   if (nb->done) cudaEventDestroy(nb->done);
-  if (nb->stream) {
-    cudaStreamSynchronize(nb->stream);
-    cudaStreamDestroy(nb->stream);
-  }
+  if (nb->stream) cudaStreamDestroy(nb->stream);
   (void)cudaGetLastError();
   free(nb);
 }
