@@ -168,7 +168,9 @@ static void *rank_main(void *arg) {
       .kv = {.ctx = NULL, .set = kv_set, .get = kv_get},
       .ring_key = j->keys ? j->keys[rc->rank] : k_key,
   };
-  rc->create_rc = gs__tcp_ring_create(&o, &rc->b, rc->create_err, sizeof rc->create_err);
+  /* through the factory, as gs_init creates it */
+  rc->create_rc =
+      gs__backend_create(GS__BACKEND_TCP, &o, &rc->b, rc->create_err, sizeof rc->create_err);
   if (rc->create_rc == GS__OK && j->body) j->body(rc);
   gs__backend_destroy(rc->b);
   rc->b = NULL;
@@ -1105,25 +1107,52 @@ static int teardown_kv(void **state) {
   return 0;
 }
 
+/* The host backends' batched pack/unpack (gs__host_copy): conversion and
+ * scaling in the wire dtype, zero fill, a staging buffer that keeps growing. */
+static void test_host_copy(void **state) {
+  (void)state;
+  char err[256];
+  float src[5] = {1.0f, -2.5f, 3.25f, 1000.0f, 0.1f}, back[5];
+  uint16_t wire[5];
+  int32_t ints[4] = {1, -3, 5, 7}, iout[4];
+  uint8_t zeros[8];
+  memset(zeros, 0xff, sizeof zeros);
+  gs__copy c[3] = {{src, wire, 5, GS__FLOAT32, GS__FLOAT16, 0.5},
+                   {ints, iout, 4, GS__INT32, GS__INT32, 2.0},
+                   {NULL, zeros, 2, GS__INT32, GS__INT32, 1.0}};
+  assert_int_equal(gs__host_copy(c, 3, err, sizeof err), GS__OK);
+  for (int k = 0; k < 5; k++)
+    assert_int_equal(wire[k],
+                     gs__float_to_half(gs__half_to_float(gs__float_to_half(src[k])) * 0.5f));
+  for (int k = 0; k < 4; k++) assert_int_equal(iout[k], ints[k] * 2);
+  for (int k = 0; k < 8; k++) assert_int_equal(zeros[k], 0);
+  gs__copy u = {wire, back, 5, GS__FLOAT16, GS__FLOAT32, 4.0};
+  assert_int_equal(gs__host_copy(&u, 1, err, sizeof err), GS__OK);
+  for (int k = 0; k < 5; k++)
+    assert_true(back[k] == gs__half_to_float(gs__float_to_half(gs__half_to_float(wire[k]) * 4.0f)));
+  gs__copy bad = {src, wire, 5, GS__FLOAT64, GS__FLOAT16, 1.0};
+  assert_int_equal(gs__host_copy(&bad, 1, err, sizeof err), GS__ERR_INTERNAL);
+  assert_string_equal(err, "internal: no conversion from float64 to float16");
+  void *buf = NULL;
+  size_t cap = 0;
+  assert_non_null(gs__host_staging(&buf, &cap, 10, err, sizeof err));
+  assert_true(cap >= 10);
+  assert_non_null(gs__host_staging(&buf, &cap, (size_t)5 << 20, err, sizeof err));
+  assert_true(cap >= (size_t)5 << 20);
+  free(buf);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_size_one),
-      cmocka_unit_test(test_sum_sizes_counts),
-      cmocka_unit_test(test_every_dtype_and_op),
-      cmocka_unit_test(test_bitwise_identical),
-      cmocka_unit_test(test_reducescatter),
-      cmocka_unit_test(test_alltoallv),
-      cmocka_unit_test(test_allgatherv),
-      cmocka_unit_test(test_broadcast),
-      cmocka_unit_test(test_mixed_sequence),
-      cmocka_unit_test(test_published_address),
-      cmocka_unit_test(test_rendezvous_missing_rank),
-      cmocka_unit_test(test_peer_dies),
-      cmocka_unit_test(test_failure_reaches_neighbours),
-      cmocka_unit_test(test_abort_unblocks),
-      cmocka_unit_test(test_io_timeout),
-      cmocka_unit_test(test_bad_arguments),
-      cmocka_unit_test(test_bench),
+      cmocka_unit_test(test_size_one),          cmocka_unit_test(test_host_copy),
+      cmocka_unit_test(test_sum_sizes_counts),  cmocka_unit_test(test_every_dtype_and_op),
+      cmocka_unit_test(test_bitwise_identical), cmocka_unit_test(test_reducescatter),
+      cmocka_unit_test(test_alltoallv),         cmocka_unit_test(test_allgatherv),
+      cmocka_unit_test(test_broadcast),         cmocka_unit_test(test_mixed_sequence),
+      cmocka_unit_test(test_published_address), cmocka_unit_test(test_rendezvous_missing_rank),
+      cmocka_unit_test(test_peer_dies),         cmocka_unit_test(test_failure_reaches_neighbours),
+      cmocka_unit_test(test_abort_unblocks),    cmocka_unit_test(test_io_timeout),
+      cmocka_unit_test(test_bad_arguments),     cmocka_unit_test(test_bench),
   };
   return cmocka_run_group_tests(tests, setup_kv, teardown_kv);
 }
