@@ -5,6 +5,7 @@
  * enum ranges, array lengths) so the rest of the code can trust the structs.
  * Pure; any thread. */
 #include "codec.h"
+#include "codec_util.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -21,7 +22,7 @@ _Static_assert((int)GRADSYNC__V1__DATA_TYPE__DT_INT16 == (int)GS__INT16, "dtype 
 _Static_assert((int)GRADSYNC__V1__REDUCE_OP__REDUCE_ADASUM == (int)GS__ADASUM, "reduce enum");
 _Static_assert((int)GRADSYNC__V1__DEVICE_KIND__DEVICE_GPU == (int)GS__DEVICE_GPU, "device enum");
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
+int gs__codec_fail(char *err, size_t errlen, const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -31,7 +32,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
   return GS__ERR_INVALID_ARG;
 }
 
-static int pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
+int gs__codec_pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
   size_t n = protobuf_c_message_get_packed_size(m);
   uint8_t *buf = malloc(n ? n : 1);
   if (!buf) return GS__ERR_NO_MEMORY;
@@ -41,12 +42,12 @@ static int pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
   return GS__OK;
 }
 
-/* Copies a peer's string into a fixed buffer, refusing over-long ones. */
-static int copy_str(char *dst, size_t cap, const char *src, const char *field, char *err,
-                    size_t errlen) {
+int gs__codec_copy_str(char *dst, size_t cap, const char *src, const char *field, char *err,
+                       size_t errlen) {
   size_t n = src ? strlen(src) : 0;
   if (n >= cap)
-    return fail(err, errlen, "%s of %zu bytes exceeds the limit of %zu bytes", field, n, cap - 1);
+    return gs__codec_fail(err, errlen, "%s of %zu bytes exceeds the limit of %zu bytes", field, n,
+                          cap - 1);
   memcpy(dst, src ? src : "", n + 1);
   return GS__OK;
 }
@@ -56,7 +57,8 @@ static int copy_secret(uint8_t dst[GS__SECRET_BYTES], const ProtobufCBinaryData 
                        const char *field, char *err, size_t errlen) {
   if (src->len == 0) return GS__OK;
   if (src->len != GS__SECRET_BYTES)
-    return fail(err, errlen, "%s of %zu bytes: expected %d", field, src->len, GS__SECRET_BYTES);
+    return gs__codec_fail(err, errlen, "%s of %zu bytes: expected %d", field, src->len,
+                          GS__SECRET_BYTES);
   memcpy(dst, src->data, GS__SECRET_BYTES);
   return GS__OK;
 }
@@ -71,24 +73,24 @@ static char *dup_text(const char *src) {
 }
 
 static int check_enum(int v, int count, const char *field, char *err, size_t errlen) {
-  if (v < 0 || v >= count) return fail(err, errlen, "%s has unknown value %d", field, v);
+  if (v < 0 || v >= count) return gs__codec_fail(err, errlen, "%s has unknown value %d", field, v);
   return GS__OK;
 }
 
 static int copy_shape(int64_t *dst, int *ndim, const int64_t *src, size_t n, const char *name,
                       char *err, size_t errlen) {
   if (n > GS__MAX_DIMS)
-    return fail(err, errlen, "tensor '%s': %zu dimensions exceed the limit of %d", name, n,
-                GS__MAX_DIMS);
+    return gs__codec_fail(err, errlen, "tensor '%s': %zu dimensions exceed the limit of %d", name,
+                          n, GS__MAX_DIMS);
   for (size_t i = 0; i < n; i++) {
     if (src[i] < 0)
-      return fail(err, errlen, "tensor '%s': dimension %zu is negative (%lld)", name, i,
-                  (long long)src[i]);
+      return gs__codec_fail(err, errlen, "tensor '%s': dimension %zu is negative (%lld)", name, i,
+                            (long long)src[i]);
     dst[i] = src[i];
   }
   *ndim = (int)n;
   if (gs__shape_elements(dst, *ndim) < 0)
-    return fail(err, errlen, "tensor '%s': element count overflows 64 bits", name);
+    return gs__codec_fail(err, errlen, "tensor '%s': element count overflows 64 bits", name);
   return GS__OK;
 }
 
@@ -104,17 +106,18 @@ int gs__encode_join_request(const gs__join_request *m, uint8_t **out, size_t *le
   pb.host = (char *)m->host;
   pb.pid = m->pid;
   pb.version = (char *)m->version;
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_join_request(const uint8_t *buf, size_t len, gs__join_request *m, char *err,
                             size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__JoinRequest *pb = gradsync__v1__join_request__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed JoinRequest (%zu bytes)", len);
-  int rc = copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
-  if (!rc) rc = copy_str(m->host, sizeof m->host, pb->host, "host", err, errlen);
-  if (!rc) rc = copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed JoinRequest (%zu bytes)", len);
+  int rc = gs__codec_copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
+  if (!rc) rc = gs__codec_copy_str(m->host, sizeof m->host, pb->host, "host", err, errlen);
+  if (!rc)
+    rc = gs__codec_copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
   m->rank = pb->rank;
   m->size = pb->size;
   m->local_rank = pb->local_rank;
@@ -146,18 +149,19 @@ int gs__encode_join_response(const gs__join_response *m, uint8_t **out, size_t *
   pb.ring_key.data = (uint8_t *)m->ring_key;
   pb.ring_key.len = sizeof m->ring_key;
   pb.version = (char *)m->version;
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_join_response(const uint8_t *buf, size_t len, gs__join_response *m, char *err,
                              size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__JoinResponse *pb = gradsync__v1__join_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed JoinResponse (%zu bytes)", len);
-  int rc = copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed JoinResponse (%zu bytes)", len);
+  int rc = gs__codec_copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
   if (!rc) rc = copy_secret(m->rank_secret, &pb->rank_secret, "rank_secret", err, errlen);
   if (!rc) rc = copy_secret(m->ring_key, &pb->ring_key, "ring_key", err, errlen);
-  if (!rc) rc = copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
+  if (!rc)
+    rc = gs__codec_copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
   m->epoch = pb->epoch;
   m->rank = pb->rank;
   m->size = pb->size;
@@ -191,12 +195,12 @@ static char **name_ptrs(char (*names)[GS__MAX_NAME + 1], size_t n) {
 static int copy_names(char (**out)[GS__MAX_NAME + 1], size_t *nout, char **in, size_t n, size_t max,
                       const char *field, char *err, size_t errlen) {
   if (!n) return GS__OK;
-  if (n > max) return fail(err, errlen, "%zu %s exceed the limit of %zu", n, field, max);
+  if (n > max) return gs__codec_fail(err, errlen, "%zu %s exceed the limit of %zu", n, field, max);
   *out = calloc(n, sizeof **out);
   if (!*out) return GS__ERR_NO_MEMORY;
   *nout = n;
   for (size_t i = 0; i < n; i++) {
-    int rc = copy_str((*out)[i], sizeof(*out)[i], in[i], field, err, errlen);
+    int rc = gs__codec_copy_str((*out)[i], sizeof(*out)[i], in[i], field, err, errlen);
     if (rc) return rc;
   }
   return GS__OK;
@@ -277,7 +281,7 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   pb.register_local = reg;
   pb.n_unregister_local = m->nunreg;
   pb.unregister_local = unreg;
-  int rc = pack(&pb.base, out, len);
+  int rc = gs__codec_pack(&pb.base, out, len);
   free(reg);
   free(unreg);
   free(blocked);
@@ -289,9 +293,9 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
 static int decode_request(const Gradsync__V1__TensorRequest *pb, gs__tensor_request *r, char *err,
                           size_t errlen) {
   gs__tensor_request_init(r);
-  int rc = copy_str(r->name, sizeof r->name, pb->name, "tensor name", err, errlen);
+  int rc = gs__codec_copy_str(r->name, sizeof r->name, pb->name, "tensor name", err, errlen);
   if (rc) return rc;
-  if (!r->name[0]) return fail(err, errlen, "a tensor request has an empty name");
+  if (!r->name[0]) return gs__codec_fail(err, errlen, "a tensor request has an empty name");
   if ((rc = check_enum((int)pb->op, GS__OP_TYPE_COUNT, "op", err, errlen)) ||
       (rc = check_enum((int)pb->dtype, GS__DTYPE_COUNT, "dtype", err, errlen)) ||
       (rc = check_enum((int)pb->reduce_op, GS__REDUCE_OP_COUNT, "reduce_op", err, errlen)) ||
@@ -305,21 +309,22 @@ static int decode_request(const Gradsync__V1__TensorRequest *pb, gs__tensor_requ
   r->prescale = pb->prescale != 0.0 ? pb->prescale : 1.0;
   r->postscale = pb->postscale != 0.0 ? pb->postscale : 1.0;
   if (!isfinite(r->prescale) || !isfinite(r->postscale))
-    return fail(err, errlen, "tensor '%s': prescale %g / postscale %g must be finite numbers",
-                r->name, r->prescale, r->postscale);
+    return gs__codec_fail(err, errlen,
+                          "tensor '%s': prescale %g / postscale %g must be finite numbers", r->name,
+                          r->prescale, r->postscale);
   r->root_rank = pb->root_rank;
   r->group_id = pb->group_id;
   r->group_size = pb->group_size;
   if (r->group_size > 1u << 20)
-    return fail(err, errlen, "tensor '%s': group size %u exceeds the limit of %u", r->name,
-                r->group_size, 1u << 20);
+    return gs__codec_fail(err, errlen, "tensor '%s': group size %u exceeds the limit of %u",
+                          r->name, r->group_size, 1u << 20);
   return copy_shape(r->shape, &r->ndim, pb->shape, pb->n_shape, r->name, err, errlen);
 }
 
 int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__RankMessage *pb = gradsync__v1__rank_message__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed RankMessage (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed RankMessage (%zu bytes)", len);
   int rc = GS__OK;
   if (pb->hello) {
     m->has_hello = 1;
@@ -350,8 +355,8 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
   m->heartbeat = pb->heartbeat;
   m->blocked_update = pb->blocked_update;
   if (!rc && pb->n_blocked_on > GS__MAX_BLOCKED)
-    rc = fail(err, errlen, "%zu blocked-on names exceed the limit of %d", pb->n_blocked_on,
-              GS__MAX_BLOCKED);
+    rc = gs__codec_fail(err, errlen, "%zu blocked-on names exceed the limit of %d",
+                        pb->n_blocked_on, GS__MAX_BLOCKED);
   if (!rc && pb->n_blocked_on) {
     m->blocked_on = calloc(pb->n_blocked_on, sizeof *m->blocked_on);
     if (!m->blocked_on) {
@@ -360,8 +365,8 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
     }
     m->nblocked = pb->n_blocked_on;
     for (size_t i = 0; i < pb->n_blocked_on && !rc; i++)
-      rc = copy_str(m->blocked_on[i], sizeof m->blocked_on[i], pb->blocked_on[i],
-                    "blocked-on tensor name", err, errlen);
+      rc = gs__codec_copy_str(m->blocked_on[i], sizeof m->blocked_on[i], pb->blocked_on[i],
+                              "blocked-on tensor name", err, errlen);
   }
   if (!rc && pb->n_cached) {
     m->cached = malloc(pb->n_cached * sizeof *m->cached);
@@ -523,7 +528,7 @@ int gs__encode_plan_msg(const gs__plan_msg *m, uint8_t **out, size_t *len) {
   default:
     return GS__ERR_INVALID_ARG;
   }
-  rc = pack(&pb.base, out, len);
+  rc = gs__codec_pack(&pb.base, out, len);
 out_free:
   free(ri);
   free(rip);
@@ -585,12 +590,14 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
         const Gradsync__V1__PlanTensor *pt = pr->tensors[k];
         gs__plan_tensor *t = &r->tensors[k];
         t->cache_id = pt->cache_id;
-        if ((rc = copy_str(t->name, sizeof t->name, pt->name, "tensor name", err, errlen)) ||
+        if ((rc = gs__codec_copy_str(t->name, sizeof t->name, pt->name, "tensor name", err,
+                                     errlen)) ||
             (rc = copy_shape(t->shape, &t->ndim, pt->shape, pt->n_shape, t->name, err, errlen)))
           return rc;
         if (pt->n_rank_dims > GS__MAX_WORLD)
-          return fail(err, errlen, "tensor '%s': %zu per-rank sizes exceed the world limit",
-                      t->name, pt->n_rank_dims);
+          return gs__codec_fail(err, errlen,
+                                "tensor '%s': %zu per-rank sizes exceed the world limit", t->name,
+                                pt->n_rank_dims);
         if (pt->n_rank_dims) {
           t->rank_dims = malloc(pt->n_rank_dims * sizeof *t->rank_dims);
           if (!t->rank_dims) return GS__ERR_NO_MEMORY;
@@ -610,7 +617,7 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
 int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__PlanMessage *pb = gradsync__v1__plan_message__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed PlanMessage (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed PlanMessage (%zu bytes)", len);
   int rc = GS__OK;
   switch (pb->kind_case) {
   case GRADSYNC__V1__PLAN_MESSAGE__KIND_WORLD: {
@@ -620,7 +627,8 @@ int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *e
     m->world.size = w->size;
     m->world.epoch = w->epoch;
     if (w->n_ranks > GS__MAX_WORLD || w->n_missing_ranks > GS__MAX_WORLD) {
-      rc = fail(err, errlen, "WorldStatus lists more ranks than the limit of %d", GS__MAX_WORLD);
+      rc = gs__codec_fail(err, errlen, "WorldStatus lists more ranks than the limit of %d",
+                          GS__MAX_WORLD);
       break;
     }
     if (w->n_ranks) {
@@ -633,8 +641,8 @@ int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *e
       for (size_t i = 0; i < w->n_ranks && !rc; i++) {
         m->world.ranks[i].rank = w->ranks[i]->rank;
         m->world.ranks[i].pid = w->ranks[i]->pid;
-        rc = copy_str(m->world.ranks[i].host, sizeof m->world.ranks[i].host, w->ranks[i]->host,
-                      "host", err, errlen);
+        rc = gs__codec_copy_str(m->world.ranks[i].host, sizeof m->world.ranks[i].host,
+                                w->ranks[i]->host, "host", err, errlen);
       }
     }
     if (!rc && w->n_missing_ranks) {
@@ -647,7 +655,8 @@ int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *e
       m->world.nmissing = w->n_missing_ranks;
     }
     if (!rc && w->n_gone_ranks > GS__MAX_WORLD) {
-      rc = fail(err, errlen, "WorldStatus lists more ranks than the limit of %d", GS__MAX_WORLD);
+      rc = gs__codec_fail(err, errlen, "WorldStatus lists more ranks than the limit of %d",
+                          GS__MAX_WORLD);
       break;
     }
     if (!rc && w->n_gone_ranks) {
@@ -673,11 +682,12 @@ int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *e
   case GRADSYNC__V1__PLAN_MESSAGE__KIND_RANK_ERROR:
     m->kind = GS__MSG_RANK_ERROR;
     m->status = pb->rank_error->status;
-    rc = copy_str(m->name, sizeof m->name, pb->rank_error->name, "tensor name", err, errlen);
+    rc = gs__codec_copy_str(m->name, sizeof m->name, pb->rank_error->name, "tensor name", err,
+                            errlen);
     if (!rc && !(m->text = dup_text(pb->rank_error->message))) rc = GS__ERR_NO_MEMORY;
     break;
   default:
-    rc = fail(err, errlen, "PlanMessage carries no known kind");
+    rc = gs__codec_fail(err, errlen, "PlanMessage carries no known kind");
   }
   gradsync__v1__plan_message__free_unpacked(pb, NULL);
   if (rc) gs__plan_msg_free(m);
@@ -701,33 +711,33 @@ int gs__encode_kv(gs__kv_kind kind, const gs__kv_msg *m, uint8_t **out, size_t *
     Gradsync__V1__KvSetRequest pb = GRADSYNC__V1__KV_SET_REQUEST__INIT;
     pb.key = key;
     pb.value = v;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__KV_SET_RESP: {
     Gradsync__V1__KvSetResponse pb = GRADSYNC__V1__KV_SET_RESPONSE__INIT;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__KV_GET_REQ: {
     Gradsync__V1__KvGetRequest pb = GRADSYNC__V1__KV_GET_REQUEST__INIT;
     pb.key = key;
     pb.wait_ms = m->wait_ms;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__KV_GET_RESP: {
     Gradsync__V1__KvGetResponse pb = GRADSYNC__V1__KV_GET_RESPONSE__INIT;
     pb.found = m->found ? 1 : 0;
     pb.value = v;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__KV_DELETE_REQ: {
     Gradsync__V1__KvDeleteRequest pb = GRADSYNC__V1__KV_DELETE_REQUEST__INIT;
     pb.key = key;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__KV_DELETE_RESP: {
     Gradsync__V1__KvDeleteResponse pb = GRADSYNC__V1__KV_DELETE_RESPONSE__INIT;
     pb.deleted = m->deleted ? 1 : 0;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   }
   return GS__ERR_INVALID_ARG;
@@ -735,18 +745,18 @@ int gs__encode_kv(gs__kv_kind kind, const gs__kv_msg *m, uint8_t **out, size_t *
 
 static int take_key(gs__kv_msg *m, const char *key, char *err, size_t errlen) {
   size_t n = key ? strlen(key) : 0;
-  if (n == 0) return fail(err, errlen, "kv key is empty");
+  if (n == 0) return gs__codec_fail(err, errlen, "kv key is empty");
   if (n > GS__MAX_KV_KEY)
-    return fail(err, errlen, "kv key of %zu bytes exceeds the limit of %d bytes", n,
-                GS__MAX_KV_KEY);
+    return gs__codec_fail(err, errlen, "kv key of %zu bytes exceeds the limit of %d bytes", n,
+                          GS__MAX_KV_KEY);
   if (!(m->key = strdup(key))) return GS__ERR_NO_MEMORY;
   return GS__OK;
 }
 
 static int take_value(gs__kv_msg *m, ProtobufCBinaryData v, char *err, size_t errlen) {
   if (v.len > GS__MAX_KV_VALUE)
-    return fail(err, errlen, "kv value of %zu bytes exceeds the limit of %d bytes", v.len,
-                GS__MAX_KV_VALUE);
+    return gs__codec_fail(err, errlen, "kv value of %zu bytes exceeds the limit of %d bytes", v.len,
+                          GS__MAX_KV_VALUE);
   m->value = malloc(v.len ? v.len : 1);
   if (!m->value) return GS__ERR_NO_MEMORY;
   if (v.len) memcpy(m->value, v.data, v.len);
@@ -761,7 +771,7 @@ int gs__decode_kv(gs__kv_kind kind, const uint8_t *buf, size_t len, gs__kv_msg *
   switch (kind) {
   case GS__KV_SET_REQ: {
     Gradsync__V1__KvSetRequest *pb = gradsync__v1__kv_set_request__unpack(NULL, len, buf);
-    if (!pb) return fail(err, errlen, "malformed KvSetRequest (%zu bytes)", len);
+    if (!pb) return gs__codec_fail(err, errlen, "malformed KvSetRequest (%zu bytes)", len);
     rc = take_key(m, pb->key, err, errlen);
     if (!rc) rc = take_value(m, pb->value, err, errlen);
     gradsync__v1__kv_set_request__free_unpacked(pb, NULL);
@@ -769,13 +779,13 @@ int gs__decode_kv(gs__kv_kind kind, const uint8_t *buf, size_t len, gs__kv_msg *
   }
   case GS__KV_SET_RESP: {
     Gradsync__V1__KvSetResponse *pb = gradsync__v1__kv_set_response__unpack(NULL, len, buf);
-    if (!pb) return fail(err, errlen, "malformed KvSetResponse (%zu bytes)", len);
+    if (!pb) return gs__codec_fail(err, errlen, "malformed KvSetResponse (%zu bytes)", len);
     gradsync__v1__kv_set_response__free_unpacked(pb, NULL);
     break;
   }
   case GS__KV_GET_REQ: {
     Gradsync__V1__KvGetRequest *pb = gradsync__v1__kv_get_request__unpack(NULL, len, buf);
-    if (!pb) return fail(err, errlen, "malformed KvGetRequest (%zu bytes)", len);
+    if (!pb) return gs__codec_fail(err, errlen, "malformed KvGetRequest (%zu bytes)", len);
     rc = take_key(m, pb->key, err, errlen);
     m->wait_ms = pb->wait_ms;
     gradsync__v1__kv_get_request__free_unpacked(pb, NULL);
@@ -783,7 +793,7 @@ int gs__decode_kv(gs__kv_kind kind, const uint8_t *buf, size_t len, gs__kv_msg *
   }
   case GS__KV_GET_RESP: {
     Gradsync__V1__KvGetResponse *pb = gradsync__v1__kv_get_response__unpack(NULL, len, buf);
-    if (!pb) return fail(err, errlen, "malformed KvGetResponse (%zu bytes)", len);
+    if (!pb) return gs__codec_fail(err, errlen, "malformed KvGetResponse (%zu bytes)", len);
     m->found = pb->found;
     rc = take_value(m, pb->value, err, errlen);
     gradsync__v1__kv_get_response__free_unpacked(pb, NULL);
@@ -791,14 +801,14 @@ int gs__decode_kv(gs__kv_kind kind, const uint8_t *buf, size_t len, gs__kv_msg *
   }
   case GS__KV_DELETE_REQ: {
     Gradsync__V1__KvDeleteRequest *pb = gradsync__v1__kv_delete_request__unpack(NULL, len, buf);
-    if (!pb) return fail(err, errlen, "malformed KvDeleteRequest (%zu bytes)", len);
+    if (!pb) return gs__codec_fail(err, errlen, "malformed KvDeleteRequest (%zu bytes)", len);
     rc = take_key(m, pb->key, err, errlen);
     gradsync__v1__kv_delete_request__free_unpacked(pb, NULL);
     break;
   }
   case GS__KV_DELETE_RESP: {
     Gradsync__V1__KvDeleteResponse *pb = gradsync__v1__kv_delete_response__unpack(NULL, len, buf);
-    if (!pb) return fail(err, errlen, "malformed KvDeleteResponse (%zu bytes)", len);
+    if (!pb) return gs__codec_fail(err, errlen, "malformed KvDeleteResponse (%zu bytes)", len);
     m->deleted = pb->deleted;
     gradsync__v1__kv_delete_response__free_unpacked(pb, NULL);
     break;

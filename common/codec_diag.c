@@ -5,6 +5,7 @@
  * (indexed with the descriptor.proto codec; each file's raw bytes are
  * served as stored). Pure; any thread. */
 #include "codec_diag.h"
+#include "codec_util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,35 +23,6 @@ _Static_assert((int)GRADSYNC__V1__EVENT_KIND__EVENT_JOB_FINISHED == (int)GS__EV_
 _Static_assert((int)GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN ==
                    GS__HEALTH_SERVICE_UNKNOWN,
                "health status");
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return GS__ERR_INVALID_ARG;
-}
-
-static int pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
-  size_t n = protobuf_c_message_get_packed_size(m);
-  uint8_t *buf = malloc(n ? n : 1);
-  if (!buf) return GS__ERR_NO_MEMORY;
-  protobuf_c_message_pack(m, buf);
-  *out = buf;
-  *len = n;
-  return GS__OK;
-}
-
-static int copy_str(char *dst, size_t cap, const char *src, const char *field, char *err,
-                    size_t errlen) {
-  size_t n = src ? strlen(src) : 0;
-  if (n >= cap)
-    return fail(err, errlen, "%s of %zu bytes exceeds the limit of %zu bytes", field, n, cap - 1);
-  memcpy(dst, src ? src : "", n + 1);
-  return GS__OK;
-}
 
 static char *dup_or_empty(const char *s) {
   return strdup(s ? s : "");
@@ -151,15 +123,15 @@ const char *gs__event_name(int kind) {
 int gs__encode_health_request(const char *service, uint8_t **out, size_t *len) {
   Grpc__Health__V1__HealthCheckRequest pb = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   pb.service = (char *)(service ? service : "");
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_health_request(const uint8_t *buf, size_t len, char *service, size_t cap, char *err,
                               size_t errlen) {
   Grpc__Health__V1__HealthCheckRequest *pb =
       grpc__health__v1__health_check_request__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed HealthCheckRequest (%zu bytes)", len);
-  int rc = copy_str(service, cap, pb->service, "service", err, errlen);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed HealthCheckRequest (%zu bytes)", len);
+  int rc = gs__codec_copy_str(service, cap, pb->service, "service", err, errlen);
   grpc__health__v1__health_check_request__free_unpacked(pb, NULL);
   return rc;
 }
@@ -167,14 +139,14 @@ int gs__decode_health_request(const uint8_t *buf, size_t len, char *service, siz
 int gs__encode_health_response(int status, uint8_t **out, size_t *len) {
   Grpc__Health__V1__HealthCheckResponse pb = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
   pb.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_health_response(const uint8_t *buf, size_t len, int *status, char *err,
                                size_t errlen) {
   Grpc__Health__V1__HealthCheckResponse *pb =
       grpc__health__v1__health_check_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed HealthCheckResponse (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed HealthCheckResponse (%zu bytes)", len);
   *status = (int)pb->status;
   grpc__health__v1__health_check_response__free_unpacked(pb, NULL);
   return GS__OK;
@@ -228,7 +200,7 @@ int gs__encode_diag_status(const gs__diag_status *m, uint8_t **out, size_t *len)
   pb.cache_hit_rate = m->cache_hit_rate;
   pb.mean_tensors_per_op = m->mean_tensors_per_op;
   pb.pending_tensors = m->pending_tensors;
-  rc = pack(&pb.base, out, len);
+  rc = gs__codec_pack(&pb.base, out, len);
 out_free:
   free(set);
   free(setp);
@@ -241,9 +213,10 @@ int gs__decode_diag_status(const uint8_t *buf, size_t len, gs__diag_status *m, c
                            size_t errlen) {
   memset(m, 0, sizeof *m);
   Gradsync__V1__GetStatusResponse *pb = gradsync__v1__get_status_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed GetStatusResponse (%zu bytes)", len);
-  int rc = copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
-  if (!rc) rc = copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed GetStatusResponse (%zu bytes)", len);
+  int rc = gs__codec_copy_str(m->job_id, sizeof m->job_id, pb->job_id, "job_id", err, errlen);
+  if (!rc)
+    rc = gs__codec_copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
   m->world_size = pb->world_size;
   m->epoch = pb->epoch;
   m->uptime_s = pb->uptime_s;
@@ -272,8 +245,8 @@ int gs__decode_diag_status(const uint8_t *buf, size_t len, gs__diag_status *m, c
       const Gradsync__V1__RankStatus *p = pb->ranks[i];
       gs__diag_rank *r = &m->ranks[i];
       r->rank = p->rank;
-      rc = copy_str(r->host, sizeof r->host, p->host, "host", err, errlen);
-      if (!rc) rc = copy_str(r->state, sizeof r->state, p->state, "state", err, errlen);
+      rc = gs__codec_copy_str(r->host, sizeof r->host, p->host, "host", err, errlen);
+      if (!rc) rc = gs__codec_copy_str(r->state, sizeof r->state, p->state, "state", err, errlen);
       r->pid = p->pid;
       r->last_msg_age_s = p->last_message_age_s;
       r->last_done_plan = p->last_done_plan;
@@ -300,19 +273,19 @@ int gs__encode_pending_query(const gs__diag_pending_query *q, uint8_t **out, siz
   pb.page_size = q->page_size;
   if (q->after) snprintf(token, sizeof token, "%llu", (unsigned long long)q->after);
   pb.page_token = token;
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_pending_query(const uint8_t *buf, size_t len, gs__diag_pending_query *q, char *err,
                              size_t errlen) {
   memset(q, 0, sizeof *q);
   Gradsync__V1__ListPendingRequest *pb = gradsync__v1__list_pending_request__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed ListPendingRequest (%zu bytes)", len);
-  int rc =
-      copy_str(q->name_prefix, sizeof q->name_prefix, pb->name_prefix, "name_prefix", err, errlen);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed ListPendingRequest (%zu bytes)", len);
+  int rc = gs__codec_copy_str(q->name_prefix, sizeof q->name_prefix, pb->name_prefix, "name_prefix",
+                              err, errlen);
   if (!rc && pb->n_missing_ranks > GS__MAX_WORLD)
-    rc = fail(err, errlen, "missing_ranks has %zu entries; at most %d", pb->n_missing_ranks,
-              GS__MAX_WORLD);
+    rc = gs__codec_fail(err, errlen, "missing_ranks has %zu entries; at most %d",
+                        pb->n_missing_ranks, GS__MAX_WORLD);
   if (!rc && pb->n_missing_ranks) {
     q->missing_ranks = dup_ranks(pb->missing_ranks, pb->n_missing_ranks);
     if (!q->missing_ranks)
@@ -325,10 +298,10 @@ int gs__decode_pending_query(const uint8_t *buf, size_t len, gs__diag_pending_qu
     char *end = NULL;
     unsigned long long v = strtoull(pb->page_token, &end, 10);
     if (strlen(pb->page_token) > 20 || !end || *end || v == 0)
-      rc = fail(err, errlen,
-                "page_token '%.40s' is not one this coordinator issued: pass the "
-                "next_page_token of the previous page",
-                pb->page_token);
+      rc = gs__codec_fail(err, errlen,
+                          "page_token '%.40s' is not one this coordinator issued: pass the "
+                          "next_page_token of the previous page",
+                          pb->page_token);
     q->after = v;
   }
   gradsync__v1__list_pending_request__free_unpacked(pb, NULL);
@@ -354,9 +327,10 @@ static void pending_to_pb(const gs__diag_pending *p, Gradsync__V1__PendingTensor
 static int pending_from_pb(const Gradsync__V1__PendingTensor *t, gs__diag_pending *p, char *err,
                            size_t errlen) {
   memset(p, 0, sizeof *p);
-  int rc = copy_str(p->name, sizeof p->name, t->name, "name", err, errlen);
+  int rc = gs__codec_copy_str(p->name, sizeof p->name, t->name, "name", err, errlen);
   if (rc) return rc;
-  if (t->n_shape > GS__MAX_DIMS) return fail(err, errlen, "tensor '%s': too many dims", p->name);
+  if (t->n_shape > GS__MAX_DIMS)
+    return gs__codec_fail(err, errlen, "tensor '%s': too many dims", p->name);
   p->op = (gs__op_type)t->op;
   p->dtype = (gs__dtype)t->dtype;
   p->ndim = (int)t->n_shape;
@@ -398,7 +372,7 @@ int gs__encode_pending_list(const gs__diag_pending_list *l, uint8_t **out, size_
     if (l->next_after) snprintf(token, sizeof token, "%llu", (unsigned long long)l->next_after);
     pb.next_page_token = token;
     pb.total = l->total;
-    rc = pack(&pb.base, out, len);
+    rc = gs__codec_pack(&pb.base, out, len);
   }
   free(arr);
   free(ptrs);
@@ -410,7 +384,7 @@ int gs__decode_pending_list(const uint8_t *buf, size_t len, gs__diag_pending_lis
   memset(l, 0, sizeof *l);
   Gradsync__V1__ListPendingResponse *pb =
       gradsync__v1__list_pending_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed ListPendingResponse (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed ListPendingResponse (%zu bytes)", len);
   int rc = GS__OK;
   l->items = calloc(pb->n_tensors + 1, sizeof *l->items);
   if (!l->items) rc = GS__ERR_NO_MEMORY;
@@ -464,7 +438,7 @@ int gs__encode_diag_stalls(const gs__diag_stalls *s, uint8_t **out, size_t *len)
     pb.last_stall_report = s->last_stall ? s->last_stall : "";
     pb.last_deadlock_report = s->last_deadlock ? s->last_deadlock : "";
     pb.stall_warning_s = s->stall_warning_s;
-    rc = pack(&pb.base, out, len);
+    rc = gs__codec_pack(&pb.base, out, len);
   }
   free(arr);
   free(ptrs);
@@ -479,7 +453,7 @@ int gs__decode_diag_stalls(const uint8_t *buf, size_t len, gs__diag_stalls *s, c
                            size_t errlen) {
   memset(s, 0, sizeof *s);
   Gradsync__V1__ListStallsResponse *pb = gradsync__v1__list_stalls_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed ListStallsResponse (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed ListStallsResponse (%zu bytes)", len);
   int rc = GS__OK;
   s->stalled = calloc(pb->n_stalled + 1, sizeof *s->stalled);
   s->waits = calloc(pb->n_waits + 1, sizeof *s->waits);
@@ -500,7 +474,7 @@ int gs__decode_diag_stalls(const uint8_t *buf, size_t len, gs__diag_stalls *s, c
     }
     for (size_t j = 0; !rc && j < p->n_waits_on; j++) {
       gs__diag_waited *t = &w->waits[j];
-      rc = copy_str(t->name, sizeof t->name, p->waits_on[j]->name, "name", err, errlen);
+      rc = gs__codec_copy_str(t->name, sizeof t->name, p->waits_on[j]->name, "name", err, errlen);
       if (rc) break;
       t->pending = p->waits_on[j]->pending;
       t->missing = dup_ranks(p->waits_on[j]->missing_ranks, p->waits_on[j]->n_missing_ranks);
@@ -539,7 +513,7 @@ int gs__encode_diag_locals(const gs__diag_locals *l, uint8_t **out, size_t *len)
     }
     pb.n_ranks = l->n;
     pb.ranks = rlp;
-    rc = pack(&pb.base, out, len);
+    rc = gs__codec_pack(&pb.base, out, len);
   }
   free(rl);
   free(rlp);
@@ -551,7 +525,7 @@ int gs__decode_diag_locals(const uint8_t *buf, size_t len, gs__diag_locals *l, c
   memset(l, 0, sizeof *l);
   Gradsync__V1__ListLocalVarsResponse *pb =
       gradsync__v1__list_local_vars_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed ListLocalVarsResponse (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed ListLocalVarsResponse (%zu bytes)", len);
   int rc = GS__OK;
   l->ranks = calloc(pb->n_ranks + 1, sizeof *l->ranks);
   if (!l->ranks) rc = GS__ERR_NO_MEMORY;
@@ -579,15 +553,15 @@ int gs__encode_diag_event(const gs__diag_event *e, uint8_t **out, size_t *len) {
   pb.kind = (Gradsync__V1__EventKind)e->kind;
   pb.rank = e->rank;
   pb.message = e->message ? e->message : "";
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_diag_event(const uint8_t *buf, size_t len, gs__diag_event *e, char *err,
                           size_t errlen) {
   memset(e, 0, sizeof *e);
   Gradsync__V1__Event *pb = gradsync__v1__event__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed Event (%zu bytes)", len);
-  int rc = copy_str(e->time, sizeof e->time, pb->time, "time", err, errlen);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed Event (%zu bytes)", len);
+  int rc = gs__codec_copy_str(e->time, sizeof e->time, pb->time, "time", err, errlen);
   e->seq = pb->seq;
   e->kind = (int)pb->kind;
   e->rank = pb->rank;
@@ -605,22 +579,22 @@ int gs__encode_diag_text(gs__diag_text_kind kind, const char *text, uint8_t **ou
   case GS__TXT_METRICS_RESP: {
     Gradsync__V1__GetMetricsResponse pb = GRADSYNC__V1__GET_METRICS_RESPONSE__INIT;
     pb.text = t;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__TXT_TIMELINE_START: {
     Gradsync__V1__StartTimelineRequest pb = GRADSYNC__V1__START_TIMELINE_REQUEST__INIT;
     pb.path = t;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__TXT_TIMELINE_STARTED: {
     Gradsync__V1__StartTimelineResponse pb = GRADSYNC__V1__START_TIMELINE_RESPONSE__INIT;
     pb.path = t;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   case GS__TXT_ABORT_REQ: {
     Gradsync__V1__AbortJobRequest pb = GRADSYNC__V1__ABORT_JOB_REQUEST__INIT;
     pb.reason = t;
-    return pack(&pb.base, out, len);
+    return gs__codec_pack(&pb.base, out, len);
   }
   }
   return GS__ERR_INVALID_ARG;
@@ -660,11 +634,12 @@ int gs__decode_diag_text(gs__diag_text_kind kind, const uint8_t *buf, size_t len
     break;
   }
   }
-  if (!m) return fail(err, errlen, "malformed %s (%zu bytes)", what, len);
+  if (!m) return gs__codec_fail(err, errlen, "malformed %s (%zu bytes)", what, len);
   int rc = GS__OK;
   size_t n = s ? strlen(s) : 0;
   if (n > max)
-    rc = fail(err, errlen, "%s: text of %zu bytes exceeds the limit of %zu", what, n, max);
+    rc =
+        gs__codec_fail(err, errlen, "%s: text of %zu bytes exceeds the limit of %zu", what, n, max);
   else if (!(*text = dup_or_empty(s)))
     rc = GS__ERR_NO_MEMORY;
   protobuf_c_message_free_unpacked(m, NULL);
@@ -675,14 +650,14 @@ int gs__encode_timeline_stopped(const char *path, uint64_t events, uint8_t **out
   Gradsync__V1__StopTimelineResponse pb = GRADSYNC__V1__STOP_TIMELINE_RESPONSE__INIT;
   pb.path = (char *)(path ? path : "");
   pb.events = events;
-  return pack(&pb.base, out, len);
+  return gs__codec_pack(&pb.base, out, len);
 }
 
 int gs__decode_timeline_stopped(const uint8_t *buf, size_t len, char **path, uint64_t *events,
                                 char *err, size_t errlen) {
   Gradsync__V1__StopTimelineResponse *pb =
       gradsync__v1__stop_timeline_response__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed StopTimelineResponse (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed StopTimelineResponse (%zu bytes)", len);
   *path = dup_or_empty(pb->path);
   *events = pb->events;
   gradsync__v1__stop_timeline_response__free_unpacked(pb, NULL);
@@ -692,7 +667,7 @@ int gs__decode_timeline_stopped(const uint8_t *buf, size_t len, char **path, uin
 int gs__decode_diag_empty(const uint8_t *buf, size_t len, char *err, size_t errlen) {
   /* Every empty request has the same (empty) schema. */
   Gradsync__V1__GetStatusRequest *pb = gradsync__v1__get_status_request__unpack(NULL, len, buf);
-  if (!pb) return fail(err, errlen, "malformed request (%zu bytes)", len);
+  if (!pb) return gs__codec_fail(err, errlen, "malformed request (%zu bytes)", len);
   gradsync__v1__get_status_request__free_unpacked(pb, NULL);
   return GS__OK;
 }
@@ -945,7 +920,7 @@ int gs__refl_answer(const gs__refl_index *ix, const uint8_t *buf, size_t len, ui
 
   if (!req) {
     REFL_ERROR(INVALID_ARGUMENT, "malformed ServerReflectionRequest (%zu bytes)", len);
-    return pack(&resp.base, out, olen);
+    return gs__codec_pack(&resp.base, out, olen);
   }
   resp.valid_host = req->host;
   resp.original_request = req;
@@ -1012,7 +987,7 @@ int gs__refl_answer(const gs__refl_index *ix, const uint8_t *buf, size_t len, ui
     break;
   }
 #undef REFL_ERROR
-  rc = pack(&resp.base, out, olen);
+  rc = gs__codec_pack(&resp.base, out, olen);
   free(files);
   free(seen);
   free(svc);
