@@ -2351,6 +2351,127 @@ static void test_deadlock_despite_blocked_reports(void **state) {
                                "rank 1 (host-1:1001) waits on [grads/B] (missing from rank 0)");
 }
 
+/* ---- views for diagnostics --------------------------------------------------- */
+
+/* ListPending: arrival order, submitted and missing ranks, filters by
+ * missing rank and name prefix, pages of a bounded size with a token that
+ * resumes after the last entry shown. */
+static void test_view_pending_pages(void **state) {
+  fx *f = *state;
+  start_world(f, 3);
+  send_all_but(f, 2, ar("a/one"));   /* missing rank 2 */
+  send1(f, 1, ar("b/two"));          /* missing 0 and 2 */
+  send_all_but(f, 0, ar("a/three")); /* missing rank 0 */
+  gs__diag_pending_query q;
+  memset(&q, 0, sizeof q);
+  gs__diag_pending_list l;
+  assert_int_equal(gs__engine_list_pending(f->e, &q, f->now, &l), GS__OK);
+  assert_int_equal(l.n, 3);
+  assert_int_equal(l.total, 3);
+  assert_int_equal(l.next_after, 0);
+  assert_string_equal(l.items[0].name, "a/one");
+  assert_string_equal(l.items[1].name, "b/two");
+  assert_string_equal(l.items[2].name, "a/three");
+  assert_int_equal(l.items[0].nsubmitted, 2);
+  assert_int_equal(l.items[0].nmissing, 1);
+  assert_int_equal(l.items[0].missing[0], 2);
+  assert_int_equal(l.items[1].nmissing, 2);
+  assert_int_equal(l.items[1].missing[0], 0);
+  assert_int_equal(l.items[1].missing[1], 2);
+  assert_int_equal(l.items[1].submitted[0], 1);
+  assert_true(l.items[0].age_s > 0.0);
+  gs__diag_pending_list_free(&l);
+
+  /* pages of 2 */
+  q.page_size = 2;
+  assert_int_equal(gs__engine_list_pending(f->e, &q, f->now, &l), GS__OK);
+  assert_int_equal(l.n, 2);
+  assert_int_equal(l.total, 3);
+  assert_true(l.next_after != 0);
+  q.after = l.next_after;
+  gs__diag_pending_list_free(&l);
+  assert_int_equal(gs__engine_list_pending(f->e, &q, f->now, &l), GS__OK);
+  assert_int_equal(l.n, 1);
+  assert_string_equal(l.items[0].name, "a/three");
+  assert_int_equal(l.next_after, 0);
+  gs__diag_pending_list_free(&l);
+
+  /* filters */
+  int32_t r0 = 0;
+  memset(&q, 0, sizeof q);
+  q.missing_ranks = &r0;
+  q.nmissing_ranks = 1;
+  assert_int_equal(gs__engine_list_pending(f->e, &q, f->now, &l), GS__OK);
+  assert_int_equal(l.n, 2);
+  assert_string_equal(l.items[0].name, "b/two");
+  assert_string_equal(l.items[1].name, "a/three");
+  gs__diag_pending_list_free(&l);
+  snprintf(q.name_prefix, sizeof q.name_prefix, "a/");
+  assert_int_equal(gs__engine_list_pending(f->e, &q, f->now, &l), GS__OK);
+  assert_int_equal(l.n, 1); /* missing 0 AND named a/... */
+  assert_string_equal(l.items[0].name, "a/three");
+  gs__diag_pending_list_free(&l);
+}
+
+/* ListStalls: entries past the stall warning, and what each blocked rank
+ * waits on, missing from whom; status counts. */
+static void test_view_stalls_and_status(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  send1(f, 0, ar("grads/A"));
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  char blocked[1][GS__MAX_NAME + 1];
+  snprintf(blocked[0], sizeof blocked[0], "grads/A");
+  m.blocked_on = blocked;
+  m.nblocked = 1;
+  m.blocked_update = 1;
+  gs__engine_rank_message(f->e, 0, &m, tick(f), &f->box);
+  gs__diag_stalls st;
+  assert_int_equal(gs__engine_stalls(f->e, f->now, &st), GS__OK);
+  assert_int_equal(st.nstalled, 0); /* not old enough yet */
+  assert_int_equal(st.nwaits, 1);
+  assert_int_equal(st.waits[0].rank, 0);
+  assert_int_equal(st.waits[0].n, 1);
+  assert_string_equal(st.waits[0].waits[0].name, "grads/A");
+  assert_true(st.waits[0].waits[0].pending);
+  assert_int_equal(st.waits[0].waits[0].nmissing, 1);
+  assert_int_equal(st.waits[0].waits[0].missing[0], 1);
+  gs__diag_stalls_free(&st);
+  uint64_t later = f->now + 3600u * 1000u;
+  assert_int_equal(gs__engine_stalls(f->e, later, &st), GS__OK);
+  assert_int_equal(st.nstalled, 1);
+  assert_string_equal(st.stalled[0].name, "grads/A");
+  gs__diag_stalls_free(&st);
+  gs__diag_status s;
+  assert_int_equal(gs__engine_status(f->e, f->now, &s), GS__OK);
+  assert_int_equal(s.world_size, 2);
+  assert_int_equal(s.nranks, 2);
+  assert_string_equal(s.ranks[0].state, "connected");
+  assert_int_equal(s.ranks[0].nblocked, 1);
+  assert_string_equal(s.ranks[0].blocked_on[0], "grads/A");
+  assert_int_equal(s.pending_tensors, 1);
+  gs__diag_status_free(&s);
+}
+
+/* AbortJob: every rank gets GS__ERR_ABORTED with the operator's reason, as
+ * an event too. */
+static void test_view_operator_abort(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  gs__engine_abort(f->e, "maintenance", &f->box);
+  const gs__out *o = only_msg(f);
+  assert_int_equal(o->kind, GS__OUT_TO_ALL);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_int_equal(o->msg.status, GS__ERR_ABORTED);
+  assert_contains(o->msg.text, "an operator aborted the job");
+  assert_contains(o->msg.text, "maintenance");
+  int event = 0;
+  for (size_t i = 0; i < f->box.n; i++)
+    if (f->box.items[i].event == GS__EV_JOB_ABORTED) event = 1;
+  assert_true(event);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -2411,6 +2532,9 @@ int main(void) {
       /* Last: its teardown hits the use-after-free in gs__engine_destroy,
        * which stops an ASan run (see the test). */
       T(test_response_cache),
+      T(test_view_pending_pages),
+      T(test_view_stalls_and_status),
+      T(test_view_operator_abort),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
