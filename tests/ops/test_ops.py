@@ -111,7 +111,7 @@ try:
     # ---- a job whose rank 1 has not submitted (it sleeps before its op) ----
     d, addr = gradsyncd("--token", TOKEN, "--stall-warning-s", "1")
     w0 = worker(addr, 0, 0)
-    w1 = worker(addr, 1, 25000)
+    w1 = worker(addr, 1, 600000)  # stopped before submitting: killed below
 
     def pending_named():
         r = client(addr, TOKEN, "call", "ListPending", "{}")
@@ -232,6 +232,7 @@ try:
     check(out.split()[:2] == ["SERVING", "NOT_SERVING"], "Health/Watch: SERVING, then NOT_SERVING on SIGTERM: %r" % out)
     d.wait(timeout=60)
     w0.wait(timeout=60)
+    w1.kill()
     w1.wait(timeout=60)
     r = ctl(addr, "health", token="")
     check(r.returncode == 1 and "unreachable" in r.stderr, "gradsyncctl against a stopped gradsyncd: exit 1")
@@ -240,7 +241,7 @@ try:
     tl1 = tempfile.mktemp(prefix="gs-test-ops-", suffix=".json")
     d, addr = gradsyncd("--token", TOKEN, "--diagnostics-open", "--timeline", tl1)
     w0 = worker(addr, 0, 0)
-    w1 = worker(addr, 1, 30000)
+    w1 = worker(addr, 1, 600000)
     wait_for(lambda: "hold/tensor" in ctl(addr, "pending", token="").stdout, "open pending")
     r = ctl(addr, "timeline", "stop", token="")
     check(r.returncode == 1 and "refused" in r.stderr, "timeline stop without the token refused")
