@@ -574,9 +574,9 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
     r->prescale = pr->prescale;
     r->postscale = pr->postscale;
     if (!isfinite(r->prescale) || !isfinite(r->postscale))
-      return fail(err, errlen,
-                  "plan response %zu: prescale %g / postscale %g must be finite numbers", i,
-                  r->prescale, r->postscale);
+      return gs__codec_fail(err, errlen,
+                            "plan response %zu: prescale %g / postscale %g must be finite numbers",
+                            i, r->prescale, r->postscale);
     r->root_rank = pr->root_rank;
     r->device = (gs__device)pr->device;
     r->error_status = pr->error_status;
@@ -605,8 +605,9 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
           t->nrank_dims = pt->n_rank_dims;
           for (size_t q = 0; q < t->nrank_dims; q++)
             if (t->rank_dims[q] < 0)
-              return fail(err, errlen, "tensor '%s': rank %zu's first dimension is negative (%lld)",
-                          t->name, q, (long long)t->rank_dims[q]);
+              return gs__codec_fail(err, errlen,
+                                    "tensor '%s': rank %zu's first dimension is negative (%lld)",
+                                    t->name, q, (long long)t->rank_dims[q]);
         }
       }
     }
