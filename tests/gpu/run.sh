@@ -53,7 +53,7 @@ step "configure + build (GRADSYNC_WITH_NCCL=ON)" 600 bash -c "
 
 # ctest passes a test that exits 77 as "Skipped": report that as skipped
 step "ctest -L gpu (ops x dtypes, fused group, timeout, abort)" 300 bash -c "
-  cd '$dir' && out=\$(ctest -L gpu --output-on-failure 2>&1); rc=\$?; echo \"\$out\"
+  cd '$dir' && out=\$(ctest -L gpu -V 2>&1); rc=\$?; echo \"\$out\"
   [ \$rc -ne 0 ] && exit 1
   echo \"\$out\" | grep -q 'Skipped' && exit 77
   exit 0"
@@ -69,6 +69,6 @@ printf '%s\n' "${summary[@]}"
 echo "-- pack kernel (median of 20):"
 grep -E '^pack ' "$log" | sed 's/^/   /'
 echo "-- allreduce, world size 1 (median; ratio = gradsync time / NCCL time):"
-grep -E '^(\[rank 0\] )?(bytes|[0-9]+ )' "$log" | sed 's/^/   /'
+grep -E '^(\[0\] )?(bytes|[0-9]+ +[0-9.]+ )' "$log" | sed 's/^/   /'
 grep -E 'stuck: |ops: |fused: ' "$log" | sed 's/^/   /'
 exit $status
