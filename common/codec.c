@@ -52,6 +52,15 @@ int gs__codec_copy_str(char *dst, size_t cap, const char *src, const char *field
   return GS__OK;
 }
 
+/* Refuses control characters (a peer's text that reaches log lines). */
+static int check_printable(const char *s, const char *field, char *err, size_t errlen) {
+  for (size_t i = 0; s[i]; i++)
+    if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7f)
+      return gs__codec_fail(err, errlen, "%s contains a control character (byte %zu is 0x%02x)",
+                            field, i, (unsigned char)s[i]);
+  return GS__OK;
+}
+
 /* Copies a secret that must be absent or exactly GS__SECRET_BYTES long. */
 static int copy_secret(uint8_t dst[GS__SECRET_BYTES], const ProtobufCBinaryData *src,
                        const char *field, char *err, size_t errlen) {
@@ -118,6 +127,10 @@ int gs__decode_join_request(const uint8_t *buf, size_t len, gs__join_request *m,
   if (!rc) rc = gs__codec_copy_str(m->host, sizeof m->host, pb->host, "host", err, errlen);
   if (!rc)
     rc = gs__codec_copy_str(m->version, sizeof m->version, pb->version, "version", err, errlen);
+  /* These reach log lines: a newline or escape must not forge one. */
+  if (!rc) rc = check_printable(m->host, "host", err, errlen);
+  if (!rc) rc = check_printable(m->job_id, "job_id", err, errlen);
+  if (!rc) rc = check_printable(m->version, "version", err, errlen);
   m->rank = pb->rank;
   m->size = pb->size;
   m->local_rank = pb->local_rank;

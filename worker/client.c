@@ -6,9 +6,14 @@
  * Unary calls use a pluck queue per call, so any thread may make them. */
 #include "client.h"
 
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -251,6 +256,44 @@ static grpc_status_code unary(gs__client *c, void *method, const uint8_t *req, s
 }
 
 #define JOIN_REPORT_MS 3000 /* progress lines while the coordinator is not up */
+/* Connection setup failing this long while the port accepts TCP = a TLS
+ * mismatch: give up then rather than at the join timeout. */
+#define HANDSHAKE_GIVEUP_MS 2000
+
+/* 1 when a TCP connection to target ("host:port", "[v6]:port") succeeds
+ * within a second. */
+static int tcp_reachable(const char *target) {
+  char host[256], port[32];
+  const char *colon = strrchr(target, ':');
+  if (!colon) return 0;
+  size_t hl = (size_t)(colon - target);
+  const char *h = target;
+  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') h++, hl -= 2;
+  if (hl == 0 || hl >= sizeof host || strlen(colon + 1) >= sizeof port) return 0;
+  memcpy(host, h, hl);
+  host[hl] = 0;
+  snprintf(port, sizeof port, "%s", colon + 1);
+  struct addrinfo hints, *ai = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host, port, &hints, &ai) != 0) return 0;
+  int ok = 0;
+  for (struct addrinfo *a = ai; a && !ok; a = a->ai_next) {
+    int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ok = 1;
+    } else if (errno == EINPROGRESS) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      int e = 0;
+      socklen_t sl = sizeof e;
+      ok = poll(&pfd, 1, 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) == 0 && !e;
+    }
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return ok;
+}
 
 int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
                     gs__join_response *resp, char *err, size_t errlen) {
@@ -262,7 +305,7 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
     return rc;
   }
   uint64_t start = gs__now_ms(), end = start + (uint64_t)timeout_ms;
-  uint64_t next_report = start + JOIN_REPORT_MS;
+  uint64_t next_report = start + JOIN_REPORT_MS, handshake_fail_since = 0;
   char details[GS__MAX_TEXT];
   grpc_status_code code;
   for (;;) {
@@ -274,6 +317,29 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
      * saying every few seconds why (refused, unreachable, unresolvable). */
     if (code != GRPC_STATUS_UNAVAILABLE || gs__now_ms() + 200 >= end) break;
     now = gs__now_ms();
+    /* Something accepts TCP connections there, but gRPC cannot set up a
+     * connection: a TLS mismatch, which waiting will not cure. */
+    if (!strstr(details, "Connection refused") && !strstr(details, "DNS") &&
+        tcp_reachable(c->target)) {
+      if (!handshake_fail_since) handshake_fail_since = now;
+      if (now - handshake_fail_since >= HANDSHAKE_GIVEUP_MS) {
+        free(buf);
+        snprintf(err, errlen,
+                 "reached %s, but the connection to the coordinator could not be set up (%s). "
+                 "This is a TLS mismatch: %s",
+                 c->target, details,
+                 c->tls ? "the coordinator serves plaintext, does not trust this rank's "
+                          "certificate, requires one (mTLS: set GRADSYNC_TLS_CERT and "
+                          "GRADSYNC_TLS_KEY), or its certificate does not match GRADSYNC_TLS_CA "
+                          "or the address"
+                        : "the coordinator serves TLS (gradsyncd --tls-cert) and this rank "
+                          "speaks plaintext; set GRADSYNC_TLS_CA (and GRADSYNC_TLS_CERT/KEY "
+                          "under mTLS)");
+        return GS__ERR_UNAUTHENTICATED;
+      }
+    } else {
+      handshake_fail_since = 0;
+    }
     if (now >= next_report) {
       GS_LOG_WARN("rank %d: waiting for the coordinator at %s for %llu s (%s); retrying for "
                   "another %llu s (GRADSYNC_JOIN_TIMEOUT_MS)",

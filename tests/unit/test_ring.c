@@ -19,6 +19,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include "backend.h"
 #include "dtype.h"
 #include "messages.h"
@@ -40,6 +47,10 @@ typedef struct kv_entry {
 static pthread_mutex_t g_kv_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_kv_cv;
 static kv_entry *g_kv_head;
+/* A read of g_gate_key waits (under g_kv_mu) until g_gate_open: holds one
+ * rank back in its rendezvous while a test plays a rogue peer. */
+static char g_gate_key[128];
+static int g_gate_open = 1;
 
 static int kv_set(void *ctx, const char *key, const void *val, size_t len, char *err,
                   size_t errlen) {
@@ -77,6 +88,8 @@ static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t
   dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
   if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
   pthread_mutex_lock(&g_kv_mu);
+  while (!g_gate_open && strcmp(key, g_gate_key) == 0)
+    if (pthread_cond_timedwait(&g_kv_cv, &g_kv_mu, &dl) == ETIMEDOUT) break;
   for (;;) {
     for (kv_entry *e = g_kv_head; e; e = e->next) {
       if (strcmp(e->key, key) == 0) {
@@ -795,6 +808,141 @@ static void test_published_address(void **state) {
   free_job(&j, rcs);
 }
 
+/* ---- membership proof (HMAC challenge-response) ---------------------------- */
+
+typedef struct rogue_result {
+  char prefix[64];
+  int refused_old_hello; /* the old public hello got no answer, only a close */
+  int challenged;        /* a well-formed hello got a 52-byte challenge */
+  int dropped_bad_mac;   /* a wrong response was answered with a close */
+  int dropped_silent;    /* a silent connection was closed */
+} rogue_result;
+
+static void put32(unsigned char *p, uint32_t v) {
+  p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
+  p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+
+/* Connects to host:port (blocking, 5 s receive timeout). */
+static int rogue_connect(const char *addr) {
+  char host[64];
+  const char *colon = strrchr(addr, ':');
+  snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  inet_pton(AF_INET, host, &sin.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Reads until n bytes, EOF or the timeout. Returns what it got, or -1
+ * when the peer neither sent that much nor closed (timeout). */
+static int rogue_read(int fd, unsigned char *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = recv(fd, buf + got, n - got, 0);
+    if (k == 0) break;
+    if (k < 0) return -1;
+    got += (size_t)k;
+  }
+  return (int)got;
+}
+
+/* Plays a process that read rank 1's ring address and connects to it
+ * claiming to be rank 0, while the real rank 0 is held back; then lets
+ * rank 0 go on. */
+static void *rogue_main(void *arg) {
+  rogue_result *res = arg;
+  char key[128], *addr = NULL;
+  snprintf(key, sizeof key, "%sring/addr/1", res->prefix);
+  for (int i = 0; i < 1000 && !(addr = kv_lookup(key)); i++) poll(NULL, 0, 10);
+  if (addr) {
+    unsigned char buf[64];
+    int fd = rogue_connect(addr); /* 1: the old hello, a hash of a public string */
+    put32(buf, 0x47535247u), put32(buf + 4, 1), put32(buf + 8, 0), put32(buf + 12, 2);
+    put32(buf + 16, 0);
+    if (fd >= 0 && send(fd, buf, 20, 0) == 20) res->refused_old_hello = rogue_read(fd, buf, 8) == 0;
+    if (fd >= 0) close(fd);
+    fd = rogue_connect(addr); /* 2: a well-formed hello, then a wrong MAC */
+    put32(buf, 0x47535248u), put32(buf + 4, 2), put32(buf + 8, 0), put32(buf + 12, 2);
+    memset(buf + 16, 7, 16);
+    if (fd >= 0 && send(fd, buf, 32, 0) == 32) {
+      res->challenged = rogue_read(fd, buf, 52) == 52 && memcmp(buf, "GSRC", 4) == 0;
+      put32(buf, 0x47535250u);
+      memset(buf + 4, 0x5a, 32);
+      if (send(fd, buf, 36, 0) == 36) res->dropped_bad_mac = rogue_read(fd, buf, 8) == 0;
+    }
+    if (fd >= 0) close(fd);
+    fd = rogue_connect(addr); /* 3: silent */
+    if (fd >= 0) res->dropped_silent = rogue_read(fd, buf, 8) == 0;
+    if (fd >= 0) close(fd);
+  }
+  free(addr);
+  pthread_mutex_lock(&g_kv_mu);
+  g_gate_open = 1;
+  pthread_cond_broadcast(&g_kv_cv);
+  pthread_mutex_unlock(&g_kv_mu);
+  return NULL;
+}
+
+static void body_sum_ranks(rank_ctx *rc) {
+  float v[3] = {(float)rc->rank + 1, 10.0f * (rc->rank + 1), -1.0f};
+  rc->rc[0] = rc->b->v->allreduce(rc->b, v, 3, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+  rc->out[0] = malloc(sizeof v);
+  memcpy(rc->out[0], v, sizeof v);
+}
+
+static void test_rogue_connection_dropped(void **state) {
+  (void)state;
+  /* rank 0 is held back before it reads rank 1's address, so rank 1 waits
+   * for its left neighbour while a rogue connects to its ring port */
+  rogue_result res;
+  memset(&res, 0, sizeof res);
+  snprintf(res.prefix, sizeof res.prefix, "job%d/", g_job_seq + 1);
+  pthread_mutex_lock(&g_kv_mu);
+  snprintf(g_gate_key, sizeof g_gate_key, "%sring/addr/1", res.prefix);
+  g_gate_open = 0;
+  pthread_mutex_unlock(&g_kv_mu);
+  pthread_t rogue;
+  assert_int_equal(pthread_create(&rogue, NULL, rogue_main, &res), 0);
+  job j = {.size = 2, .body = body_sum_ranks};
+  rank_ctx *rcs = run_job(&j);
+  pthread_join(rogue, NULL);
+  assert_true(res.refused_old_hello);
+  assert_true(res.challenged);
+  assert_true(res.dropped_bad_mac);
+  assert_true(res.dropped_silent);
+  assert_created(&j, rcs);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(rcs[r].rc[0], GS__OK);
+    const float *v = rcs[r].out[0];
+    assert_true(v[0] == 3.0f && v[1] == 30.0f && v[2] == -2.0f);
+  }
+  free_job(&j, rcs);
+}
+
+static void test_wrong_ring_key(void **state) {
+  (void)state;
+  /* rank 1 holds another job's key: neither side accepts the other */
+  static const uint8_t keys[2][GS__SECRET_BYTES] = {"key of the job ................",
+                                                    "key of another job ............."};
+  job j = {.size = 2, .connect_timeout_ms = 3000, .keys = keys};
+  rank_ctx *rcs = run_job(&j);
+  int proof = 0;
+  for (int r = 0; r < 2; r++) {
+    print_message("rank %d: %s\n", r, rcs[r].create_err);
+    assert_int_equal(rcs[r].create_rc, GS__ERR_DATA_PLANE);
+    proof += strstr(rcs[r].create_err, "did not prove membership") != NULL;
+  }
+  assert_true(proof >= 1);
+  free_job(&j, rcs);
+}
+
 static void test_rendezvous_missing_rank(void **state) {
   (void)state;
   /* rank 2 of 3 never starts: both others fail in bounded time naming it */
@@ -1144,15 +1292,26 @@ static void test_host_copy(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_size_one),          cmocka_unit_test(test_host_copy),
-      cmocka_unit_test(test_sum_sizes_counts),  cmocka_unit_test(test_every_dtype_and_op),
-      cmocka_unit_test(test_bitwise_identical), cmocka_unit_test(test_reducescatter),
-      cmocka_unit_test(test_alltoallv),         cmocka_unit_test(test_allgatherv),
-      cmocka_unit_test(test_broadcast),         cmocka_unit_test(test_mixed_sequence),
-      cmocka_unit_test(test_published_address), cmocka_unit_test(test_rendezvous_missing_rank),
-      cmocka_unit_test(test_peer_dies),         cmocka_unit_test(test_failure_reaches_neighbours),
-      cmocka_unit_test(test_abort_unblocks),    cmocka_unit_test(test_io_timeout),
-      cmocka_unit_test(test_bad_arguments),     cmocka_unit_test(test_bench),
+      cmocka_unit_test(test_size_one),
+      cmocka_unit_test(test_host_copy),
+      cmocka_unit_test(test_sum_sizes_counts),
+      cmocka_unit_test(test_every_dtype_and_op),
+      cmocka_unit_test(test_bitwise_identical),
+      cmocka_unit_test(test_reducescatter),
+      cmocka_unit_test(test_alltoallv),
+      cmocka_unit_test(test_allgatherv),
+      cmocka_unit_test(test_broadcast),
+      cmocka_unit_test(test_mixed_sequence),
+      cmocka_unit_test(test_published_address),
+      cmocka_unit_test(test_rendezvous_missing_rank),
+      cmocka_unit_test(test_peer_dies),
+      cmocka_unit_test(test_failure_reaches_neighbours),
+      cmocka_unit_test(test_abort_unblocks),
+      cmocka_unit_test(test_io_timeout),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_bench),
+      cmocka_unit_test(test_rogue_connection_dropped),
+      cmocka_unit_test(test_wrong_ring_key),
   };
   return cmocka_run_group_tests(tests, setup_kv, teardown_kv);
 }

@@ -1,0 +1,609 @@
+#!/usr/bin/env python3
+"""Security tests of gradsyncd and the worker library (issue 8), with real
+processes on 127.0.0.1 and Debian's python3-grpcio as a client nobody here
+wrote (generic calls on raw bytes: the protobuf messages are encoded by hand
+below, so malformed ones are easy to make).
+
+(The rogue ring connection is tested in tests/unit/test_ring.c, where a
+rank can be held back deterministically while the rogue connects.)
+
+Each test reproduces an attack or a careless mistake and checks what users
+rely on: the error (status and text), that the coordinator keeps serving the
+others, and that the job's results are unchanged (gs-test-worker's "ops"
+mode checks every value against a locally computed reference).
+
+Usage: test_security.py BIN_DIR [TEST ...]. Exit 0 = all passed, 1 = a
+failure, 77 = skipped (python3-grpcio missing). Every process it starts is
+killed at the end; every wait has a bound.
+"""
+import os
+import secrets
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+try:
+    import grpc
+except ImportError:
+    print("SKIP: python3-grpcio is not installed (apt-get install python3-grpcio)")
+    sys.exit(77)
+
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+TMP = tempfile.mkdtemp(prefix="gs-sec-test-")
+PROCS = []
+SVC = "/gradsync.v1.Coordinator/"
+
+# ---- protobuf by hand -------------------------------------------------------
+
+
+def varint(n):
+    out = b""
+    n &= (1 << 64) - 1
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def f_varint(field, n):
+    return varint(field << 3) + varint(n)
+
+
+def f_bytes(field, data):
+    if isinstance(data, str):
+        data = data.encode()
+    return varint(field << 3 | 2) + varint(len(data)) + data
+
+
+def join_request(rank, size, host="rogue", pid=4242):
+    return (f_varint(2, rank) + f_varint(3, size) + f_bytes(6, host) + f_varint(7, pid) +
+            f_bytes(8, "0.1.0"))
+
+
+def parse(buf):
+    """Top-level fields of a message: {field: [values]} (bytes or ints)."""
+    out, i = {}, 0
+    while i < len(buf):
+        key, i = read_varint(buf, i)
+        field, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = read_varint(buf, i)
+        elif wt == 2:
+            n, i = read_varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wt == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError("wire type %d" % wt)
+        out.setdefault(field, []).append(v)
+    return out
+
+
+def read_varint(buf, i):
+    n, shift = 0, 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def hello(rank, secret=b"", epoch=1):
+    inner = f_varint(1, rank) + f_varint(2, epoch)
+    if secret:
+        inner += f_bytes(3, secret)
+    return f_bytes(1, inner)
+
+
+def kv_set(key, value):
+    return f_bytes(1, key) + f_bytes(2, value)
+
+
+def kv_get(key, wait_ms=0):
+    return f_bytes(1, key) + (f_varint(2, wait_ms) if wait_ms else b"")
+
+
+# ---- processes --------------------------------------------------------------
+
+
+def spawn(label, argv, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
+    env.update(env_extra or {})
+    out = open(os.path.join(TMP, "%s.out" % label.replace(" ", "_")), "w+")
+    p = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    p.label, p.out = label, out
+    PROCS.append(p)
+    return p
+
+
+def output(p):
+    p.out.flush()
+    with open(p.out.name) as f:
+        return f.read()
+
+
+def kill_all():
+    for p in PROCS:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+    PROCS.clear()
+
+
+def start_gradsyncd(args, env_extra=None, expect_ok=True):
+    p = spawn("gradsyncd", [os.path.join(BIN, "gradsyncd")] + args, env_extra)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        text = output(p)
+        for line in text.splitlines():
+            if line.startswith("gradsyncd listening on "):
+                return p, line.split()[-1]
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    if expect_ok:
+        raise AssertionError("gradsyncd did not start:\n" + output(p))
+    return p, None
+
+
+def start_rank(addr, rank, size, mode_args, env_extra=None):
+    env = {"GRADSYNC_COORDINATOR": addr, "GRADSYNC_RANK": str(rank), "GRADSYNC_SIZE": str(size),
+           "GRADSYNC_LOCAL_RANK": str(rank), "GRADSYNC_LOCAL_SIZE": str(size),
+           "GRADSYNC_JOIN_TIMEOUT_MS": "30000"}
+    env.update(env_extra or {})
+    return spawn("rank %d" % rank, [os.path.join(BIN, "gs-test-worker")] + mode_args, env)
+
+
+def wait_exit(p, timeout=120):
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("%s did not exit within %d s:\n%s" % (p.label, timeout, output(p)))
+
+
+def expect(cond, what, *procs):
+    if not cond:
+        raise AssertionError(what + "".join("\n--- %s:\n%s" % (p.label, output(p)) for p in procs))
+
+
+def expect_ops_passed(ranks):
+    for p in ranks:
+        code = wait_exit(p)
+        text = output(p)
+        expect(code == 0 and "checks passed" in text, "%s: exit %s, no 'checks passed'" %
+               (p.label, code), p)
+
+
+def vm_hwm_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+# ---- gRPC helpers ------------------------------------------------------------
+
+
+def channel(addr, creds=None):
+    opts = [("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 64 << 20)]
+    if creds:
+        return grpc.secure_channel(addr, creds, options=opts)
+    return grpc.insecure_channel(addr, options=opts)
+
+
+def md(token=None, rank=None, secret=None):
+    m = []
+    if token is not None:
+        m.append(("authorization", "Bearer " + token))
+    if rank is not None:
+        m.append(("gradsync-rank", str(rank)))
+        m.append(("gradsync-rank-secret", secret.hex()))
+    return m
+
+
+def unary(ch, method, req, metadata=(), timeout=10):
+    """(code, details, reply bytes or None)."""
+    fn = ch.unary_unary(SVC + method)
+    try:
+        return grpc.StatusCode.OK, "", fn(req, metadata=metadata, timeout=timeout)
+    except grpc.RpcError as e:
+        return e.code(), e.details() or "", None
+
+
+def session(ch, msgs, metadata=(), timeout=10, keep_open=0.0):
+    """Sends msgs on a Session stream; (code, details, replies received)."""
+    fn = ch.stream_stream(SVC + "Session")
+
+    def gen():
+        for m in msgs:
+            yield m
+        if keep_open:
+            time.sleep(keep_open)
+
+    replies = []
+    try:
+        for r in fn(gen(), metadata=metadata, timeout=timeout):
+            replies.append(r)
+        return grpc.StatusCode.OK, "", replies
+    except grpc.RpcError as e:
+        return e.code(), e.details() or "", replies
+
+
+# ---- tests -------------------------------------------------------------------
+
+
+def test_token_required_everywhere():
+    """Wrong and missing token: UNAUTHENTICATED on every method, and gs_init
+    fails with GS_ERR_UNAUTHENTICATED; the right token runs the job."""
+    token = secrets.token_hex(32)
+    tf = os.path.join(TMP, "token")
+    with open(tf, "w") as f:
+        f.write(token + "\n")
+    os.chmod(tf, 0o600)
+    d, addr = start_gradsyncd(["--world-size", "2", "--token-file", tf])
+    ch = channel(addr)
+    for name, meta in (("missing", ()), ("wrong", md("x" + token[1:])),
+                       ("prefix", md(token[:-1])), ("longer", md(token + "0"))):
+        for method, req in (("Join", join_request(0, 2)), ("KvSet", kv_set("a", "b")),
+                            ("KvGet", kv_get("a")), ("KvDelete", f_bytes(1, "a"))):
+            code, det, _ = unary(ch, method, req, meta)
+            expect(code == grpc.StatusCode.UNAUTHENTICATED,
+                   "%s token on %s: got %s %s" % (name, method, code, det), d)
+            expect(token not in det, "the token appears in an error", d)
+        code, det, _ = session(ch, [hello(0)], meta)
+        expect(code == grpc.StatusCode.UNAUTHENTICATED, "%s token on Session: %s" % (name, code))
+    bad = start_rank(addr, 0, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": "not-the-token"})
+    none = start_rank(addr, 1, 2, ["ops"])
+    for p in (bad, none):
+        code = wait_exit(p, 60)
+        text = output(p)
+        expect(code != 0 and "GS_ERR_UNAUTHENTICATED" in text and "job token" in text,
+               "%s: expected GS_ERR_UNAUTHENTICATED" % p.label, p)
+    expect(token not in output(d), "gradsyncd logged the token", d)
+    ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    expect_ops_passed(ranks)
+    expect(token not in output(d), "gradsyncd logged the token", d)
+
+
+def test_gradsync_run_token():
+    """gradsync-run gives every job a fresh token, in the environment only."""
+    seen = []
+    for _ in range(2):
+        p = spawn("gradsync-run", [os.path.join(BIN, "gradsync-run"), "-np", "2", "/bin/sh", "-c",
+                                   'echo "token=$GRADSYNC_JOB_TOKEN"'])
+        expect(wait_exit(p, 60) == 0, "gradsync-run failed", p)
+        toks = set(l.split("token=", 1)[1] for l in output(p).splitlines()
+                   if l.startswith(("[0] token=", "[1] token=")))
+        expect(len(toks) == 1 and len(next(iter(toks))) == 64,
+               "ranks did not get one 64-digit token: %s" % toks, p)
+        seen.append(toks.pop())
+    expect(seen[0] != seen[1], "two jobs got the same token")
+    # the demo job runs authenticated end to end
+    p = spawn("gradsync-run demo", [os.path.join(BIN, "gradsync-run"), "-np", "2",
+                                    os.path.join(BIN, "gs-test-worker"), "ops"])
+    expect(wait_exit(p, 120) == 0 and output(p).count("checks passed") == 2,
+           "gradsync-run job failed", p)
+    expect("job token required" in output(p), "its gradsyncd did not require a token", p)
+
+
+def test_listen_refusals():
+    """Off loopback without token or TLS: refused, naming --token-file and
+    --insecure; --insecure starts; port 70000 is an error; a second
+    coordinator on the same port fails instead of sharing it."""
+    d, addr = start_gradsyncd(["--listen", "0.0.0.0:0"], expect_ok=False)
+    code = wait_exit(d, 20)
+    text = output(d)
+    expect(code == 2 and "--token-file" in text and "--insecure" in text,
+           "gradsyncd served 0.0.0.0 without a token (exit %s)" % code, d)
+    d, addr = start_gradsyncd(["--listen", "0.0.0.0:0", "--insecure"])
+    d.send_signal(signal.SIGTERM)
+    expect(wait_exit(d, 20) == 0, "gradsyncd --insecure did not stop cleanly", d)
+    d, _ = start_gradsyncd(["--listen", "127.0.0.1:70000"], expect_ok=False)
+    code = wait_exit(d, 20)
+    expect(code == 2 and "70000" in output(d), "port 70000 was not refused (exit %s)" % code, d)
+    d1, addr = start_gradsyncd([])
+    port = addr.rsplit(":", 1)[1]
+    d2, _ = start_gradsyncd(["--listen", "127.0.0.1:" + port], expect_ok=False)
+    code = wait_exit(d2, 20)
+    expect(code != 0 and "cannot listen" in output(d2),
+           "a second gradsyncd shared port %s (exit %s)" % (port, code), d2)
+
+
+def test_malformed_bytes_every_method():
+    """Malformed bytes on every method: INVALID_ARGUMENT (or an error), and
+    the coordinator keeps serving."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2"], {"GRADSYNC_JOB_TOKEN": token})
+    ch = channel(addr)
+    garbage = [b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc", os.urandom(300),
+               b"\x08" + b"\xff" * 10]
+    for method in ("Join", "KvSet", "KvGet", "KvDelete"):
+        for g in garbage:
+            code, det, _ = unary(ch, method, g, md(token))
+            expect(code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+                            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OK),
+                   "%s on %r: %s %s" % (method, g[:8], code, det), d)
+    for g in garbage:
+        code, det, _ = session(ch, [g], md(token))
+        expect(code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                        grpc.StatusCode.PERMISSION_DENIED),
+               "Session on %r: %s %s" % (g[:8], code, det), d)
+    code, det, _ = unary(ch, "Join", b"\xff", md(token))
+    expect(code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in det.lower(),
+           "malformed Join: %s %s" % (code, det))
+    # a host name that would forge a log line is refused at join
+    code, det, _ = unary(ch, "Join", join_request(0, 2, host="h\n2026 gradsyncd ERROR x"),
+                         md(token))
+    expect(code == grpc.StatusCode.INVALID_ARGUMENT and "host" in det,
+           "host with a newline: %s %s" % (code, det))
+    expect(d.poll() is None, "gradsyncd died", d)
+    ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    expect_ops_passed(ranks)
+    expect("\n2026 gradsyncd ERROR x" not in output(d), "a forged log line got through", d)
+
+
+def test_identity_and_kv_ownership():
+    """Session hello without the rank's secret is refused and the real rank
+    is unaffected; kv writes need an identity and a rank's key only its own;
+    a joined rank without a session is released."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2", "--join-timeout-ms", "2000"],
+                              {"GRADSYNC_JOB_TOKEN": token})
+    ch = channel(addr)
+    secrets_of = {}
+    for r in range(2):
+        code, det, rep = unary(ch, "Join", join_request(r, 2), md(token))
+        expect(code == grpc.StatusCode.OK, "join rank %d: %s %s" % (r, code, det), d)
+        f = parse(rep)
+        expect(len(f.get(6, [b""])[0]) == 32 and len(f.get(7, [b""])[0]) == 32,
+               "JoinResponse lacks rank_secret / ring_key")
+        secrets_of[r] = f[6][0]
+    key0, key1 = "epoch/1/ring/addr/0", "epoch/1/ring/addr/1"
+    code, det, _ = unary(ch, "KvSet", kv_set(key0, "6.6.6.6:666"), md(token))
+    expect(code == grpc.StatusCode.PERMISSION_DENIED and "identity" in det,
+           "kv write without identity: %s %s" % (code, det))
+    code, det, _ = unary(ch, "KvSet", kv_set(key0, "6.6.6.6:666"),
+                         md(token, 1, secrets_of[1]))
+    expect(code == grpc.StatusCode.PERMISSION_DENIED and "belongs to rank 0" in det,
+           "rank 1 wrote rank 0's key: %s %s" % (code, det))
+    code, det, _ = unary(ch, "KvSet", kv_set(key0, "6.6.6.6:666"),
+                         md(token, 0, secrets_of[1]))
+    expect(code == grpc.StatusCode.PERMISSION_DENIED, "rank 0 with rank 1's secret wrote")
+    code, det, _ = unary(ch, "KvSet", kv_set(key1, "127.0.0.1:1"), md(token, 1, secrets_of[1]))
+    expect(code == grpc.StatusCode.OK, "rank 1 could not write its own key: %s %s" % (code, det))
+    code, det, _ = unary(ch, "KvDelete", f_bytes(1, key1), md(token, 0, secrets_of[0]))
+    expect(code == grpc.StatusCode.PERMISSION_DENIED, "rank 0 deleted rank 1's key")
+    code, _, rep = unary(ch, "KvGet", kv_get(key0), md(token))
+    expect(code == grpc.StatusCode.OK and 2 not in parse(rep or b""), "rank 0's key was written")
+    # hijack: a hello for rank 0 with rank 1's secret or none
+    for sec in (secrets_of[1], b"", os.urandom(32)):
+        code, det, _ = session(ch, [hello(0, sec)], md(token))
+        expect(code == grpc.StatusCode.PERMISSION_DENIED and "secret" in det,
+               "hello for rank 0 without its secret: %s %s" % (code, det))
+    # rank 1 opened no session: released after --join-timeout-ms, then a
+    # real process can take the slot (and the old secret is void)
+    time.sleep(3.5)
+    code, det, _ = unary(ch, "KvSet", kv_set(key1, "127.0.0.1:2"), md(token, 1, secrets_of[1]))
+    expect(code == grpc.StatusCode.PERMISSION_DENIED, "a released rank's secret still works")
+    expect("was released" in output(d), "no release in the log", d)
+    code, det, _ = unary(ch, "Join", join_request(1, 2), md(token))
+    expect(code == grpc.StatusCode.OK, "rank 1's slot was not released: %s %s" % (code, det), d)
+
+
+def test_session_hijack_during_job():
+    """During a running job, hellos for its ranks from another process are
+    refused and the job's results are unchanged."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2"], {"GRADSYNC_JOB_TOKEN": token})
+    release = os.path.join(TMP, "release-hijack")
+    env = {"GRADSYNC_JOB_TOKEN": token, "GS_TEST_WAIT_FILE": release}
+    ranks = [start_rank(addr, r, 2, ["ops"], env) for r in range(2)]
+    deadline = time.time() + 60
+    while time.time() < deadline and not all("waiting for" in output(p) for p in ranks):
+        time.sleep(0.1)
+    ch = channel(addr)
+    for r in range(2):
+        code, det, _ = session(ch, [hello(r, os.urandom(32))], md(token))
+        expect(code == grpc.StatusCode.PERMISSION_DENIED, "hijack of rank %d: %s %s" %
+               (r, code, det), d)
+        code, det, _ = unary(ch, "KvSet", kv_set("epoch/1/ring/addr/%d" % r, "6.6.6.6:1"),
+                             md(token))
+        expect(code == grpc.StatusCode.PERMISSION_DENIED, "kv overwrite of rank %d" % r)
+    open(release, "w").close()
+    expect_ops_passed(ranks)
+
+
+def test_kv_limits_and_waiters():
+    """--kv-max-bytes / --kv-max-keys: the offender gets RESOURCE_EXHAUSTED
+    naming the limit, others are served; abandoned KvGets are freed."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2", "--kv-max-bytes", "4096", "--kv-max-keys",
+                               "16"], {"GRADSYNC_JOB_TOKEN": token})
+    ch = channel(addr)
+    code, det, rep = unary(ch, "Join", join_request(0, 2), md(token))
+    sec0 = parse(rep)[6][0]
+    who = md(token, 0, sec0)
+    code, det, _ = unary(ch, "KvSet", kv_set("big", b"x" * 5000), who)
+    expect(code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--kv-max-bytes" in det,
+           "oversized value: %s %s" % (code, det))
+    for i in range(16):
+        code, det, _ = unary(ch, "KvSet", kv_set("k%d" % i, "v"), who)
+        expect(code == grpc.StatusCode.OK, "key %d: %s %s" % (i, code, det))
+    code, det, _ = unary(ch, "KvSet", kv_set("k16", "v"), who)
+    expect(code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--kv-max-keys" in det,
+           "17th key: %s %s" % (code, det))
+    code, det, _ = unary(ch, "KvSet", kv_set("k3", "replaced"), who)
+    expect(code == grpc.StatusCode.OK, "replacing a key under the key limit failed")
+    # waiters that give up: 200 KvGets abandoned after 0.2 s each
+    threads = []
+    for i in range(200):
+        t = threading.Thread(target=unary, args=(ch, "KvGet", kv_get("never%d" % i, 600000),
+                                                   md(token), 0.2))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    code, _, rep = unary(ch, "KvGet", kv_get("k3"), md(token))
+    expect(code == grpc.StatusCode.OK and parse(rep)[2][0] == b"replaced", "kv read failed")
+    expect(d.poll() is None, "gradsyncd died", d)
+
+
+def flood(addr, meta, size, streams, rounds):
+    ch = channel(addr)
+    msg = f_bytes(2, b"\x0a" + varint(size) + b"n" * size)  # one huge TensorRequest
+    codes = []
+
+    def one():
+        for _ in range(rounds):
+            code, det, _ = session(ch, [msg], meta, timeout=60)
+            codes.append((code, det))
+
+    ts = [threading.Thread(target=one) for _ in range(streams)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    ch.close()
+    return codes
+
+
+def test_first_message_flood():
+    """16 MB first Session messages (with and without the token) are refused
+    by their length; the coordinator's peak RSS stays under 128 MB and the
+    job after it runs correctly."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2"], {"GRADSYNC_JOB_TOKEN": token})
+    time.sleep(0.5)
+    base = vm_hwm_kib(d.pid)
+    codes = flood(addr, md(token), 16 << 20, 4, 5)
+    after_auth = vm_hwm_kib(d.pid)
+    expect(all(c == grpc.StatusCode.RESOURCE_EXHAUSTED for c, _ in codes),
+           "authenticated 16 MB first messages: %s" % set(str(c) for c, _ in codes), d)
+    expect(any("exceeds the limit of 65536 bytes" in det for _, det in codes),
+           "no limit named: %s" % codes[:1])
+    codes = flood(addr, (), 16 << 20, 4, 5)
+    after_unauth = vm_hwm_kib(d.pid)
+    expect(all(c == grpc.StatusCode.UNAUTHENTICATED for c, _ in codes),
+           "unauthenticated flood: %s" % set(str(c) for c, _ in codes), d)
+    print("flood: gradsyncd VmHWM %d KiB before, %d KiB after 20 authenticated 16 MB first "
+          "messages (4 streams at once), %d KiB after 20 unauthenticated ones" %
+          (base, after_auth, after_unauth))
+    expect(after_unauth < 128 * 1024, "peak RSS %d KiB >= 128 MiB" % after_unauth, d)
+    ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    expect_ops_passed(ranks)
+
+
+def openssl(*args):
+    r = subprocess.run(["openssl"] + list(args), cwd=TMP, capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        raise AssertionError("openssl %s failed: %s" % (" ".join(args), r.stderr))
+
+
+def make_certs():
+    """A CA, a server certificate for 127.0.0.1 and a client certificate,
+    with the openssl CLI (the commands of docs/security.md)."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+            "/CN=gradsync test CA", "-keyout", "ca.key", "-out", "ca.crt")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                                 "extendedKeyUsage=serverAuth\n"),
+                      ("client", "extendedKeyUsage=clientAuth\n")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gradsync " + name,
+                "-keyout", name + ".key", "-out", name + ".csr")
+        with open(os.path.join(TMP, name + ".ext"), "w") as f:
+            f.write(ext)
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "1", "-extfile", name + ".ext", "-out", name + ".crt")
+    return {k: os.path.join(TMP, k) for k in ("ca.crt", "server.crt", "server.key", "client.crt",
+                                              "client.key")}
+
+
+def test_tls_and_mtls():
+    """TLS and mTLS jobs complete; a plaintext worker against TLS, and a
+    worker without a client certificate under mTLS, fail gs_init within
+    seconds with a clear error."""
+    c = make_certs()
+    token = secrets.token_hex(16)
+    for mtls in (False, True):
+        args = ["--world-size", "2", "--tls-cert", c["server.crt"], "--tls-key", c["server.key"]]
+        if mtls:
+            args += ["--tls-client-ca", c["ca.crt"]]
+        d, addr = start_gradsyncd(args, {"GRADSYNC_JOB_TOKEN": token})
+        expect("TLS on" in output(d), "gradsyncd did not say TLS is on", d)
+        # misconfigured ranks first: they must fail fast
+        bad_envs = [("plaintext", {"GRADSYNC_JOB_TOKEN": token})]
+        if mtls:
+            bad_envs.append(("no client certificate",
+                             {"GRADSYNC_JOB_TOKEN": token, "GRADSYNC_TLS_CA": c["ca.crt"]}))
+        for what, env in bad_envs:
+            t0 = time.time()
+            p = start_rank(addr, 0, 2, ["ops"], env)
+            code = wait_exit(p, 60)
+            took = time.time() - t0
+            text = output(p)
+            expect(code != 0 and "TLS" in text, "%s worker: exit %s" % (what, code), p)
+            expect(took < 20, "%s worker failed only after %.1f s (join timeout 30 s)" %
+                   (what, took), p)
+            print("tls: %s worker against %s failed after %.1f s" %
+                  (what, "mTLS" if mtls else "TLS", took))
+        env = {"GRADSYNC_JOB_TOKEN": token, "GRADSYNC_TLS_CA": c["ca.crt"]}
+        if mtls:
+            env.update({"GRADSYNC_TLS_CERT": c["client.crt"], "GRADSYNC_TLS_KEY": c["client.key"]})
+        ranks = [start_rank(addr, r, 2, ["ops"], env) for r in range(2)]
+        expect_ops_passed(ranks)
+        # a python client with TLS but without the token is still refused
+        creds = grpc.ssl_channel_credentials(
+            open(c["ca.crt"], "rb").read(),
+            open(c["client.key"], "rb").read() if mtls else None,
+            open(c["client.crt"], "rb").read() if mtls else None)
+        code, det, _ = unary(channel(addr, creds), "KvGet", kv_get("x"))
+        expect(code == grpc.StatusCode.UNAUTHENTICATED, "TLS without token: %s" % code)
+        kill_all()
+
+
+TESTS = [test_token_required_everywhere, test_gradsync_run_token, test_listen_refusals,
+         test_malformed_bytes_every_method, test_identity_and_kv_ownership,
+         test_session_hijack_during_job, test_kv_limits_and_waiters,
+         test_first_message_flood, test_tls_and_mtls]
+
+
+def main():
+    wanted = sys.argv[2:]
+    failed = 0
+    for t in TESTS:
+        if wanted and t.__name__ not in wanted:
+            continue
+        t0 = time.time()
+        try:
+            t()
+            print("PASS %s (%.1f s)" % (t.__name__, time.time() - t0), flush=True)
+        except Exception:
+            failed += 1
+            print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
+        finally:
+            kill_all()
+    print("%d failed" % failed if failed else "all passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
