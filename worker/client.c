@@ -258,7 +258,7 @@ static grpc_status_code unary(gs__client *c, void *method, const uint8_t *req, s
 #define JOIN_REPORT_MS 3000 /* progress lines while the coordinator is not up */
 /* Connection setup failing this long while the port accepts TCP = a TLS
  * mismatch: give up then rather than at the join timeout. */
-#define HANDSHAKE_GIVEUP_MS 2000
+#define HANDSHAKE_GIVEUP_MS 5000
 
 /* 1 when a TCP connection to target ("host:port", "[v6]:port") succeeds
  * within a second. */

@@ -188,7 +188,7 @@ def expect_ops_passed(ranks):
         code = wait_exit(p)
         text = output(p)
         expect(code == 0 and "checks passed" in text, "%s: exit %s, no 'checks passed'" %
-               (p.label, code), p)
+               (p.label, code), *ranks)
 
 
 def vm_hwm_kib(pid):
