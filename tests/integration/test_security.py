@@ -507,7 +507,12 @@ def test_first_message_flood():
     print("flood: gradsyncd VmHWM %d KiB before, %d KiB after 20 authenticated 16 MB first "
           "messages (4 streams at once), %d KiB after 20 unauthenticated ones" %
           (base, after_auth, after_unauth))
-    expect(after_unauth < 128 * 1024, "peak RSS %d KiB >= 128 MiB" % after_unauth, d)
+    with open("/proc/%d/maps" % d.pid) as f:
+        asan = "libasan" in f.read()
+    if asan:  # ASan's quarantine keeps freed blocks: the bound is for real builds
+        print("flood: AddressSanitizer build, RSS bound not checked")
+    else:
+        expect(after_unauth < 128 * 1024, "peak RSS %d KiB >= 128 MiB" % after_unauth, d)
     ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
     expect_ops_passed(ranks)
 
