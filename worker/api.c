@@ -305,6 +305,40 @@ static gs_status resolve(const gs_options *given, resolved *r) {
   return GS_OK;
 }
 
+/* Settings the coordinator imposes on every rank (cycle time, fusion, cache,
+ * stall times) may also sit in a rank's own environment, as Horovod job
+ * scripts set HOROVOD_CYCLE_TIME for every process. The coordinator's value
+ * wins; say so when the rank's differs instead of ignoring it silently. */
+static void warn_imposed(const gs__job_config *c) {
+  static const gs__setting_id ids[] = {GS__S_CYCLE_TIME, GS__S_FUSION_THRESHOLD,
+                                       GS__S_CACHE_CAPACITY, GS__S_STALL_WARNING,
+                                       GS__S_STALL_SHUTDOWN};
+  const int64_t theirs[] = {c->cycle_time_us, (int64_t)c->fusion_threshold_bytes, c->cache_capacity,
+                            c->stall_warning_s, c->stall_shutdown_s};
+  gs__settings s;
+  gs__settings_init(&s);
+  for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+    const gs__setting *d = gs__setting_get(ids[k]);
+    const char *from = d->env, *v = getenv(d->env);
+    if ((!v || !*v) && d->alias) v = getenv(from = d->alias);
+    if (!v || !*v) continue;
+    char err[512], mine[64], coord[64];
+    if (gs__settings_set(&s, ids[k], v, GS__SRC_ENV, from, err, sizeof err) != GS__OK) {
+      GS_LOG_WARN("%s; ignored here: the coordinator imposes %s on every rank", err, d->key);
+      continue;
+    }
+    if (s.v[ids[k]].i == theirs[k]) continue;
+    gs__settings_format(&s, ids[k], mine, sizeof mine);
+    s.v[ids[k]].i = theirs[k];
+    gs__settings_format(&s, ids[k], coord, sizeof coord);
+    GS_LOG_WARN("%s=%s in this rank's environment differs from the coordinator's %s=%s, which "
+                "every rank uses: set it where gradsyncd starts (gradsync-run hands its "
+                "environment and its horovodrun-style flags to the gradsyncd it starts)",
+                from, mine, d->key, coord);
+  }
+  gs__settings_free(&s);
+}
+
 /* Waits for the coordinator's "world ready", naming the missing ranks if it
  * does not come before deadline_ms. */
 static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
@@ -579,6 +613,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
     st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", r.rank, err);
     goto out_free_ctx;
   }
+  warn_imposed(&ctx->join.config);
   st = wait_world(ctx, deadline, r.join_timeout_ms);
   if (st) goto out_free_ctx;
 

@@ -117,9 +117,14 @@ fi
 # ---- torchrun-style --------------------------------------------------------------
 say "torchrun-style"
 start_coord torch
-for r in 0 1 2; do run_rank torch $r RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3; done
+for r in 0 1 2; do
+  # a Horovod job script's HOROVOD_CYCLE_TIME on a rank: the coordinator's value wins, said once
+  run_rank torch $r RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 HOROVOD_CYCLE_TIME=0.5
+done
 wait_ranks torch
 for r in 0 1 2; do expect_join torch $r RANK WORLD_SIZE 3 LOCAL_WORLD_SIZE; done
+grep -q "WARN HOROVOD_CYCLE_TIME=0.5 in this rank's environment differs from the coordinator's cycle_time_ms=1" \
+  "$TMP/torch.0.out" || fail "torch: a rank's HOROVOD_CYCLE_TIME is ignored silently"
 stop_coord
 
 # ---- Slurm-style: 3 tasks as 2 + 1 on two nodes; an OpenMPI inside wins -----------

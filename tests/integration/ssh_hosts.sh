@@ -19,8 +19,9 @@
 #      fails naming rank 2, gradsync-run fails, and no process of the job
 #      is left on any host;
 #   C  the demo via --rsh (a wrapper that logs how it was called and execs
-#      ssh): it ran once per rank as "CMD -p PORT -i FILE HOST COMMAND", and
-#      the job token appears in no command line;
+#      ssh): it ran once per rank as "CMD -p PORT -i FILE HOST COMMAND", every
+#      rank got the job token gradsync-run made, and it is in no command line;
+#      a refusing ssh port fails with ssh's error and status 255 explained;
 #   D  ranks that ignore SIGPIPE and SIGHUP; the launcher is SIGKILLed: no
 #      rank is left on any host.
 # IPv6 runs A and D.
@@ -210,9 +211,10 @@ expect_nothing_left() {
   fail "$1 processes left behind on the hosts:$left"
 }
 
-RUN=(env GRADSYNC_GRADSYNCD="$BIN/gradsyncd" GRADSYNC_JOB_TOKEN="tok-$P-secret"
+RUN=(env GRADSYNC_GRADSYNCD="$BIN/gradsyncd"
   GRADSYNC_DATA_PORT_RANGE=29500-29509 GRADSYNC_JOIN_TIMEOUT_MS=60000
-  timeout 180 "$BIN/gradsync-run" -np 4 -H "$HOSTS" --ssh-port 2222 --ssh-identity "$TMP/id")
+  timeout 180 "$BIN/gradsync-run" -np 4 -H "$HOSTS" --ssh-port 2222 --ssh-identity "$TMP/id"
+  -x ASAN_OPTIONS -x LSAN_OPTIONS -x UBSAN_OPTIONS) # the sanitizer build's settings, where set
 
 # ---- A: the demo across three hosts -------------------------------------------
 say "A: gradsync-run -np 4 -H $HOSTS gradsync-train --steps 200"
@@ -264,7 +266,7 @@ if [ "$FAMILY" = 4 ]; then
   done
   # the first failure the launcher sees: rank 2's SIGKILL (137 through ssh)
   # or another rank failing on it, whichever reaches this machine first
-  grep -Eq "^gradsync-run: rank [0-3] exited with status (137|1); stopping the other ranks" "$TMP/B.out" ||
+  grep -Eq "^gradsync-run: rank [0-3] on 192\.0\.2\.1[123] exited with status (137|1); stopping the other ranks" "$TMP/B.out" ||
     fail "B: gradsync-run does not report the first failure"
   expect_nothing_left gradsync-train
 
@@ -274,18 +276,35 @@ if [ "$FAMILY" = 4 ]; then
 #!/bin/sh
 # one short line per call (O_APPEND: whole), and whether the token is in argv
 echo "call \$1 \$2 \$3 \$4 \$5" >>"$TMP/rsh.log"
-case "\$*" in *tok-$P-secret*) echo "TOKEN IN ARGV" >>"$TMP/rsh.log" ;; esac
+printf '%s\n' "\$*" >>"$TMP/rsh-args.log"
 exec ssh -o BatchMode=yes -o StrictHostKeyChecking=no "\$@"
 EOF
   chmod +x "$TMP/myrsh"
-  in_launcher "${RUN[@]}" --rsh "$TMP/myrsh" "$BIN/gradsync-train" --steps 50 >"$TMP/C.out" 2>&1
+  # each rank notes the job token it got (over its command's stdin)
+  in_launcher "${RUN[@]}" --rsh "$TMP/myrsh" sh -c \
+    'printf %s "$GRADSYNC_JOB_TOKEN" >"$0/token.$GRADSYNC_RANK"; exec "$1" --steps 50' \
+    "$TMP" "$BIN/gradsync-train" >"$TMP/C.out" 2>&1
   rc=$?
   [ "$rc" -eq 0 ] || fail "C: gradsync-run --rsh exited $rc"
   grep -q "parameters identical on all 4 ranks" "$TMP/C.out" || fail "C: no identical parameters"
   n=$(grep -cE "^call -p 2222 -i $TMP/id (${HIP[0]}|${HIP[1]}|${HIP[2]})\$" "$TMP/rsh.log")
   [ "$n" -eq 4 ] || fail "C: --rsh was called $n times as 'CMD -p 2222 -i FILE HOST COMMAND' (want 4): $(cat "$TMP/rsh.log")"
-  grep -q "TOKEN IN ARGV" "$TMP/rsh.log" && fail "C: the job token is in the remote command line"
+  for r in 0 1 2 3; do
+    tok=$(cat "$TMP/token.$r" 2>/dev/null)
+    [ "${#tok}" -ge 32 ] || fail "C: rank $r got no job token"
+    grep -qF -- "$tok" "$TMP/rsh-args.log" && fail "C: the job token is in the remote command line"
+  done
   expect_nothing_left gradsync-train
+
+  # a host whose ssh refuses: the rank's ssh error, then the launcher's verdict
+  in_launcher env GRADSYNC_GRADSYNCD="$BIN/gradsyncd" timeout 60 "$BIN/gradsync-run" -np 1 \
+    -H "${HIP[2]}:1" --ssh-port 2223 -i "$TMP/id" "$BIN/gradsync-train" >"$TMP/C2.out" 2>&1
+  rc=$?
+  [ "$rc" -eq 255 ] || fail "C: gradsync-run to a refusing ssh port exited $rc, not 255"
+  grep -q "^\[0\] ssh: connect to host ${HIP[2]} port 2223: Connection refused" "$TMP/C2.out" ||
+    fail "C: ssh's own error is not shown"
+  grep -q "^gradsync-run: rank 0 on ${HIP[2]}: the remote shell exited with status 255 (ssh could not connect or log in" \
+    "$TMP/C2.out" || fail "C: the launcher does not explain status 255"
 fi
 
 # ---- D: the launcher is SIGKILLed; ranks ignore SIGPIPE and SIGHUP ------------

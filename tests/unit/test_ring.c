@@ -135,7 +135,10 @@ typedef struct job {
   int size;
   int started; /* ranks 0..started-1 are run (default: all) */
   int connect_timeout_ms, io_timeout_ms;
-  const char *advertise; /* NULL: derive from the coordinator address */
+  const char *advertise;   /* NULL: derive from the coordinator address */
+  const char *coordinator; /* NULL: 127.0.0.1:9 */
+  const char *data_addr;   /* GRADSYNC_DATA_ADDR */
+  int port_lo, port_hi;    /* GRADSYNC_DATA_PORT_RANGE */
   rank_body body;
   void *user;
   char prefix[64];
@@ -173,8 +176,11 @@ static void *rank_main(void *arg) {
   gs__tcp_ring_opts o = {
       .rank = rc->rank,
       .size = j->size,
-      .coordinator = "127.0.0.1:9", /* only aimed at, never contacted */
+      .coordinator = j->coordinator ? j->coordinator : "127.0.0.1:9", /* never contacted */
       .advertise_addr = j->advertise,
+      .data_addr = j->data_addr,
+      .port_lo = j->port_lo,
+      .port_hi = j->port_hi,
       .key_prefix = j->prefix,
       .connect_timeout_ms = j->connect_timeout_ms ? j->connect_timeout_ms : HANG_GUARD_MS,
       .io_timeout_ms = j->io_timeout_ms ? j->io_timeout_ms : HANG_GUARD_MS,
@@ -943,6 +949,78 @@ static void test_wrong_ring_key(void **state) {
   free_job(&j, rcs);
 }
 
+/* A port range of 50 from a pid-derived base: ports a rank may take. */
+static int range_base(void) {
+  return 20000 + (int)(getpid() % 20000);
+}
+
+/* Every rank of j published "<host>:<port>" with port in [lo, hi]. */
+static void expect_published(const job *j, const char *host, int lo, int hi) {
+  for (int r = 0; r < j->size; r++) {
+    char key[128], want[64];
+    snprintf(key, sizeof key, "%sring/addr/%d", j->prefix, r);
+    snprintf(want, sizeof want, "%s:", host);
+    char *v = kv_lookup(key);
+    assert_non_null(v);
+    assert_true(strncmp(v, want, strlen(want)) == 0);
+    int port = atoi(v + strlen(want));
+    assert_true(port >= lo && port <= hi);
+    free(v);
+  }
+}
+
+static void test_data_addr_and_port_range(void **state) {
+  (void)state;
+  int lo = range_base(), hi = lo + 49;
+  job j = {.size = 3, .body = body_mixed, .data_addr = "127.0.0.1", .port_lo = lo, .port_hi = hi};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  check_all_ok_and_equal(&j, rcs, 9);
+  /* bound to and advertised as GRADSYNC_DATA_ADDR, on a port of the range */
+  expect_published(&j, "127.0.0.1", lo, hi);
+  free_job(&j, rcs);
+}
+
+static void test_port_range_in_use(void **state) {
+  (void)state;
+  /* a listener holds the only port of the range: the ring says so at once */
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sin;
+  assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof sin), 0);
+  assert_int_equal(listen(fd, 4), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &sl), 0);
+  int port = ntohs(sin.sin_port);
+  job j = {.size = 2, .data_addr = "127.0.0.1", .port_lo = port, .port_hi = port};
+  rank_ctx *rcs = run_job(&j);
+  char want[160];
+  snprintf(want, sizeof want, "every port of GRADSYNC_DATA_PORT_RANGE=%d-%d is in use", port, port);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(rcs[r].create_rc, GS__ERR_DATA_PLANE);
+    assert_non_null(strstr(rcs[r].create_err, want));
+  }
+  free_job(&j, rcs);
+  close(fd);
+}
+
+static void test_ipv6_ring(void **state) {
+  (void)state;
+  int probe = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in6 s6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+  if (probe < 0 || bind(probe, (struct sockaddr *)&s6, sizeof s6) != 0) {
+    if (probe >= 0) close(probe);
+    skip(); /* no IPv6 loopback here */
+  }
+  close(probe);
+  /* the coordinator is an IPv6 address: ranks advertise [::1]:PORT */
+  job j = {.size = 3, .body = body_mixed, .coordinator = "[::1]:9"};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  check_all_ok_and_equal(&j, rcs, 9);
+  expect_published(&j, "[::1]", 1, 65535);
+  free_job(&j, rcs);
+}
+
 static void test_rendezvous_missing_rank(void **state) {
   (void)state;
   /* rank 2 of 3 never starts: both others fail in bounded time naming it */
@@ -1303,6 +1381,9 @@ int main(void) {
       cmocka_unit_test(test_broadcast),
       cmocka_unit_test(test_mixed_sequence),
       cmocka_unit_test(test_published_address),
+      cmocka_unit_test(test_data_addr_and_port_range),
+      cmocka_unit_test(test_port_range_in_use),
+      cmocka_unit_test(test_ipv6_ring),
       cmocka_unit_test(test_rendezvous_missing_rank),
       cmocka_unit_test(test_peer_dies),
       cmocka_unit_test(test_failure_reaches_neighbours),

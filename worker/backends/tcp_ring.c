@@ -51,6 +51,7 @@
 
 #include "dtype.h"
 #include "messages.h"
+#include "netaddr.h"
 #include "secret.h"
 #include "status.h"
 
@@ -206,37 +207,15 @@ static int local_addr_toward(const char *coordinator, char *out, size_t outlen, 
              coordinator);
     return GS__ERR_INVALID_ARG;
   }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
-  int rc = getaddrinfo(host, port, &hints, &ai);
-  if (rc != 0) {
+  int gai = 0, e = 0;
+  if (gs__local_addr_toward(host, port, out, outlen, &gai, &e) == 0) return GS__OK;
+  if (gai != 0) {
     snprintf(err, errlen,
              "tcp ring: cannot resolve the coordinator host \"%s\" (%s); set "
              "GRADSYNC_ADVERTISE_ADDR (or GRADSYNC_DATA_ADDR) to this host's address",
-             host, gai_strerror(rc));
+             host, gai_strerror(gai));
     return GS__ERR_DATA_PLANE;
   }
-  int e = 0;
-  for (struct addrinfo *p = ai; p; p = p->ai_next) {
-    int fd = socket(p->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (fd < 0 || connect(fd, p->ai_addr, p->ai_addrlen) != 0 ||
-        getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
-      e = errno;
-      if (fd >= 0) close(fd);
-      continue;
-    }
-    close(fd);
-    const void *a = ss.ss_family == AF_INET6
-                        ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
-                        : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
-    if (inet_ntop(ss.ss_family, a, out, (socklen_t)outlen)) {
-      freeaddrinfo(ai);
-      return GS__OK;
-    }
-    e = errno;
-  }
-  freeaddrinfo(ai);
   snprintf(err, errlen,
            "tcp ring: cannot find a local address toward the coordinator %s: %s; set "
            "GRADSYNC_ADVERTISE_ADDR to this host's address",

@@ -238,8 +238,8 @@ static void usage(FILE *f) {
         "                            their slots)\n"
         "  -H, --hosts LIST          HOST[:SLOTS],... (SLOTS default 1; IPv6 as [ADDR]:SLOTS)\n"
         "  --hostfile FILE           one host a line: 'HOST:SLOTS' or 'HOST slots=N'; # comments\n"
-        "  --ssh-port PORT           ssh port of the remote hosts\n"
-        "  --ssh-identity FILE       ssh private key (ssh -i)\n"
+        "  -p, --ssh-port PORT       ssh port of the remote hosts\n"
+        "  -i, --ssh-identity FILE   ssh private key (also --ssh-identity-file)\n"
         "  --rsh CMD                 remote shell instead of ssh, called as\n"
         "                            'CMD [-p PORT] [-i FILE] HOST COMMAND' (like mpirun's\n"
         "                            plm_rsh_agent)\n"
@@ -962,7 +962,16 @@ static void on_rank_exit(launcher *L, int r) {
   int st = L->ranks[r].status;
   if (L->phase != PH_RUN || !status_failed(st) || L->have_exit) return;
   char sb[64];
-  say(L, "rank %d %s; stopping the other ranks", r, describe_status(st, sb, sizeof sb));
+  if (is_remote(L, r) && WIFEXITED(st) && WEXITSTATUS(st) == 255)
+    say(L,
+        "rank %d on %s: the remote shell exited with status 255 (ssh could not connect or "
+        "log in, or the rank's command could not start: see its lines above); stopping the "
+        "other ranks",
+        r, L->cfg.hosts.v[L->host_of[r]].name);
+  else
+    say(L, "rank %d%s%s %s; stopping the other ranks", r, is_remote(L, r) ? " on " : "",
+        is_remote(L, r) ? L->cfg.hosts.v[L->host_of[r]].name : "",
+        describe_status(st, sb, sizeof sb));
   decide_exit(L, status_exit_code(st));
   /* The job has usually failed for every rank: give the others a moment to
    * report their own error before they are told to stop. */

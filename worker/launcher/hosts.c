@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "netaddr.h"
+
 #define MAX_SLOTS 4096
 
 static int add_host(gs_run_hosts *h, const char *name, size_t len, int slots, char *err,
@@ -198,35 +200,12 @@ int gs_run_place(const gs_run_hosts *h, int np, int *host_of, int *local_rank, i
 }
 
 int gs_run_local_addr_toward(const char *host, char *out, size_t cap, char *err, size_t errlen) {
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *ai = NULL;
-  int rc = getaddrinfo(host, "9", &hints, &ai);
-  if (rc != 0) {
-    snprintf(err, errlen, "cannot resolve host '%s': %s", host, gai_strerror(rc));
-    return -1;
-  }
-  int e = 0;
-  for (struct addrinfo *p = ai; p; p = p->ai_next) {
-    int fd = socket(p->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (fd < 0 || connect(fd, p->ai_addr, p->ai_addrlen) != 0 ||
-        getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
-      e = errno;
-      if (fd >= 0) close(fd);
-      continue;
-    }
-    close(fd);
-    const void *a = ss.ss_family == AF_INET6
-                        ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
-                        : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
-    if (inet_ntop(ss.ss_family, a, out, (socklen_t)cap)) {
-      freeaddrinfo(ai);
-      return 0;
-    }
-    e = errno;
-  }
-  freeaddrinfo(ai);
-  snprintf(err, errlen, "no route to host '%s': %s", host, strerror(e));
+  int gai = 0, e = 0;
+  if (gs__local_addr_toward(host, "9", out, cap, &gai, &e) == 0) return 0;
+  if (gai != 0)
+    snprintf(err, errlen, "cannot resolve host '%s': %s", host, gai_strerror(gai));
+  else
+    snprintf(err, errlen, "no route to host '%s': %s", host, strerror(e));
   return -1;
 }
 
