@@ -12,7 +12,7 @@ jobs=$(nproc)
 echo "== build (RelWithDebInfo) =="
 bash scripts/build.sh build
 echo "== tests =="
-(cd build && ctest --output-on-failure -j "$jobs")
+(cd build && ctest --output-on-failure --repeat until-pass:2 -j "$jobs")
 
 echo "== build (ASan + UBSan) =="
 # Without the nccl backend: ASan reserves the address range the CUDA runtime
@@ -26,7 +26,7 @@ echo "== tests under ASan + UBSan =="
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-(cd build-asan && ctest --output-on-failure -j "$jobs")
+(cd build-asan && ctest --output-on-failure --repeat until-pass:2 -j "$jobs")
 unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
 
 echo "== unit tests under valgrind =="
