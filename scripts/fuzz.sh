@@ -6,7 +6,8 @@
 #   fuzz_engine  codec + engine: arbitrary bytes as each rank's Session
 #                messages, driving the engine's events with a fake clock
 # Usage: scripts/fuzz.sh [BUILD_DIR (build-fuzz)] [SECONDS per target (30)]
-# The corpus grows in BUILD_DIR/corpus across runs. A crash, leak, UB or
+# The corpus grows in BUILD_DIR/corpus across runs; inputs that once failed
+# are kept in tests/fuzz/regress/TARGET and run first, every time. A crash, leak, UB or
 # failed check stops the target; its input is kept in BUILD_DIR/artifacts
 # and the script exits 1 (reproduce: BUILD_DIR/bin/fuzz_NAME ARTIFACT).
 # Prints the number of executions of each target.
@@ -30,7 +31,8 @@ for t in codec engine; do
   log="$dir/fuzz_$t.log"
   if "$dir/bin/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" \
-      "$dir/corpus/$t" "$dir/seeds/$t" >"$log" 2>&1; then
+      "$dir/corpus/$t" "$dir/seeds/$t" $(ls -d "tests/fuzz/regress/$t" 2>/dev/null) \
+      >"$log" 2>&1; then
     execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
     echo "fuzz: fuzz_$t: ${execs:-?} executions in ${secs} s, ${cov:-cov: ?}, no failure"
