@@ -157,6 +157,12 @@ try:
     check(json.loads(r.stdout)["total"] == 1, "ListPending filtered by name prefix")
     r = client(addr, TOKEN, "call", "ListPending", '{"page_token":"bogus"}')
     check(r.returncode == 3 and "INVALID_ARGUMENT" in r.stdout, "a bad page token is refused")
+    # rank 0 reports what it is blocked on after it has submitted: wait for it
+    def blocked_reported():
+        r = client(addr, TOKEN, "call", "GetStatus", "{}")
+        return r.returncode == 0 and json.loads(r.stdout)["ranks"][0].get("blocked_on")
+
+    wait_for(blocked_reported, "rank 0's blocked-on report")
     r = client(addr, TOKEN, "call", "GetStatus", "{}")
     st = json.loads(r.stdout)
     check(st["world_size"] == 2 and st["version"] and st["world_ready"]
