@@ -126,16 +126,14 @@ int gs__host_copy(const gs__copy *c, size_t n, char *err, size_t errlen) {
       memcpy(x->dst, x->src, x->count * dsize);
       gs__scale(x->dst, x->count, x->dst_dt, x->scale);
     } else if (x->src_dt == GS__FLOAT32 && is16(x->dst_dt)) { /* pack, compressed */
-      const float *s = x->src;
-      uint16_t *d = x->dst;
-      for (size_t k = 0; k < x->count; k++) d[k] = to16(x->dst_dt, s[k]);
-      gs__scale(d, x->count, x->dst_dt, x->scale);
+      gs__convert(x->dst, x->dst_dt, x->src, GS__FLOAT32, x->count);
+      gs__scale(x->dst, x->count, x->dst_dt, x->scale);
     } else if (is16(x->src_dt) && x->dst_dt == GS__FLOAT32) { /* unpack, compressed */
       const uint16_t *s = x->src;
       float *d = x->dst;
       float f = (float)x->scale;
       if (x->scale == 1.0)
-        for (size_t k = 0; k < x->count; k++) d[k] = from16(x->src_dt, s[k]);
+        gs__convert(d, GS__FLOAT32, s, x->src_dt, x->count);
       else /* scaled in the wire dtype, as the ring's result was */
         for (size_t k = 0; k < x->count; k++)
           d[k] = from16(x->src_dt, to16(x->src_dt, from16(x->src_dt, s[k]) * f));

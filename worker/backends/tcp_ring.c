@@ -1097,17 +1097,11 @@ static float *workspace(ring *r, size_t count, const char *what, char *err, size
 }
 
 static void half_to_f32(gs__dtype dt, float *w, const uint16_t *h, size_t n) {
-  if (dt == GS__FLOAT16)
-    for (size_t i = 0; i < n; i++) w[i] = gs__half_to_float(h[i]);
-  else
-    for (size_t i = 0; i < n; i++) w[i] = gs__bf16_to_float(h[i]);
+  gs__convert(w, GS__FLOAT32, h, dt, n);
 }
 
 static void f32_to_half(gs__dtype dt, uint16_t *h, const float *w, size_t n) {
-  if (dt == GS__FLOAT16)
-    for (size_t i = 0; i < n; i++) h[i] = gs__float_to_half(w[i]);
-  else
-    for (size_t i = 0; i < n; i++) h[i] = gs__float_to_bf16(w[i]);
+  gs__convert(h, dt, w, GS__FLOAT32, n);
 }
 
 /* Ring allreduce in place over count elements of a natively reduced dtype. */
