@@ -144,6 +144,18 @@ static const gs__setting table[GS__S_COUNT] = {
                         "Write a Chrome trace-event timeline (chrome://tracing, Perfetto) of "
                         "every tensor to FILE on gradsyncd's host from the start; complete JSON "
                         "once stopped (StopTimeline, SIGTERM, the job's end)."},
+    [GS__S_SERVE_FOREVER] = {"serve_forever", "--serve-forever", "GRADSYNC_SERVE_FOREVER", NULL,
+                             GS__T_BOOL, "0", NULL, 0, 1, NULL, GS__FOR_SERVER, "BOOL",
+                             "Serve job after job: once every rank of a job left (or the job "
+                             "failed and its sessions closed), start a fresh job (state reset, "
+                             "next epoch). Without it gradsyncd serves one job and exits: 0 when "
+                             "every rank left cleanly, 3 when the job failed."},
+    [GS__S_SHUTDOWN_GRACE] = {"shutdown_grace_s", "--shutdown-grace-s", "GRADSYNC_SHUTDOWN_GRACE_S",
+                              NULL, GS__T_INT, "10", NULL, 0, 3600, NULL, GS__FOR_SERVER, "S",
+                              "On SIGTERM/SIGINT every rank is told the coordinator is going "
+                              "away; calls still open after S seconds are cancelled and "
+                              "gradsyncd exits 0. Also bounds how long a failed job's ranks "
+                              "get to close their sessions."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},

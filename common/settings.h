@@ -54,6 +54,8 @@ typedef enum gs__setting_id {
   GS__S_METRICS_LISTEN,
   GS__S_LOG_FORMAT,
   GS__S_TIMELINE,
+  GS__S_SERVE_FOREVER,
+  GS__S_SHUTDOWN_GRACE,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,

@@ -10,6 +10,12 @@
  * and wait), a joined rank's time to open its Session, and a session's
  * send queue (a rank cut off for not reading is a lost rank).
  *
+ * Job lifecycle: a job is over when every rank left (finished) or the
+ * engine aborted it (failed); once its sessions are closed (a failed job's
+ * ranks get drain_ms) it is done: in one-job mode the outcome is final and
+ * gradsyncd exits; with serve_forever the engine and kv store are reset
+ * for the next job (epoch + 1). Joins in between get UNAVAILABLE.
+ *
  * Owns the engine, the kv store, the open sessions and the waiting KvGets.
  * Runs on the transport's completion-queue thread only: it decodes, calls
  * the engine and sends what the engine returns, and never blocks. */
@@ -72,6 +78,12 @@ struct gs__coordinator {
   gs__timeline *timeline; /* NULL when off */
   gs__method methods[M_COUNT];
   gs__service service;
+  int serve_forever;
+  uint32_t drain_ms;
+  size_t kv_max_bytes, kv_max_keys; /* for the next job's kv store */
+  gs__job_outcome over;             /* the current job ended this way (RUNNING: not yet) */
+  uint64_t over_ms;                 /* when it ended */
+  gs__job_outcome done;             /* one-job mode: final outcome once drained */
 };
 
 static void flush_outbox(gs__coordinator *co);
@@ -111,6 +123,17 @@ static void on_join(void *arg, gs__call *c) {
   char err[GS__MAX_TEXT];
   if (gs__server_shutting_down(co->srv)) {
     gs__call_fail(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
+    return;
+  }
+  if (co->over != GS__JOB_RUNNING) {
+    char msg[GS__MAX_TEXT];
+    snprintf(msg, sizeof msg, "the previous job %s; %s",
+             co->over == GS__JOB_FINISHED ? "finished" : "failed",
+             co->serve_forever ? "the next job starts once its ranks closed their sessions "
+                                 "(retry in a moment)"
+                               : "this coordinator served one job and is exiting: start a new "
+                                 "gradsyncd for the next job, or run it with --serve-forever");
+    gs__call_fail(c, GRPC_STATUS_UNAVAILABLE, msg);
     return;
   }
   gs__call_request(c, &buf, &len);
@@ -438,6 +461,8 @@ static void session_gone(gs__coordinator *co, session *ss, const char *detail) {
   flush_outbox(co);
 }
 
+static void check_job(gs__coordinator *co, uint64_t now);
+
 static void on_session_open(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   if (gs__server_shutting_down(co->srv)) {
@@ -513,6 +538,7 @@ static void on_session_msg(void *arg, gs__call *c, const uint8_t *buf, size_t le
   if (co->timeline) timeline_rank_msg(co, ss->rank, &m);
   gs__engine_rank_message(co->engine, ss->rank, &m, gs__now_ms(), &co->box);
   flush_outbox(co);
+  check_job(co, gs__now_ms());
 out_free_msg:
   gs__rank_msg_free(&m);
 }
@@ -526,6 +552,80 @@ static void on_session_close(void *arg, gs__call *c, int cancelled) {
                          : "its session ended without a leave message");
   gs__call_set_data(c, NULL);
   free(ss);
+  check_job(co, gs__now_ms());
+}
+
+/* ---- job lifecycle --------------------------------------------------------- */
+
+/* Ends the sessions still open (the job is over) with why. */
+static void close_sessions(gs__coordinator *co, const char *why) {
+  for (session *ss = co->sessions, *next; ss; ss = next) {
+    next = ss->next;
+    ss->rank = -1;
+    session_unlink(co, ss);
+    gs__call_finish(ss->call, GRPC_STATUS_UNAVAILABLE, why);
+  }
+}
+
+/* After every event: notices the end of the job, and once it is drained
+ * makes it final (one job) or starts the next one (serve_forever). */
+static void check_job(gs__coordinator *co, uint64_t now) {
+  if (co->done != GS__JOB_RUNNING) return;
+  gs__engine_stats st;
+  gs__engine_get_stats(co->engine, &st);
+  if (gs__server_shutting_down(co->srv)) return; /* stopped by a signal: not the job's end */
+  if (co->over == GS__JOB_RUNNING) {
+    if (st.aborted) {
+      co->over = GS__JOB_FAILED;
+      if (co->sessions)
+        GS_LOG_ERROR("job (epoch %u) failed: every rank was told; waiting up to %u ms for the "
+                     "remaining ranks to close their sessions",
+                     st.epoch, co->drain_ms);
+      else
+        GS_LOG_ERROR("job (epoch %u) failed: every rank was told", st.epoch);
+    } else if (st.world_size > 0 && st.left == st.world_size) {
+      co->over = GS__JOB_FINISHED;
+      GS_LOG_INFO("job (epoch %u) finished: all %d ranks left cleanly", st.epoch, st.world_size);
+    } else {
+      return;
+    }
+    co->over_ms = now;
+  }
+  if (co->sessions && now - co->over_ms < co->drain_ms) return;
+  if (co->sessions)
+    close_sessions(co, co->over == GS__JOB_FAILED
+                           ? "the job failed and is over (see the abort before this)"
+                           : "the job is over");
+  expire_waiters(co, now, 1);
+  if (!co->serve_forever) {
+    co->done = co->over;
+    return;
+  }
+  /* A fresh job: new engine state, kv store, rank identities and ring key
+   * (nothing of the last job is valid for the next one). */
+  uint32_t next = st.epoch + 1;
+  gs__kv_store *kv = gs__kv_store_create(co->kv_max_bytes, co->kv_max_keys);
+  gs__identities *ids = gs__identities_create();
+  if (!kv || !ids || gs__random_bytes(co->ring_key, sizeof co->ring_key) != GS__OK ||
+      gs__engine_reset(co->engine, next) != GS__OK) {
+    /* Cannot start a fresh job: end like one-job mode, with the failure. */
+    gs__kv_store_destroy(kv);
+    gs__identities_destroy(ids);
+    GS_LOG_ERROR("out of memory or randomness starting job epoch %u; exiting", next);
+    co->serve_forever = 0;
+    co->done = GS__JOB_FAILED;
+    return;
+  }
+  gs__kv_store_destroy(co->kv);
+  co->kv = kv;
+  gs__identities_destroy(co->ids);
+  co->ids = ids;
+  co->over = GS__JOB_RUNNING;
+  GS_LOG_INFO("--serve-forever: ready for the next job (epoch %u)", next);
+}
+
+gs__job_outcome gs__coordinator_outcome(const gs__coordinator *c) {
+  return c->done;
 }
 
 /* ---- service ------------------------------------------------------------ */
@@ -545,20 +645,16 @@ static void coordinator_tick(void *arg, uint64_t now) {
     gs__engine_session_closed(co->engine, rank, detail, now, &co->box);
     flush_outbox(co);
   }
+  check_job(co, now);
 }
 
 static void coordinator_shutdown(void *arg) {
   gs__coordinator *co = arg;
   timeline_stop(co, "gradsyncd is shutting down");
+  if (co->done != GS__JOB_RUNNING) return; /* the job is over; its sessions are closed */
   GS_LOG_INFO("shutting down: closing %s sessions", co->sessions ? "open" : "no");
-  /* The coordinator ends these sessions itself: not a rank lost. */
-  while (co->sessions) {
-    session *ss = co->sessions;
-    ss->rank = -1;
-    session_unlink(co, ss);
-    gs__call_finish(ss->call, GRPC_STATUS_UNAVAILABLE,
-                    "gradsyncd is shutting down (SIGTERM/SIGINT); the job cannot continue");
-  }
+  /* The ranks are told why; the engine is not (they are not lost). */
+  close_sessions(co, "gradsyncd is shutting down (SIGTERM/SIGINT); the job cannot continue");
   expire_waiters(co, gs__now_ms(), 1);
 }
 
@@ -580,6 +676,11 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
   ec.policy = o->window_policy ? GS__POLICY_WINDOW : GS__POLICY_ADAPTIVE;
   ec.max_plans_in_flight = o->max_plans_in_flight;
   ec.max_pending_per_rank = o->max_pending_per_rank;
+  ec.epoch = 1;
+  co->serve_forever = o->serve_forever;
+  co->drain_ms = o->drain_ms;
+  co->kv_max_bytes = o->kv_max_bytes;
+  co->kv_max_keys = o->kv_max_keys;
   int rc = gs__engine_create(&ec, &co->engine);
   if (rc) {
     snprintf(err, errlen, "invalid world size %d (expected 0..%d)", o->world_size, GS__MAX_WORLD);

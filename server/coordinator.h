@@ -22,7 +22,18 @@ typedef struct gs__coordinator_opts {
   uint32_t max_pending_per_rank;    /* --max-pending-per-rank (0 = the engine's default) */
   size_t kv_max_bytes, kv_max_keys; /* 0 = the defaults of kv.h */
   int join_timeout_ms; /* a joined rank without a Session is released after it (0 = 60 s) */
+  int serve_forever;   /* 1: a fresh job (next epoch) after each one */
+  uint32_t drain_ms;   /* after a failed job: how long the ranks get to close
+                          their sessions before the job is over anyway */
 } gs__coordinator_opts;
+
+/* How the current job ended (see gs__coordinator_outcome). */
+typedef enum gs__job_outcome {
+  GS__JOB_RUNNING = 0,  /* not over, or over and its sessions still closing */
+  GS__JOB_FINISHED = 1, /* every rank left cleanly and closed its session */
+  GS__JOB_FAILED = 2,   /* aborted (a rank lost, deadlock, stall shutdown); every
+                           rank was told, and closed its session or drain_ms passed */
+} gs__job_outcome;
 
 /* Creates the coordinator with its engine for server s (borrowed: it must
  * outlive the coordinator). GS__OK, or an error with a message in err. */
@@ -46,6 +57,10 @@ int gs__coordinator_timeline_start(gs__coordinator *c, const char *path, char *e
 int gs__coordinator_timeline_stop(gs__coordinator *c, char *path, size_t cap, uint64_t *events);
 /* Open sessions (ranks connected now). */
 int gs__coordinator_sessions(const gs__coordinator *c);
+/* One-job mode: the outcome of the job once it is over and drained, else
+ * GS__JOB_RUNNING. With serve_forever always GS__JOB_RUNNING (each job that
+ * ends is followed by a fresh one). Queue thread, or after the server ran. */
+gs__job_outcome gs__coordinator_outcome(const gs__coordinator *c);
 /* Frees it, after the server is destroyed. NULL is a no-op. */
 void gs__coordinator_destroy(gs__coordinator *c);
 

@@ -1,7 +1,12 @@
 /* gradsyncd: the coordinator service of a gradsync job. Parses flags and
  * environment, starts the transport and runs its event loop on the main
- * thread until SIGINT or SIGTERM, then shuts down gracefully (sessions end
- * with UNAVAILABLE) and exits 0. */
+ * thread until the job is over (one job per coordinator, unless
+ * --serve-forever) or SIGINT/SIGTERM, then shuts down gracefully.
+ *
+ * Exit status: 0 the job finished (every rank left cleanly) or a stop
+ * signal ended the coordinator; 1 it could not start (address in use, ...);
+ * 2 bad flags or environment; 3 the job failed (a rank was lost, a
+ * deadlock or stall shutdown aborted it), after every rank was told. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,15 +35,30 @@ static void usage(FILE *f) {
         f);
 }
 
+enum { EXIT_JOB_FAILED = 3 };
+
+typedef struct stop_state {
+  sigset_t set; /* the signals the loop collects */
+  gs__coordinator *co;
+  int grace_s;
+} stop_state;
+
+/* Polled by the event loop: a stop signal, or (one job) the job is over. */
 static int should_stop(void *arg) {
-  sigset_t *set = arg;
+  stop_state *st = arg;
   struct timespec zero = {0, 0};
-  int sig = sigtimedwait(set, NULL, &zero);
-  if (sig == SIGINT || sig == SIGTERM) {
-    GS_LOG_INFO("received %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    return 1;
+  int sig;
+  while ((sig = sigtimedwait(&st->set, NULL, &zero)) > 0) {
+    if (sig == SIGINT || sig == SIGTERM) {
+      GS_LOG_INFO("received %s: telling every rank the coordinator is going away; exiting "
+                  "within %d s",
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", st->grace_s);
+      return 1;
+    }
+    if (sig == SIGHUP)
+      GS_LOG_INFO("received SIGHUP: no TLS files are configured, nothing to reload");
   }
-  return 0;
+  return gs__coordinator_outcome(st->co) != GS__JOB_RUNNING;
 }
 
 /* The job token, TLS files and listen address together: refuses what
@@ -133,7 +153,7 @@ int main(int argc, char **argv) {
   memset(&so, 0, sizeof so);
   so.listen = gs__settings_str(&cfg, GS__S_LISTEN);
   so.token = gs__settings_str(&cfg, GS__S_JOB_TOKEN);
-  so.shutdown_grace_ms = 2000;
+  so.shutdown_grace_ms = (int)gs__settings_int(&cfg, GS__S_SHUTDOWN_GRACE) * 1000;
   o.job_id = gs__settings_str(&cfg, GS__S_JOB_ID);
   o.world_size = (int32_t)gs__settings_int(&cfg, GS__S_WORLD_SIZE);
   o.job.cycle_time_us = (uint32_t)gs__settings_int(&cfg, GS__S_CYCLE_TIME);
@@ -158,17 +178,21 @@ int main(int argc, char **argv) {
   if (check_security(&so, gs__settings_str(&cfg, GS__S_JOB_TOKEN_FILE), file_token,
                      (int)gs__settings_int(&cfg, GS__S_INSECURE), err, sizeof err) != 0)
     goto bad_usage;
+  o.serve_forever = (int)gs__settings_int(&cfg, GS__S_SERVE_FOREVER);
+  o.drain_ms = (uint32_t)so.shutdown_grace_ms;
   char line[4096];
   gs__settings_describe(&cfg, GS__FOR_SERVER, line, sizeof line);
   GS_LOG_INFO("settings: %s", line);
 
-  /* Block the stop signals before gRPC starts threads so they inherit the
-   * mask; the event loop collects them with sigtimedwait. */
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  /* Block the stop signals (and SIGHUP, reload) before gRPC starts threads
+   * so they inherit the mask; the event loop collects them with
+   * sigtimedwait. */
+  stop_state stop = {.grace_s = (int)gs__settings_int(&cfg, GS__S_SHUTDOWN_GRACE)};
+  sigemptyset(&stop.set);
+  sigaddset(&stop.set, SIGINT);
+  sigaddset(&stop.set, SIGTERM);
+  sigaddset(&stop.set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop.set, NULL);
   signal(SIGPIPE, SIG_IGN);
 
   gs__server *s = NULL;
@@ -234,14 +258,17 @@ int main(int argc, char **argv) {
            strchr(mhost, ':') ? "]" : "", gs__metrics_http_port(http));
   }
   fflush(stdout);
-  GS_LOG_INFO("serving %s:%d, world size %s%d%s", host, gs__server_port(s),
+  GS_LOG_INFO("serving %s:%d, world size %s%d%s; %s", host, gs__server_port(s),
               o.world_size ? "" : "(from the first rank) ", o.world_size,
-              so.token && *so.token ? ", job token required" : "");
+              so.token && *so.token ? ", job token required" : "",
+              o.serve_forever ? "job after job (--serve-forever)"
+                              : "one job, then exit (0: finished, 3: failed)");
   if (so.tls_cert)
     GS_LOG_INFO("TLS on (%s)", so.tls_client_ca ? "mTLS: client certificates required"
                                                 : "server certificate only");
-  gs__server_run(s, should_stop, &set);
-  rc = 0;
+  stop.co = co;
+  gs__server_run(s, should_stop, &stop);
+  rc = gs__coordinator_outcome(co) == GS__JOB_FAILED ? EXIT_JOB_FAILED : 0;
   goto out_destroy;
 out_err:
   GS_LOG_ERROR("%s", err);
@@ -254,6 +281,7 @@ out_destroy:
   gs__coordinator_destroy(co);
   for (size_t i = 0; i < nset; i++) free(settings[i].value);
   if (rc == 0) GS_LOG_INFO("stopped");
+  if (rc == EXIT_JOB_FAILED) GS_LOG_ERROR("stopped: the job failed (exit status %d)", rc);
   gs__settings_free(&cfg);
   return rc;
 

@@ -564,6 +564,13 @@ static int lost(gs__client *c, char *err, size_t errlen) {
              c->target);
     return GS__ERR_RANK_LOST;
   }
+  if (strstr(det, "gradsyncd is shutting down")) {
+    snprintf(err, errlen,
+             "lost the coordinator at %s: it was shut down while the job ran (%s: %s). Restart "
+             "the job once the coordinator is back",
+             c->target, grpc_code_name(c->status), det);
+    return GS__ERR_COORDINATOR_LOST;
+  }
   snprintf(err, errlen,
            "lost the coordinator at %s: its session stream ended (%s%s%s). The coordinator "
            "process died, was stopped, or cannot be reached; check its log",

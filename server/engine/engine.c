@@ -107,18 +107,26 @@ const char *gs__eng_rank_host(const gs__engine *e, int32_t r) {
   return e->ranks[r].host[0] ? e->ranks[r].host : "?";
 }
 
-int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
-  *out = NULL;
-  if (cfg->world_size < 0 || cfg->world_size > GS__MAX_WORLD) return GS__ERR_INVALID_ARG;
-  gs__engine *e = calloc(1, sizeof *e);
-  if (!e) return GS__ERR_NO_MEMORY;
+/* Sets up an empty job in the zeroed e. */
+static int engine_init(gs__engine *e, const gs__engine_config *cfg) {
   e->cfg = *cfg;
+  if (e->cfg.epoch == 0) e->cfg.epoch = 1;
   e->next_plan_seq = 1;
   e->left_rank = -1;
   e->last_joined = -1;
   e->next_cache_id = 1;
   e->next_template_id = 1;
-  if (cfg->world_size > 0 && gs__eng_set_world(e, cfg->world_size) != GS__OK) {
+  if (cfg->world_size > 0 && gs__eng_set_world(e, cfg->world_size) != GS__OK)
+    return GS__ERR_NO_MEMORY;
+  return GS__OK;
+}
+
+int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
+  *out = NULL;
+  if (cfg->world_size < 0 || cfg->world_size > GS__MAX_WORLD) return GS__ERR_INVALID_ARG;
+  gs__engine *e = calloc(1, sizeof *e);
+  if (!e) return GS__ERR_NO_MEMORY;
+  if (engine_init(e, cfg) != GS__OK) {
     free(e);
     return GS__ERR_NO_MEMORY;
   }
@@ -126,8 +134,8 @@ int gs__engine_create(const gs__engine_config *cfg, gs__engine **out) {
   return GS__OK;
 }
 
-void gs__engine_destroy(gs__engine *e) {
-  if (!e) return;
+/* Frees everything e holds (not e itself). */
+static void engine_free_state(gs__engine *e) {
   entry *en, *tmp;
   HASH_ITER(hh, e->table, en, tmp) {
     HASH_DEL(e->table, en);
@@ -169,7 +177,20 @@ void gs__engine_destroy(gs__engine *e) {
     free(pt);
   }
   free(e->forget);
+}
+
+void gs__engine_destroy(gs__engine *e) {
+  if (!e) return;
+  engine_free_state(e);
   free(e);
+}
+
+int gs__engine_reset(gs__engine *e, uint32_t epoch) {
+  gs__engine_config cfg = e->cfg;
+  cfg.epoch = epoch;
+  engine_free_state(e);
+  memset(e, 0, sizeof *e);
+  return engine_init(e, &cfg);
 }
 
 void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg, uint64_t now_ms,
@@ -278,6 +299,7 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   }
   out->world_ready = e->world_ready;
   out->aborted = e->aborted;
+  out->epoch = e->cfg.epoch;
   out->plans_emitted = e->next_plan_seq - 1;
   out->tensors_planned = e->tensors_planned;
   out->pending_tensors = HASH_COUNT(e->table);

@@ -34,6 +34,8 @@ typedef struct gs__engine_config {
                                       GS__MAX_PENDING_DEFAULT); past it that
                                       rank's request fails, others unaffected.
                                       Also bounds the size of a group. */
+  uint32_t epoch;                  /* the job's epoch, handed to every rank
+                                      (0 = 1); gs__engine_reset sets the next */
 } gs__engine_config;
 
 #define GS__MAX_PENDING_DEFAULT 65536
@@ -68,6 +70,12 @@ void gs__outbox_free(gs__outbox *box);
 /* Returns GS__OK and a new engine in *out, or GS__ERR_INVALID_ARG. */
 int gs__engine_create(const gs__engine_config *cfg, gs__engine **out);
 void gs__engine_destroy(gs__engine *e);
+
+/* Forgets the job (ranks, tensors, cache, reports) and starts an empty one
+ * with the same configuration and the given epoch; e stays valid. Returns
+ * GS__OK, or GS__ERR_NO_MEMORY (then e is an empty job that knows no world
+ * size yet, if the configuration fixed one). */
+int gs__engine_reset(gs__engine *e, uint32_t epoch);
 
 /* A rank asks to join. On GS__OK fills resp. Refusals:
  * GS__ERR_INVALID_ARG (size or rank out of range, size disagreeing with the
@@ -124,6 +132,7 @@ typedef struct gs__engine_stats {
   uint64_t bytes_planned;  /* bytes of the tensors planned (first request's size) */
   uint64_t mismatches;     /* error responses planned (mismatches, local conflicts) */
   uint64_t ranks_lost;     /* ranks declared lost */
+  uint32_t epoch;
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
 

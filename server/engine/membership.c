@@ -59,6 +59,23 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
     return GS__ERR_NO_MEMORY;
   }
   rank_slot *s = &e->ranks[req->rank];
+  if (s->state == RANK_LEFT) {
+    /* Most likely the next job's rank, started before this job ended. */
+    int32_t running[64]; /* the first 64 are enough to name */
+    size_t n = 0;
+    for (int32_t r = 0; r < e->world && n < sizeof running / sizeof running[0]; r++)
+      if (e->ranks[r].state != RANK_LEFT) running[n++] = r;
+    char list[256];
+    gs__eng_format_ranks(running, n, list, sizeof list);
+    snprintf(err, errlen,
+             "rank %d (%s:%d) cannot join: this coordinator is still serving a job (epoch %u) "
+             "whose rank %d (%s:%d) has already finished, while ranks %s have not left yet. A "
+             "coordinator serves one job at a time: start the next job once this one ended "
+             "(gradsyncd exits after a job unless --serve-forever), or give it its own coordinator",
+             req->rank, host, req->pid, e->cfg.epoch, req->rank, s->host[0] ? s->host : "?", s->pid,
+             list);
+    return GS__ERR_ALREADY_JOINED;
+  }
   if (s->state != RANK_NONE && s->state != RANK_GONE) {
     snprintf(err, errlen,
              "rank %d already joined from %s:%d; a second process (%s:%d) tried to join as rank "
@@ -72,7 +89,7 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
   s->joined_ms = s->last_msg_ms = now_ms;
   memset(resp, 0, sizeof *resp);
   snprintf(resp->job_id, sizeof resp->job_id, "%s", e->cfg.job_id);
-  resp->epoch = 1;
+  resp->epoch = e->cfg.epoch;
   resp->rank = req->rank;
   resp->size = e->world;
   resp->config = e->cfg.job;
@@ -84,7 +101,7 @@ int gs__eng_world_status(const gs__engine *e, gs__plan_msg *m) {
   m->kind = GS__MSG_WORLD;
   m->world.ready = e->world_ready;
   m->world.size = e->world;
-  m->world.epoch = 1;
+  m->world.epoch = e->cfg.epoch;
   m->world.ranks = calloc((size_t)e->world, sizeof *m->world.ranks);
   m->world.missing_ranks = calloc((size_t)e->world, sizeof *m->world.missing_ranks);
   m->world.gone_ranks = calloc((size_t)e->world, sizeof *m->world.gone_ranks);

@@ -95,3 +95,9 @@ void job_stop_coordinator(job *j) {
   proc_signal(j->coord, SIGTERM);
   job_expect_exit(j->coord, 0);
 }
+
+void job_expect_coordinator_failed(job *j) {
+  job_expect_exit(j->coord, 3);
+  job_expect_output(j->coord, "job (epoch 1) failed: every rank was told");
+  job_expect_output(j->coord, "stopped: the job failed (exit status 3)");
+}

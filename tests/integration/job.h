@@ -59,4 +59,8 @@ void job_expect_lines(const proc *p, const char *const *expect, int rank, int si
 /* SIGTERM to j's gradsyncd, which must then exit 0. */
 void job_stop_coordinator(job *j);
 
+/* One job per coordinator: j's gradsyncd, whose job failed, must exit by
+ * itself with status 3 after logging that the job (epoch 1) failed. */
+void job_expect_coordinator_failed(job *j);
+
 #endif

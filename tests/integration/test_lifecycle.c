@@ -1,0 +1,137 @@
+/* The coordinator's lifecycle with real processes on 127.0.0.1: one job per
+ * coordinator (exit 0 when every rank left, 3 when the job failed: see
+ * test_fault), --serve-forever (a fresh job, next epoch, after each),
+ * SIGTERM in the middle of a job (every rank fails with
+ * GS_ERR_COORDINATOR_LOST saying the coordinator was shut down, gradsyncd
+ * exits 0), and the refusal of a next job's rank that comes too early. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "job.h"
+
+#define GUARD_MS 90000 /* per test: catches hangs, never a timing check */
+
+static const char train_path[] = GS_BIN_DIR "/gradsync-train";
+static const char worker_path[] = GS_BIN_DIR "/gs-test-worker";
+
+static int setup(void **state) {
+  (void)state;
+  return proc_test_begin("lifecycle", GUARD_MS);
+}
+
+static void wait_for_output(proc *p, const char *needle) {
+  if (proc_wait_for_output(p, needle, proc_guard_left_ms()) != 0)
+    job_fail("%s: never printed \"%s\"", p->label, needle);
+}
+
+/* A 2-rank demo job of `steps` against j's coordinator; both ranks exit 0. */
+static void run_train_job(job *j, const char *steps) {
+  char *args[] = {"--steps", (char *)steps, NULL};
+  for (int r = 0; r < 2; r++) j->ranks[r] = job_start_rank(j, r, train_path, args, NULL);
+  for (int r = 0; r < 2; r++) job_expect_exit(j->ranks[r], 0);
+  job_expect_output(j->ranks[0], "parameters identical on all 2 ranks");
+}
+
+/* One job: gradsyncd exits 0 by itself once both ranks left. */
+static void test_one_job_then_exit(void **state) {
+  (void)state;
+  job j;
+  job_start_coordinator(&j, 2, NULL);
+  job_expect_output(j.coord, "one job, then exit (0: finished, 3: failed)");
+  run_train_job(&j, "20");
+  job_expect_exit(j.coord, 0);
+  job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
+  job_expect_no_output(j.coord, "received SIGTERM", 0);
+}
+
+/* --serve-forever: two jobs one after the other on one coordinator, the
+ * second in epoch 2 with fresh state; it stays up until SIGTERM. */
+static void test_serve_forever(void **state) {
+  (void)state;
+  char *args[] = {"--serve-forever", NULL};
+  job j;
+  job_start_coordinator(&j, 2, args);
+  job_expect_output(j.coord, "job after job (--serve-forever)");
+  run_train_job(&j, "20");
+  wait_for_output(j.coord, "ready for the next job (epoch 2)");
+  job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
+  run_train_job(&j, "20");
+  wait_for_output(j.coord, "job (epoch 2) finished: all 2 ranks left cleanly");
+  wait_for_output(j.coord, "ready for the next job (epoch 3)");
+  job_expect_no_output(j.coord, "already joined", 0);
+  job_stop_coordinator(&j);
+}
+
+/* SIGTERM while the job trains: every rank fails with
+ * GS_ERR_COORDINATOR_LOST saying it was shut down; gradsyncd exits 0. */
+static void test_sigterm_mid_job(void **state) {
+  (void)state;
+  char *cargs[] = {"--shutdown-grace-s", "5", NULL};
+  char *args[] = {"--steps", "1000000", "--log-every", "10", NULL};
+  job j;
+  job_start_coordinator(&j, 2, cargs);
+  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, train_path, args, NULL);
+  wait_for_output(j.ranks[0], "step 20/1000000");
+  proc_signal(j.coord, SIGTERM);
+  job_expect_exit(j.coord, 0);
+  job_expect_output(j.coord, "received SIGTERM: telling every rank the coordinator is going "
+                             "away; exiting within 5 s");
+  char want[512];
+  snprintf(want, sizeof want,
+           "lost the coordinator at %s: it was shut down while the job ran (UNAVAILABLE: "
+           "gradsyncd is shutting down",
+           j.addr);
+  for (int r = 0; r < 2; r++) {
+    job_expect_exit(j.ranks[r], 1);
+    job_expect_output(j.ranks[r], "' failed: GS_ERR_COORDINATOR_LOST: ");
+    job_expect_output(j.ranks[r], want);
+  }
+}
+
+/* Rank 0 of the job left; a process that wants to be rank 0 of the next job
+ * comes while rank 1 still runs: refused with the reason (not "rank 0
+ * already joined"). Rank 1's collective then fails (rank 0 is gone) and it
+ * exits without leaving, so the job failed: gradsyncd exits 3. */
+static void test_next_job_too_early(void **state) {
+  (void)state;
+  job j;
+  job_start_coordinator(&j, 2, NULL);
+  char *join[] = {"join", NULL};
+  char *hold[] = {"hold", "4000", NULL};
+  j.ranks[1] = job_start_rank(&j, 1, worker_path, hold, NULL);
+  j.ranks[0] = job_start_rank(&j, 0, worker_path, join, NULL);
+  job_expect_exit(j.ranks[0], 0);
+  wait_for_output(j.coord, "left the job");
+
+  char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=3000", NULL};
+  proc *next = job_start_rank(&j, 0, worker_path, join, env);
+  snprintf(next->label, sizeof next->label, "rank 0 (next job)");
+  job_expect_exit(next, 3);
+  job_expect_output(next, "join: gs_init failed: GS_ERR_");
+  job_expect_output(next, "cannot join: this coordinator is still serving a job (epoch 1) whose "
+                          "rank 0 (");
+  job_expect_output(next, "has already finished, while ranks [1] have not left yet");
+  job_expect_no_output(next, "already joined", 0);
+
+  proc_wait(j.ranks[1], proc_guard_left_ms());
+  job_expect_output(j.ranks[1], "has already left the job");
+  job_expect_coordinator_failed(&j);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_one_job_then_exit, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_serve_forever, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sigterm_mid_job, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_next_job_too_early, setup, job_teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
