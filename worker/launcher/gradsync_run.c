@@ -952,6 +952,10 @@ static void on_coord_exit(launcher *L) {
     say(L, "gradsyncd %s before announcing its address", what);
     decide_exit(L, 1);
     begin_stop_coord(L);
+  } else if (WIFEXITED(L->coord.status) &&
+             (WEXITSTATUS(L->coord.status) == 0 || WEXITSTATUS(L->coord.status) == 3)) {
+    /* One job per coordinator: it exits once the job is over (0: every rank
+     * left, 3: the job failed and every rank was told); the ranks report. */
   } else if ((L->phase == PH_RUN || L->phase == PH_STOP_RANKS) && !L->coord_lost_warned) {
     L->coord_lost_warned = 1;
     say(L, "gradsyncd %s while the ranks were still running", what);
