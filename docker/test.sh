@@ -154,20 +154,34 @@ missing=$("${P[@]}" run --rm "${RUN[@]}" --entrypoint sh "$img_co" -c \
   'ldd /usr/bin/gradsync* /usr/lib/libgradsync.so.0 | grep "not found" || true')
 [ -z "$missing" ] || fail "libraries missing in the image: $missing"
 
+# No token, no TLS, on the image's 0.0.0.0: refused (exit 2), unless
+# GRADSYNC_INSECURE=1.
+rc=0
+"${P[@]}" run --rm "${RUN[@]}" -e GRADSYNC_LISTEN=0.0.0.0:$(free_port) "$img_co" >"$tmp/refuse.log" 2>&1 ||
+  rc=$?
+[ "$rc" = 2 ] || fail "the coordinator without a token exited with $rc, expected 2: $(cat "$tmp/refuse.log")"
+grep -q "refusing to serve 0.0.0.0:.* without authentication" "$tmp/refuse.log" ||
+  fail "no refusal text: $(cat "$tmp/refuse.log")"
+lap "image checks; no token on 0.0.0.0 refused"
+
 # ---- 4. a job: coordinator + 2 workers ---------------------------------------------
+# The coordinator reads the token from a file (as from a Kubernetes or
+# compose secret), the workers from GRADSYNC_JOB_TOKEN.
 token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+echo "$token" >"$tmp/token"
+chmod 644 "$tmp/token"
 port=$(free_port)
 co=gs-co-$tag
-start "$co" --health-interval disable -e GRADSYNC_LISTEN=127.0.0.1:$port -e GRADSYNC_WORLD_SIZE=2 \
-  -e GRADSYNC_JOB_TOKEN="$token" "$img_co"
-wait_log "$co" "gradsyncd listening on 127.0.0.1:$port" 30
+start "$co" --health-interval disable -e GRADSYNC_LISTEN=0.0.0.0:$port -e GRADSYNC_WORLD_SIZE=2 \
+  -v "$tmp/token:/run/secrets/job_token:ro" -e GRADSYNC_TOKEN_FILE=/run/secrets/job_token "$img_co"
+wait_log "$co" "gradsyncd listening on 0.0.0.0:$port" 30
 if [ -n "$health" ]; then
   "${P[@]}" healthcheck run "$co" >/dev/null 2>&1 || fail "the HEALTHCHECK ($health) is not healthy"
   [ "$("${P[@]}" inspect -f '{{.State.Health.Status}}' "$co")" = healthy ] ||
     fail "health status is $("${P[@]}" inspect -f '{{.State.Health.Status}}' "$co")"
   say "HEALTHCHECK $health: healthy"
 else
-  say "NOTE: the image has no HEALTHCHECK (no gradsyncctl yet); health not checked"
+  fail "the coordinator image has no HEALTHCHECK"
 fi
 for r in 0 1; do
   start "gs-w$r-$tag" -e GRADSYNC_COORDINATOR=127.0.0.1:$port -e GRADSYNC_RANK=$r -e GRADSYNC_SIZE=2 \

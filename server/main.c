@@ -56,7 +56,8 @@ static int should_stop(void *arg) {
       return 1;
     }
     if (sig == SIGHUP)
-      GS_LOG_INFO("received SIGHUP: no TLS files are configured, nothing to reload");
+      GS_LOG_WARN("received SIGHUP: ignored (TLS files are read at start only; restart "
+                  "gradsyncd to use new certificates)");
   }
   return gs__coordinator_outcome(st->co) != GS__JOB_RUNNING;
 }
