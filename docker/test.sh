@@ -4,13 +4,13 @@
 #
 #  1. base images debian:12 / debian:12-slim from debootstrap (cached in
 #     /var/cache/gradsync: docker/base-images.sh);
-#  2. the .deb of BUILD_DIR (cpack) installed with apt into a clean
-#     debian:12-slim root: its computed Depends suffice for gradsyncd and
-#     a 2-rank demo job;
-#  3. both images (coordinator, the default target, and worker) built
-#     with `podman build --format docker`; the coordinator image: at most
-#     100 MB, user 10001, port 50051, STOPSIGNAL SIGTERM, the version label,
-#     every library of every program resolved, no token = refusal;
+#  2. both images (coordinator, the default target, and worker) built
+#     with `podman build --format docker`;
+#  3. the .deb the build stage made (cpack) installed with apt into a
+#     clean debian:12-slim root: its computed Depends suffice for gradsyncd
+#     and a 2-rank demo job; the coordinator image: at most 100 MB, user
+#     10001, port 50051, STOPSIGNAL SIGTERM, the version label, every
+#     library of every program resolved, no token = refusal;
 #  4. a job: the coordinator container and 2 worker containers on host
 #     networking (free ports): both workers exit 0, the HEALTHCHECK turns
 #     healthy while the job runs (when the image has one), the coordinator
@@ -20,7 +20,8 @@
 #     GS_ERR_COORDINATOR_LOST saying the coordinator was shut down.
 # Prints what each step cost and the total. Exit 0 pass, 1 fail, 77 skip
 # (not root, podman/runc/debootstrap missing, podman cannot run a
-# container here, or BUILD_DIR is a sanitizer build).
+# container here, or BUILD_DIR is a sanitizer build: CI runs it once, with
+# the plain build).
 set -euo pipefail
 build=$(cd "${1:?usage: docker/test.sh BUILD_DIR}" && pwd)
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +31,7 @@ P=(podman --runtime runc)
 RUN=(--network host --ulimit nofile=1024:1024 --ulimit nproc=4096:4096)
 img_co=localhost/gradsyncd:test-$tag
 img_wk=localhost/gradsync-train:test-$tag
+img_bd=localhost/gradsync-build:test-$tag
 containers=()
 tmp=$(mktemp -d /tmp/gs-container.XXXXXX)
 
@@ -48,7 +50,7 @@ fail() {
 }
 cleanup() {
   for c in "${containers[@]}"; do "${P[@]}" rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
-  "${P[@]}" rmi -f "$img_co" "$img_wk" >/dev/null 2>&1 || true
+  "${P[@]}" rmi -f "$img_co" "$img_wk" "$img_bd" >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -109,11 +111,30 @@ if ! "${P[@]}" run --rm "${RUN[@]}" docker.io/library/debian:12-slim true >"$tmp
 fi
 lap "base images"
 
-# ---- 2. the .deb into a clean debian:12-slim root ---------------------------------
-(cd "$build" && cpack -G DEB -B "$tmp/deb" >"$tmp/cpack.log" 2>&1) || {
-  cat "$tmp/cpack.log"
-  fail "cpack -G DEB"
+# ---- 2. the images -------------------------------------------------------------------
+build_image() {
+  "${P[@]}" build --format docker --pull=never "${RUN[@]}" \
+    -f "$src/docker/Dockerfile" "$@" "$src" >"$tmp/build.log" 2>&1 || {
+    tail -40 "$tmp/build.log"
+    fail "podman build $* failed"
+  }
 }
+build_image -t "$img_co"
+build_image --target worker -t "$img_wk"
+lap "images built"
+
+# ---- 3. the .deb into a clean debian:12-slim root ---------------------------------
+# The .deb the image's build stage made (cpack -G DEB, Depends computed by
+# dpkg-shlibdeps; built once, for both images and this step). The host's
+# own build may link the nccl backend against a CUDA outside Debian
+# (/usr/local/cuda), whose package no Debian root can satisfy.
+build_image --target build -t "$img_bd"
+containers+=("gs-debx-$tag")
+"${P[@]}" create --name "gs-debx-$tag" "$img_bd" true >/dev/null
+mkdir -p "$tmp/deb"
+"${P[@]}" cp "gs-debx-$tag:/pkg/." "$tmp/deb/" || fail "copying the .deb out of the build stage"
+"${P[@]}" rm -f "gs-debx-$tag" >/dev/null
+ls "$tmp"/deb/gradsync_*.deb >/dev/null 2>&1 || fail "the build stage made no gradsync_*.deb"
 containers+=("gs-deb-$tag")
 "${P[@]}" run --name "gs-deb-$tag" "${RUN[@]}" -v "$tmp/deb:/deb:ro" docker.io/library/debian:12-slim \
   sh -ec 'apt-get update -qq
@@ -126,18 +147,6 @@ grep -q "parameters identical on all 2 ranks" "$tmp/deb.log" ||
   fail "the job in the .deb's root did not finish: $(tail -20 "$tmp/deb.log")"
 "${P[@]}" rm -f "gs-deb-$tag" >/dev/null
 lap ".deb installed with apt into debian:12-slim, 2-rank job ran"
-
-# ---- 3. the images -------------------------------------------------------------------
-build_image() {
-  "${P[@]}" build --format docker --pull=never "${RUN[@]}" \
-    -f "$src/docker/Dockerfile" "$@" "$src" >"$tmp/build.log" 2>&1 || {
-    tail -40 "$tmp/build.log"
-    fail "podman build $* failed"
-  }
-}
-build_image -t "$img_co"
-build_image --target worker -t "$img_wk"
-lap "images built"
 
 size=$("${P[@]}" image inspect -f '{{.Size}}' "$img_co")
 say "coordinator image: $size bytes ($((size / 1000000)) MB)"

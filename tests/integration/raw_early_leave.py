@@ -8,7 +8,9 @@ and its leave. Before the fix the plan this produced was built through a
 pointer into an outbox that grew meanwhile: gradsyncd wrote into freed
 memory and crashed, or cut the plan to 8 responses. Now rank 1 receives
 every one of its 10 ops as an error with GS_ERR_SHUTDOWN (12) naming rank 0,
-and gradsyncd keeps running and stops cleanly on SIGTERM.
+and gradsyncd keeps running and stops cleanly on SIGTERM (--serve-forever:
+the job fails when the streams close without rank 1's leave, and a
+one-job coordinator would exit 3 then).
 
 usage: raw_early_leave.py BIN_DIR SOURCE_DIR     (exit 77: grpcio/protoc missing)
 """
@@ -38,7 +40,8 @@ def fail(msg):
 
 
 coord = subprocess.Popen([os.path.join(bin_dir, "gradsyncd"), "--listen", "127.0.0.1:0",
-                          "--world-size", "2", "--deadlock-time-ms", "0"],
+                          "--world-size", "2", "--deadlock-time-ms", "0",
+                          "--serve-forever"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 try:
     out_lines = []
