@@ -38,6 +38,13 @@
 #define GENERIC (-1)
 /* Events drained before a tick that comes due (see gs__server_run). */
 #define MAX_EVENTS_BEFORE_TICK 4096
+/* A tick this late means the loop did not run for a while (a long pass,
+ * or the process was stopped or starved of CPU): it is postponed by
+ * CATCH_UP_MS, once, so that what the peers sent meanwhile (heartbeats,
+ * requests), still in the sockets, is read before liveness, stalls and
+ * deadlocks are judged. */
+#define LATE_TICK_MS 500
+#define CATCH_UP_MS 1000
 
 typedef enum { T_NEW, T_UNARY, T_START, T_RECV, T_SEND, T_STATUS, T_CLOSE, T_SHUTDOWN } tag_kind;
 
@@ -674,9 +681,23 @@ int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg) {
     if (s->services[i]->tick && s->services[i]->tick_ms && s->services[i]->tick_ms < period)
       period = s->services[i]->tick_ms;
   uint64_t next_tick = gs__now_ms() + period;
+  int caught_up = 0;
   while (!should_stop(arg)) {
     uint64_t now = gs__now_ms();
+    if (now >= next_tick && now - next_tick > LATE_TICK_MS && !caught_up) {
+      /* The events already in the queue (below) are not all there is: the
+       * peers' messages of the pause are still in the sockets, and only a
+       * wait with a deadline reads them. A rank silent through our own
+       * pause is not a silent rank. */
+      GS_LOG_INFO("the event loop did not run for %.1f s; reading what the ranks sent meanwhile "
+                  "before checking liveness",
+                  (double)(now - next_tick + period) / 1000.0);
+      next_tick = now + CATCH_UP_MS;
+      caught_up = 1;
+      continue;
+    }
     if (now >= next_tick) {
+      caught_up = 0;
       /* Read what already waits in the queue first: after a long pass the
        * ranks' heartbeats are there, and a tick before them would take
        * healthy ranks for silent ones. Bounded, so that a flood cannot

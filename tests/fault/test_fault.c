@@ -6,8 +6,9 @@
  *
  * Scenarios (docs/troubleshooting.md shows each one's output): a desync that
  * deadlocks, a rank that crashes or is SIGKILLed, a hung rank (stall warning
- * and stall shutdown), a stopped rank (SIGSTOP), stragglers (no false
- * deadlock), a SIGKILLed coordinator and a rank that never joins.
+ * and stall shutdown), a stopped rank (SIGSTOP), a paused coordinator
+ * (SIGSTOP: no rank lost), stragglers (no false deadlock), a SIGKILLed coordinator and a rank that
+ * never joins.
  *
  * Timeouts are made short with flags (--deadlock-time-ms, --stall-*-s,
  * --rank-timeout-ms, GRADSYNC_JOIN_TIMEOUT_MS); no assertion depends on
@@ -326,6 +327,30 @@ static void test_stopped_rank(void **state) {
   expect_no_strays();
 }
 
+/* SIGSTOP of the coordinator for longer than the rank timeout and the
+ * deadlock time, then SIGCONT: the ranks were alive all along (their
+ * heartbeats wait in the sockets), so none is declared lost and no deadlock
+ * is reported; the job finishes with identical parameters on every rank. */
+static void test_coordinator_paused(void **state) {
+  (void)state;
+  char *coord_args[] = {"--rank-timeout-ms", "2000", "--deadlock-time-ms", "1500", NULL};
+  char *train_args[] = {"--steps", "40",        "--log-every", "5", "--slow-rank",
+                        "0",       "--slow-ms", "100",         NULL};
+  job j;
+  start_train_job(&j, 3, coord_args, train_args);
+  wait_for_output(j.ranks[0], "step 5/40");
+  proc_signal(j.coord, SIGSTOP);
+  sleep(4);
+  proc_signal(j.coord, SIGCONT);
+  for (int r = 0; r < 3; r++) job_expect_exit(j.ranks[r], 0);
+  job_expect_output(j.ranks[0], "parameters identical on all 3 ranks");
+  job_expect_output(j.coord, "the event loop did not run for ");
+  job_expect_no_output(j.coord, "was lost", 0);
+  job_expect_no_output(j.coord, "deadlock: ", 1);
+  job_stop_coordinator(&j);
+  expect_no_strays();
+}
+
 /* ---- stragglers are not deadlocks ------------------------------------------ */
 
 static void straggler(const char *slow_ms, const char *steps) {
@@ -433,6 +458,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_hang_stall_warning, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_hang_stall_shutdown, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_stopped_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_coordinator_paused, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_straggler, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_straggler_slower_than_deadlock_time, setup,
                                       job_teardown),
