@@ -467,6 +467,49 @@ def test_kv_limits_and_waiters():
     expect(d.poll() is None, "gradsyncd died", d)
 
 
+def test_kv_waiter_cap():
+    """4096 KvGets may wait for keys at once: the 4097th is refused at once
+    with RESOURCE_EXHAUSTED naming the limit and what to do; the 4096 keep
+    waiting and all get the value once it is set; reads without a wait and
+    writes are served meanwhile."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2"], {"GRADSYNC_JOB_TOKEN": token})
+    ch = channel(addr)
+    code, det, rep = unary(ch, "Join", join_request(0, 2), md(token))
+    expect(code == grpc.StatusCode.OK, "join: %s %s" % (code, det))
+    who = md(token, 0, parse(rep)[6][0])
+    get = ch.unary_unary(SVC + "KvGet")
+    waiting = [get.future(kv_get("later", 120000), metadata=md(token), timeout=150)
+               for _ in range(4096)]
+    # The 4096 reach gradsyncd in their own time: probe (each probe waits
+    # 50 ms, so it is a waiter too) until the cap refuses one.
+    deadline, refused = time.time() + 60, None
+    while time.time() < deadline:
+        code, det, _ = unary(ch, "KvGet", kv_get("probe", 50), md(token))
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            refused = det
+            break
+        expect(code == grpc.StatusCode.OK, "probe: %s %s" % (code, det), d)
+        time.sleep(0.1)
+    expect(refused is not None, "no KvGet refused with 4096 waiting", d)
+    expect("too many KvGet calls are waiting for keys (limit 4096)" in refused
+           and "try again" in refused, "the refusal names the limit: %r" % refused)
+    expect(not any(f.done() for f in waiting), "a waiting KvGet ended early")
+    code, det, _ = unary(ch, "KvSet", kv_set("other", "x"), who)
+    expect(code == grpc.StatusCode.OK, "KvSet at the cap: %s %s" % (code, det))
+    code, det, rep = unary(ch, "KvGet", kv_get("other"), md(token))
+    expect(code == grpc.StatusCode.OK and parse(rep)[2][0] == b"x",
+           "KvGet without a wait at the cap: %s %s" % (code, det))
+    code, det, _ = unary(ch, "KvSet", kv_set("later", "value"), who)
+    expect(code == grpc.StatusCode.OK, "KvSet of the awaited key: %s %s" % (code, det))
+    got = [parse(f.result(timeout=60)).get(2, [b""])[0] for f in waiting]
+    expect(got == [b"value"] * 4096, "%d of 4096 waiters got the value" % got.count(b"value"))
+    # the slots are free again
+    code, det, rep = unary(ch, "KvGet", kv_get("soon", 50), md(token))
+    expect(code == grpc.StatusCode.OK, "KvGet after the waiters were answered: %s %s" % (code, det))
+    expect(d.poll() is None, "gradsyncd died", d)
+
+
 def flood(addr, meta, size, streams, rounds):
     ch = channel(addr)
     msg = f_bytes(2, b"\x0a" + varint(size) + b"n" * size)  # one huge TensorRequest
@@ -588,7 +631,7 @@ def test_tls_and_mtls():
 
 TESTS = [test_token_required_everywhere, test_gradsync_run_token, test_listen_refusals,
          test_malformed_bytes_every_method, test_identity_and_kv_ownership,
-         test_session_hijack_during_job, test_kv_limits_and_waiters,
+         test_session_hijack_during_job, test_kv_limits_and_waiters, test_kv_waiter_cap,
          test_first_message_flood, test_tls_and_mtls]
 
 
