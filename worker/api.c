@@ -1345,20 +1345,17 @@ static gs_status finished(gs_handle *h) {
   return h->status;
 }
 
-gs_status gs_wait(gs_handle *h, int timeout_ms) {
-  size_t idx;
-  if (!h) return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait: handle is NULL");
-  return gs_wait_any(&h, 1, timeout_ms, &idx);
-}
-
-gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index) {
+/* gs_wait_any, and gs_wait_any_passive when passive: a passive wait is not
+ * registered as this rank waiting on the ops (deadlock detection). */
+static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int timeout_ms,
+                          size_t *index, int passive) {
   if (!hs || n == 0 || !index)
-    return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait_any: no handles given (hs=%p, n=%zu)",
+    return gs__set_error(GS_ERR_INVALID_ARG, "%s: no handles given (hs=%p, n=%zu)", fn,
                          (const void *)hs, n);
   for (size_t i = 0; i < n; i++) {
-    if (!hs[i]) return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handle %zu is NULL", i);
+    if (!hs[i]) return gs__set_error(GS_ERR_INVALID_ARG, "%s: handle %zu is NULL", fn, i);
     if (hs[i]->ctx != hs[0]->ctx)
-      return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait_any: handles belong to different contexts");
+      return gs__set_error(GS_ERR_INVALID_ARG, "%s: handles belong to different contexts", fn);
   }
   /* Completed handles are readable without the context (it may be gone). */
   for (size_t i = 0; i < n; i++)
@@ -1366,7 +1363,7 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
       *index = i;
       return finished(hs[i]);
     }
-  if (timeout_ms == 0) return gs__set_error(GS_ERR_TIMEOUT, "gs_wait: the op is still pending");
+  if (timeout_ms == 0) return gs__set_error(GS_ERR_TIMEOUT, "%s: the op is still pending", fn);
   gs_ctx *ctx = hs[0]->ctx;
   struct timespec ts;
   if (timeout_ms > 0) abs_deadline(&ts, timeout_ms);
@@ -1377,12 +1374,14 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
   gs_status st = GS_ERR_TIMEOUT;
   pthread_mutex_lock(&ctx->mu);
   uint64_t now = gs__now_ms();
-  for (size_t i = 0; i < n; i++) {
-    gs__handle_waited_locked(ctx, hs[i], now);
-    hs[i]->nwaiting++;
+  if (!passive) {
+    for (size_t i = 0; i < n; i++) {
+      gs__handle_waited_locked(ctx, hs[i], now);
+      hs[i]->nwaiting++;
+    }
+    self.next = ctx->waiters;
+    ctx->waiters = &self;
   }
-  self.next = ctx->waiters;
-  ctx->waiters = &self;
   for (;;) {
     size_t i = 0;
     while (i < n && !atomic_load_explicit(&hs[i]->done, memory_order_acquire)) i++;
@@ -1395,20 +1394,36 @@ gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *in
                             : pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
     if (rc == ETIMEDOUT) break;
   }
-  for (gs__waiter **w = &ctx->waiters; *w; w = &(*w)->next)
-    if (*w == &self) {
-      *w = self.next;
-      break;
+  if (!passive) {
+    for (gs__waiter **w = &ctx->waiters; *w; w = &(*w)->next)
+      if (*w == &self) {
+        *w = self.next;
+        break;
+      }
+    now = gs__now_ms();
+    for (size_t i = 0; i < n; i++) {
+      hs[i]->nwaiting--;
+      if (hs[i]->wait_last_ms < now) hs[i]->wait_last_ms = now;
     }
-  now = gs__now_ms();
-  for (size_t i = 0; i < n; i++) {
-    hs[i]->nwaiting--;
-    if (hs[i]->wait_last_ms < now) hs[i]->wait_last_ms = now;
   }
   pthread_mutex_unlock(&ctx->mu);
   if (st == GS_OK) return finished(hs[*index]);
-  return gs__set_error(GS_ERR_TIMEOUT, "gs_wait: timed out after %d ms; the op is still pending",
+  return gs__set_error(GS_ERR_TIMEOUT, "%s: timed out after %d ms; the op is still pending", fn,
                        timeout_ms);
+}
+
+gs_status gs_wait(gs_handle *h, int timeout_ms) {
+  size_t idx;
+  if (!h) return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait: handle is NULL");
+  return wait_any("gs_wait", &h, 1, timeout_ms, &idx, 0);
+}
+
+gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index) {
+  return wait_any("gs_wait_any", hs, n, timeout_ms, index, 0);
+}
+
+gs_status gs_wait_any_passive(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index) {
+  return wait_any("gs_wait_any_passive", hs, n, timeout_ms, index, 1);
 }
 
 gs_status gs_test(gs_handle *h, int *done) {

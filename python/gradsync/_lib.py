@@ -144,6 +144,8 @@ _PROTOTYPES = {
     "gs_join": (c_int, [_P, ctypes.POINTER(c_int)]),
     "gs_wait": (c_int, [_P, c_int]),
     "gs_wait_any": (c_int, [_PP, c_size_t, c_int, ctypes.POINTER(c_size_t)]),
+    "gs_wait_any_passive": (c_int, [_PP, c_size_t, c_int, ctypes.POINTER(c_size_t)]),
+    "gs_nccl_version": (c_int, []),
     "gs_test": (c_int, [_P, ctypes.POINTER(c_int)]),
     "gs_handle_error": (c_char_p, [_P]),
     "gs_handle_free": (None, [_P]),

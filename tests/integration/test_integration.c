@@ -121,6 +121,14 @@ static void test_random_order_4(void **state) {
   run_world(4, args, "random-order: 100 tensors checked (rank %d of %d)");
 }
 
+/* ---- the application's kv store through the C API ------------------------ */
+
+static void test_kv_3(void **state) {
+  (void)state;
+  char *args[] = {"kv", NULL};
+  run_world(3, args, "kv: passed (rank %d of %d)");
+}
+
 /* ---- a shape mismatch fails the op on every rank, the job goes on ----- */
 
 static void test_mismatch_3(void **state) {
@@ -246,6 +254,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ops_4, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_random_order_2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_random_order_4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_kv_3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_mismatch_3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_duplicate_join, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_never_joined, setup, job_teardown),

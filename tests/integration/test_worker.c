@@ -1374,13 +1374,95 @@ static int mode_allgather_overflow(gs_ctx *ctx) {
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* The application's kv store (gs_kv_set / gs_kv_get / gs_free): every rank
+ * writes its own key and reads every other rank's, waiting for it; binary
+ * values with NULs, an empty value (non-NULL buffer, length 0), a value of
+ * exactly GS_KV_VALUE_MAX, a replaced value; the refusals (empty and
+ * over-long key, over-large value, a wait past GS_KV_WAIT_MAX_MS, NULL
+ * out-params) and GS_ERR_TIMEOUT for a key nobody sets, *value NULL. */
+static void kv_expect(gs_status got, gs_status want, const char *what) {
+  if (got != want)
+    wu_die("%s: expected %s, got %s: %s", what, wu_status_name(want), wu_status_name(got),
+           gs_last_error(NULL));
+}
+
+static void kv_get_expect(gs_ctx *ctx, const char *key, const void *want, size_t wlen) {
+  void *v = NULL;
+  size_t n = 99;
+  kv_expect(gs_kv_get(ctx, key, 30000, &v, &n), GS_OK, key);
+  if (!v) wu_die("gs_kv_get '%s': GS_OK with a NULL value", key);
+  if (n != wlen || memcmp(v, want, wlen) != 0)
+    wu_die("gs_kv_get '%s': %zu bytes, want %zu (or the bytes differ)", key, n, wlen);
+  gs_free(v);
+}
+
+static int mode_kv(gs_ctx *ctx) {
+  char key[64], val[64];
+  int len = snprintf(val, sizeof val, "rank%c%d value", 0, g_rank) + 1; /* NULs inside */
+  snprintf(key, sizeof key, "kv/rank%d", g_rank);
+  kv_expect(gs_kv_set(ctx, key, val, (size_t)len), GS_OK, key);
+  for (int r = 0; r < g_size; r++) {
+    char k[64], want[64];
+    int wl = snprintf(want, sizeof want, "rank%c%d value", 0, r) + 1;
+    snprintf(k, sizeof k, "kv/rank%d", r);
+    kv_get_expect(ctx, k, want, (size_t)wl);
+  }
+  size_t big = GS_KV_VALUE_MAX;
+  uint8_t *buf = wu_xcalloc(big + 1, 1);
+  for (size_t i = 0; i < big + 1; i++) buf[i] = (uint8_t)(i * 7 + 3);
+  if (g_rank == 0) {
+    kv_expect(gs_kv_set(ctx, "kv/empty", "", 0), GS_OK, "empty value");
+    kv_expect(gs_kv_set(ctx, "kv/empty2", NULL, 0), GS_OK, "NULL value of length 0");
+    kv_expect(gs_kv_set(ctx, "kv/big", buf, big), GS_OK, "a value of GS_KV_VALUE_MAX bytes");
+    kv_expect(gs_kv_set(ctx, "kv/over", "first", 5), GS_OK, "kv/over first");
+    kv_expect(gs_kv_set(ctx, "kv/over", "second!", 7), GS_OK, "kv/over replaced");
+  }
+  kv_expect(gs_barrier(ctx), GS_OK, "barrier after the writes");
+  kv_get_expect(ctx, "kv/empty", "", 0);
+  kv_get_expect(ctx, "kv/empty2", "", 0);
+  kv_get_expect(ctx, "kv/big", buf, big);
+  kv_get_expect(ctx, "kv/over", "second!", 7);
+
+  char longkey[GS_KV_KEY_MAX + 2];
+  memset(longkey, 'k', sizeof longkey - 1);
+  longkey[sizeof longkey - 1] = 0;
+  kv_expect(gs_kv_set(ctx, "", "x", 1), GS_ERR_INVALID_ARG, "empty key");
+  if (!strstr(gs_last_error(NULL), "key is NULL or empty"))
+    wu_die("empty key: message %s", gs_last_error(NULL));
+  kv_expect(gs_kv_set(ctx, longkey, "x", 1), GS_ERR_INVALID_ARG, "a key over GS_KV_KEY_MAX");
+  if (!strstr(gs_last_error(NULL), "longer than GS_KV_KEY_MAX (448)"))
+    wu_die("long key: message %s", gs_last_error(NULL));
+  longkey[GS_KV_KEY_MAX] = 0; /* exactly GS_KV_KEY_MAX: accepted */
+  kv_expect(gs_kv_set(ctx, longkey, "x", 1), GS_OK, "a key of GS_KV_KEY_MAX bytes");
+  kv_expect(gs_kv_set(ctx, "kv/x", buf, big + 1), GS_ERR_INVALID_ARG, "a value over the max");
+  if (!strstr(gs_last_error(NULL), "larger than GS_KV_VALUE_MAX"))
+    wu_die("big value: message %s", gs_last_error(NULL));
+  kv_expect(gs_kv_set(ctx, "kv/x", NULL, 1), GS_ERR_INVALID_ARG, "NULL value of length 1");
+  void *v = (void *)1;
+  size_t n = 1;
+  kv_expect(gs_kv_get(ctx, "kv/empty", GS_KV_WAIT_MAX_MS + 1, &v, &n), GS_ERR_INVALID_ARG,
+            "a wait over GS_KV_WAIT_MAX_MS");
+  if (v != NULL || n != 0) wu_die("refused gs_kv_get left *value/*len set");
+  kv_expect(gs_kv_get(ctx, "kv/empty", 0, NULL, &n), GS_ERR_INVALID_ARG, "NULL value out-param");
+  v = (void *)1;
+  kv_expect(gs_kv_get(ctx, "kv/nobody-sets-this", 200, &v, &n), GS_ERR_TIMEOUT, "unset key");
+  if (v != NULL) wu_die("gs_kv_get timed out but *value is not NULL");
+  kv_expect(gs_kv_get(ctx, "kv/nobody-sets-this", 0, &v, &n), GS_ERR_TIMEOUT, "unset key, no wait");
+  gs_free(NULL);
+  free(buf);
+  kv_expect(gs_barrier(ctx), GS_OK, "final barrier");
+  printf("kv: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: gs-test-worker ops [ROUNDS] | random-order [SEED] | mismatch |\n"
                   "                      hold MS | join | exit-code RANK CODE | mismatch-all |\n"
                   "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
                   "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
                   "                      join-steps STEPS | duplicate | model-diff N |\n"
-                  "                      early-leave N | pending-limit L | allgather-overflow\n");
+                  "                      early-leave N | pending-limit L | allgather-overflow |\n"
+                  "                      kv\n");
   exit(2);
 }
 
@@ -1490,6 +1572,10 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "allgather-overflow") == 0) {
     gs_ctx *ctx = join_or_die();
     rc = mode_allgather_overflow(ctx);
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "kv") == 0) {
+    gs_ctx *ctx = join_or_die();
+    rc = mode_kv(ctx);
     shutdown_or_die(ctx);
   } else if (strcmp(mode, "pending-limit") == 0) {
     if (argc != 3 || atoi(argv[2]) < 1) usage();

@@ -567,6 +567,25 @@ def mode_desync():
               "the error names both tensors: %r" % msg)
 
 
+def mode_compute_past_pending():
+    """Ranks submit two tensors in opposite orders and compute (sleep) for
+    longer than the deadlock time in between, without waiting: the
+    completer thread waits on the pending op meanwhile, which must not make
+    the rank look blocked (no false deadlock). Then the right sums."""
+    r, n = hvd.rank(), hvd.size()
+    first, second = ("compute.A", "compute.B") if r == 0 else ("compute.B", "compute.A")
+    h1 = hvd.allreduce_async(torch.full((4,), float(r + 1)), name=first, op=hvd.Sum)
+    time.sleep(3.0)  # "computing": nobody waits on h1
+    h2 = hvd.allreduce_async(torch.full((4,), float(r + 1)), name=second, op=hvd.Sum)
+    want = torch.full((4,), float(n * (n + 1) // 2))
+    try:
+        same(hvd.synchronize(h1), want, first)
+        same(hvd.synchronize(h2), want, second)
+    except hvd.HorovodInternalError as e:
+        check(False, "compute_past_pending: rank %d raised %s" % (r, e))
+    print("compute_past_pending: rank %d done" % r, flush=True)
+
+
 def mode_mismatch():
     r = hvd.rank()
     try:

@@ -24,3 +24,14 @@ def test_ddp_desync_raises_from_backward():
     expect_ok(job, 2, "ddp_deadlock: ok")
     line = [l for l in job.lines(0) if "ddp: rank 0 step 2 raised" in l]
     assert line and "HorovodInternalError" in line[0] and "deadlock" in line[0], job.out
+
+
+def test_no_false_deadlock_while_computing_past_pending_ops():
+    """Ops submitted and not waited on (the completer thread collects them)
+    do not make a computing rank look blocked: with a 1 s deadlock time and
+    3 s of compute between two submissions in opposite orders, no deadlock
+    is reported and the sums are right."""
+    job = run_ranks(2, "compute_past_pending", timeout=120,
+                    env={"GRADSYNC_DEADLOCK_TIME_MS": "1000"})
+    expect_ok(job, 2, "compute_past_pending: ok")
+    assert "deadlock: " not in job.out.lower(), job.out

@@ -111,3 +111,23 @@ def test_struct_mirrors_match_the_header(tmp_path):
     # and every field of the C struct is mirrored: same size and offsets of
     # every mirrored field leave no room for a missing one in the middle;
     # a field added at the end changes sizeof.
+
+
+def test_nccl_built_tells_the_truth():
+    """nccl_built() is NCCL's version code when libgradsync links NCCL (what
+    the dynamic linker resolves for it, not what the package believes), else
+    0; cuda_built/gloo_built/mpi_built follow Horovod's conventions."""
+    ldd = subprocess.run(["ldd", LIB], stdout=subprocess.PIPE, text=True, timeout=60).stdout
+    m = re.search(r"libnccl\.so\S* => (\S+)", ldd)
+    p = py("import gradsync.torch as hvd; print(hvd.nccl_built(), hvd.cuda_built(), "
+           "hvd.gloo_built(), hvd.mpi_built())", {"PYTHONPATH": os.path.join(REPO, "python")})
+    assert p.returncode == 0, p.stdout
+    nccl, cuda, gloo, mpi = p.stdout.split()[-4:]
+    assert (gloo, mpi) == ("False", "False")
+    if m is None:
+        assert (nccl, cuda) == ("0", "False"), ldd
+        return
+    nccl_lib = ctypes.CDLL(m.group(1))
+    v = ctypes.c_int(0)
+    assert nccl_lib.ncclGetVersion(ctypes.byref(v)) == 0
+    assert v.value > 0 and int(nccl) == v.value and cuda == "True", (nccl, v.value, ldd)

@@ -12,11 +12,22 @@
 #include "dtype.h"
 #include "status.h"
 
+#include "gradsync.h"
+
 #ifdef GS_HAVE_NCCL
 /* nccl.c */
 int gs__cuda_usable(int *ndevices, char *why, size_t whylen);
 gs__device gs__cuda_pointer_device(const void *p, int *device);
+int gs__nccl_version(void);
 #endif
+
+int gs_nccl_version(void) {
+#ifdef GS_HAVE_NCCL
+  return gs__nccl_version();
+#else
+  return 0;
+#endif
+}
 
 int gs__backend_kind_parse(const char *name) {
   if (!name) return -1;

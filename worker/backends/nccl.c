@@ -177,6 +177,13 @@ int gs__cuda_usable(int *ndevices, char *why, size_t whylen) {
   return 1;
 }
 
+/* NCCL's version code (no GPU needed). */
+int gs__nccl_version(void) {
+  int nv = 0;
+  if (ncclGetVersion(&nv) != ncclSuccess) return 0;
+  return nv;
+}
+
 gs__device gs__cuda_pointer_device(const void *p, int *device) {
   struct cudaPointerAttributes a;
   memset(&a, 0, sizeof a);

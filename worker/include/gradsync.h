@@ -362,6 +362,16 @@ GS_API gs_status gs_wait(gs_handle *h, int timeout_ms);
  * context. */
 GS_API gs_status gs_wait_any(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index);
 
+/* As gs_wait_any (timeout 0: a test that never blocks), for a thread that
+ * only collects completions on the application's behalf (a binding's
+ * completer thread, an event loop): the wait does not count as this rank
+ * waiting on the ops for deadlock detection. A rank whose application
+ * threads compute while such a thread waits on its ops is not blocked; the
+ * application's own gs_wait, gs_wait_any and gs_test still count. With
+ * several handles, *index tells a completed one (set *index to n before the
+ * call to tell "still pending" from an op that failed with GS_ERR_TIMEOUT). */
+GS_API gs_status gs_wait_any_passive(gs_handle *const *hs, size_t n, int timeout_ms, size_t *index);
+
 /* *done = 1 if the op completed (successfully or not), else 0. Returns
  * GS_OK, or GS_ERR_INVALID_ARG for NULL arguments. For deadlock detection,
  * testing a pending op again and again counts as waiting on it, as does
@@ -386,6 +396,12 @@ GS_API const char *gs_last_error(const gs_ctx *ctx);
 /* The library's version at run time ("0.1.0"); GS_VERSION_STRING is the
  * header's. Static string; any thread. */
 GS_API const char *gs_version(void);
+
+/* NCCL's version code as ncclGetVersion gives it (e.g. 22809 for 2.28.9)
+ * when this library was built with the nccl backend, else 0 (built without
+ * it). Says nothing about GPUs being present. Any thread; no gs_init
+ * needed. */
+GS_API int gs_nccl_version(void);
 
 /* "GS_ERR_MISMATCH: tensor differs across ranks"-style text; never NULL. */
 GS_API const char *gs_status_str(gs_status status);

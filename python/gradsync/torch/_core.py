@@ -8,7 +8,10 @@ Ownership and threads:
   the C handles are freed. Its fields are guarded by its own lock; `pins`
   and `released` by the module lock `_mu`.
 - One completer thread per process waits on the C handles of every live op
-  with gs_wait_any in bounded slices, finishes ops as they complete (results
+  with gs_wait_any_passive in bounded slices (its waits do not make the rank
+  look blocked: only the application's do; ops with callbacks, which the
+  application waits on through torch futures, are tested as gs_test polls
+  them), finishes ops as they complete (results
   copied out of the library's buffers, errors turned into exceptions) and
   runs their callbacks (futures of the DDP hook). Application threads that
   synchronize() wait on their own op in bounded gs_wait slices, so the
@@ -98,7 +101,18 @@ class _Op:
         self.released = False
         self.freed = False
 
-    def all_done(self):
+    def all_done(self, passive):
+        """Every C handle completed. passive (the completer): the check does
+        not count as the application waiting on the op; otherwise (poll,
+        synchronize) it does, as gs_test."""
+        if passive:
+            for h in self.handles:
+                one = (ctypes.c_void_p * 1)(h)
+                idx = ctypes.c_size_t(1)
+                lib.gs_wait_any_passive(one, 1, 0, ctypes.byref(idx))
+                if idx.value != 0:
+                    return False
+            return True
         done = ctypes.c_int(0)
         for h in self.handles:
             lib.gs_test(h, ctypes.byref(done))
@@ -106,12 +120,12 @@ class _Op:
                 return False
         return True
 
-    def try_complete(self):
+    def try_complete(self, passive=False):
         """Finishes the op if every C handle completed; True when finished.
         The caller has the op pinned."""
         if self.finished:
             return True
-        if not self.all_done():
+        if not self.all_done(passive):
             return False
         with self.lock:
             if self.finished:
@@ -208,12 +222,19 @@ class _Completer:
                 ops = list(self.live)
             pin(ops)
             try:
+                # Passive: only the application's own waits (synchronize,
+                # poll) make this rank look blocked to deadlock detection;
+                # ops it submitted and computes past are not waited on.
                 pending = [h for op in ops if not op.finished for h in op.handles]
                 if pending:
                     arr = (ctypes.c_void_p * len(pending))(*pending)
-                    lib.gs_wait_any(arr, len(pending), COMPLETER_SLICE_MS, ctypes.byref(idx))
+                    lib.gs_wait_any_passive(arr, len(pending), COMPLETER_SLICE_MS,
+                                            ctypes.byref(idx))
+                # An op with callbacks (the DDP hook's futures) is waited on
+                # by the application through torch, where we cannot see it:
+                # testing it here counts as that wait (as gs_test polling).
                 for op in ops:
-                    op.try_complete()
+                    op.try_complete(passive=not op.callbacks)
             finally:
                 unpin(ops)
             # ops only the completer finishes (callbacks, fire-and-forget)
@@ -294,7 +315,7 @@ def shutdown_ctx():
     lib.gs_shutdown(c)
     _state.ctx = None
     for op in ops:
-        op.try_complete()
+        op.try_complete(passive=True)
 
 
 def _at_exit():

@@ -183,12 +183,7 @@ def gloo_built():
 def nccl_built():
     """As Horovod: NCCL's version code when the library has the NCCL
     backend, else 0."""
-    fn = getattr(lib, "gs_nccl_version", None)
-    if fn is None:
-        return 0
-    fn.restype = ctypes.c_int
-    fn.argtypes = []
-    return int(fn())
+    return int(lib.gs_nccl_version())
 
 
 def cuda_built():
