@@ -35,13 +35,15 @@ static const gs__setting table[GS__S_COUNT] = {
                           "HOROVOD_CYCLE_TIME", GS__T_MILLI, "1", NULL, 0, 60000 * 1000LL, NULL,
                           GS__FOR_SERVER, "MS",
                           "Worker batching period in milliseconds (fractions allowed, e.g. 0.5), "
-                          "imposed on every rank; the window policy's emission period."},
+                          "imposed on every rank; the window policy's emission period.",
+                          "--cycle-time-ms", 0, "MS"},
     [GS__S_FUSION_THRESHOLD] = {"fusion_threshold", "--fusion-threshold",
                                 "GRADSYNC_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", GS__T_INT,
                                 "1048576", NULL, 0, 1LL << 40, NULL, GS__FOR_SERVER, "BYTES",
                                 "Fuse compatible allreduces (and allgathers) up to this many "
                                 "bytes; 0 turns fusion off. 1 MiB, not Horovod's 64 MiB: see "
-                                "docs/benchmarks.md."},
+                                "docs/benchmarks.md.",
+                                "--fusion-threshold-mb", 1048576, "MB"},
     [GS__S_EMIT_POLICY] = {"emit_policy", "--emit-policy", "GRADSYNC_EMIT_POLICY", NULL,
                            GS__T_CHOICE, "adaptive", NULL, 0, 0, "adaptive|window", GS__FOR_SERVER,
                            "POLICY",
@@ -62,19 +64,22 @@ static const gs__setting table[GS__S_COUNT] = {
     [GS__S_CACHE_CAPACITY] = {"cache_capacity", "--cache-capacity", "GRADSYNC_CACHE_CAPACITY",
                               "HOROVOD_CACHE_CAPACITY", GS__T_INT, "1024", NULL, 0, 1 << 24, NULL,
                               GS__FOR_SERVER, "N",
-                              "Response cache entries (LRU); 0 turns the cache off."},
+                              "Response cache entries (LRU); 0 turns the cache off.",
+                              "--cache-capacity", 0, "N"},
     [GS__S_STALL_WARNING] = {"stall_warning_s", "--stall-warning-s",
                              "GRADSYNC_STALL_CHECK_TIME_SECONDS",
                              "HOROVOD_STALL_CHECK_TIME_SECONDS", GS__T_INT, "60", NULL, 0, 86400,
                              NULL, GS__FOR_SERVER, "S",
                              "Every S seconds, log tensors that some ranks submitted more than S "
-                             "seconds ago, grouped by missing rank; 0 = off."},
+                             "seconds ago, grouped by missing rank; 0 = off.",
+                             "--stall-check-warning-time-seconds", 0, "S"},
     [GS__S_STALL_SHUTDOWN] = {"stall_shutdown_s", "--stall-shutdown-s",
                               "GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS",
                               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", GS__T_INT, "0", "0 (never)", 0,
                               86400 * 7, NULL, GS__FOR_SERVER, "S",
                               "Abort the job (GS_ERR_STALL) when a tensor has waited S seconds; "
-                              "0 = never."},
+                              "0 = never.",
+                              "--stall-check-shutdown-time-seconds", 0, "S"},
     [GS__S_DEADLOCK_TIME] = {"deadlock_time_ms", "--deadlock-time-ms", "GRADSYNC_DEADLOCK_TIME_MS",
                              NULL, GS__T_INT, "5000", NULL, 0, DAY_MS, NULL, GS__FOR_SERVER, "MS",
                              "Every live rank blocked on unscheduled tensors and no new request "
@@ -143,7 +148,8 @@ static const gs__setting table[GS__S_COUNT] = {
                         GS__T_STRING, NULL, "off", 0, 0, NULL, GS__FOR_SERVER, "FILE",
                         "Write a Chrome trace-event timeline (chrome://tracing, Perfetto) of "
                         "every tensor to FILE on gradsyncd's host from the start; complete JSON "
-                        "once stopped (StopTimeline, SIGTERM, the job's end)."},
+                        "once stopped (StopTimeline, SIGTERM, the job's end).",
+                        "--timeline-filename", 0, "FILE"},
     [GS__S_SERVE_FOREVER] = {"serve_forever", "--serve-forever", "GRADSYNC_SERVE_FOREVER", NULL,
                              GS__T_BOOL, "0", NULL, 0, 1, NULL, GS__FOR_SERVER, "BOOL",
                              "Serve job after job: once every rank of a job left (or the job "
@@ -673,6 +679,7 @@ void gs__settings_markdown(FILE *f, unsigned scope) {
         fprintf(f, "| `%s %s` ", d->flag, d->metavar);
       else
         fprintf(f, "| ");
+      if (d->run_flag) fprintf(f, "(gradsync-run: `%s %s`) ", d->run_flag, d->run_metavar);
     }
     fprintf(f, "| `%s`%s%s%s | ", d->env, d->alias ? ", `" : "", d->alias ? d->alias : "",
             d->alias ? "`" : "");

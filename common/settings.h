@@ -104,6 +104,12 @@ typedef struct gs__setting {
   unsigned scope;      /* GS__FOR_* */
   const char *metavar; /* "MS", "BYTES", "HOST:PORT" */
   const char *help;    /* one or more sentences */
+  /* horovodrun's flag for it, which gradsync-run takes and gives the
+   * gradsyncd it starts ("--timeline-filename"), or NULL; its value times
+   * run_scale is the setting's (0: as given; MB -> bytes: 1048576). */
+  const char *run_flag;
+  int64_t run_scale;
+  const char *run_metavar;
 } gs__setting;
 
 typedef enum gs__setting_source {

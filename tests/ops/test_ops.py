@@ -8,7 +8,7 @@ usage: test_ops.py BIN_DIR    exit 0 pass, 1 fail, 77 skip (no python3-grpcio)
 """
 import json, os, re, signal, subprocess, sys, tempfile, time
 
-BIN = sys.argv[1]
+BIN = os.path.abspath(sys.argv[1])
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
 TOKEN = "ops-test-token-%d" % os.getpid()
@@ -316,30 +316,51 @@ try:
     except ValueError as e:
         check(False, "--log-format json lines parse: %s %r" % (e, lines[:3]))
 
-    # ---- the timeline of a 3-step demo job (HOROVOD_TIMELINE alias) ----
+    # ---- the timeline of a 3-step demo job: HOROVOD_TIMELINE, and
+    # horovodrun's --timeline-filename on gradsync-run (a relative path: the
+    # launcher's directory) ----
+    def demo_timeline(how, tl, extra_args=(), env_extra=None, cwd=None):
+        r = subprocess.run([os.path.join(BIN, "gradsync-run"), "-np", "2", *extra_args,
+                            os.path.join(BIN, "gradsync-train"), "--steps", "3"],
+                           env=dict(os.environ, **(env_extra or {})), capture_output=True,
+                           text=True, timeout=120, cwd=cwd)
+        check(r.returncode == 0, how + ": the 3-step demo runs: " + r.stderr[-500:])
+        try:
+            ev = json.load(open(tl))
+            rows = {e["args"]["name"]: e["pid"] for e in ev if e.get("name") == "process_name"}
+            layers = ["fc1/weight", "fc1/bias", "fc2/weight", "fc2/bias", "fc3/weight", "fc3/bias"]
+            ok = all(n in rows for n in layers)
+            for n in layers:
+                mine = [e for e in ev if n in rows and e["pid"] == rows[n]]
+                spans = [e["name"] for e in mine if e["ph"] == "B"]
+                subs = [e["name"] for e in mine if e["ph"] == "i" and e["name"].endswith("submitted")]
+                ok = ok and spans.count("NEGOTIATE_ALLREDUCE") == 3 and spans.count("ALLREDUCE") == 3
+                ok = ok and subs.count("rank 0 submitted") == 3 and subs.count("rank 1 submitted") == 3
+                ok = ok and sum(e["ph"] == "B" for e in mine) == sum(e["ph"] == "E" for e in mine)
+            check(ok, how + ": the demo's timeline parses and has, for every layer, 3 negotiations, "
+                  "3 allreduces and every rank's submissions (%d events)" % len(ev))
+            os.unlink(tl)
+        except (ValueError, OSError) as e:
+            check(False, how + ": the demo's timeline parses as JSON: %s" % e)
+
     tl = tempfile.mktemp(prefix="gs-test-ops-", suffix=".json")
-    r = subprocess.run([os.path.join(BIN, "gradsync-run"), "-np", "2",
-                        os.path.join(BIN, "gradsync-train"), "--steps", "3"],
-                       env=dict(os.environ, HOROVOD_TIMELINE=tl), capture_output=True, text=True,
-                       timeout=120)
-    check(r.returncode == 0, "the 3-step demo runs: " + r.stderr[-500:])
-    try:
-        ev = json.load(open(tl))
-        rows = {e["args"]["name"]: e["pid"] for e in ev if e.get("name") == "process_name"}
-        layers = ["fc1/weight", "fc1/bias", "fc2/weight", "fc2/bias", "fc3/weight", "fc3/bias"]
-        ok = all(n in rows for n in layers)
-        for n in layers:
-            mine = [e for e in ev if n in rows and e["pid"] == rows[n]]
-            spans = [e["name"] for e in mine if e["ph"] == "B"]
-            subs = [e["name"] for e in mine if e["ph"] == "i" and e["name"].endswith("submitted")]
-            ok = ok and spans.count("NEGOTIATE_ALLREDUCE") == 3 and spans.count("ALLREDUCE") == 3
-            ok = ok and subs.count("rank 0 submitted") == 3 and subs.count("rank 1 submitted") == 3
-            ok = ok and sum(e["ph"] == "B" for e in mine) == sum(e["ph"] == "E" for e in mine)
-        check(ok, "the demo's timeline parses and has, for every layer, 3 negotiations, 3 "
-                  "allreduces and every rank's submissions (%d events)" % len(ev))
-        os.unlink(tl)
-    except (ValueError, OSError) as e:
-        check(False, "the demo's timeline parses as JSON: %s" % e)
+    demo_timeline("HOROVOD_TIMELINE", tl, env_extra={"HOROVOD_TIMELINE": tl})
+    tldir = tempfile.mkdtemp(prefix="gs-test-ops-")
+    demo_timeline("--timeline-filename", os.path.join(tldir, "tl.json"),
+                  ["--timeline-filename", "tl.json"], cwd=tldir)
+    os.rmdir(tldir)
+    r = subprocess.run([os.path.join(BIN, "gradsync-run"), "-np", "1", "--timeline-filename=",
+                        "true"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "--timeline-filename needs a value (FILE)" in r.stderr,
+          "--timeline-filename without a file: exit 2: " + r.stderr[:300])
+    r = subprocess.run([os.path.join(BIN, "gradsync-run"), "-np", "1", "--cycle-time-ms", "-1",
+                        "true"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "--cycle-time-ms (gradsyncd's --cycle-time-ms): " in r.stderr,
+          "--cycle-time-ms -1 refused by the settings table: " + r.stderr[:300])
+    r = subprocess.run([os.path.join(BIN, "gradsync-run"), "-np", "1", "--fusion-threshold-mb",
+                        "lots", "true"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "--fusion-threshold-mb needs a non-negative number (MB), got "
+          "'lots'" in r.stderr, "--fusion-threshold-mb lots: " + r.stderr[:300])
 
     # ---- gradsyncctl usage errors ----
     r = ctl("127.0.0.1:1", "bogus")

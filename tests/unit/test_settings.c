@@ -30,11 +30,20 @@ static void test_every_row_is_sound(void **state) {
     if (d->alias) assert_int_equal(strncmp(d->alias, "HOROVOD_", 8), 0);
     if (d->flag) assert_int_equal(strncmp(d->flag, "--", 2), 0);
     if (d->type == GS__T_CHOICE) assert_non_null(d->choices);
+    if (d->run_flag) {
+      /* gradsync-run passes it to gradsyncd as d->flag */
+      assert_non_null(d->flag);
+      assert_non_null(d->run_metavar);
+      assert_true(d->scope & GS__FOR_SERVER);
+      assert_int_equal(strncmp(d->run_flag, "--", 2), 0);
+      assert_true(d->run_scale >= 0);
+    }
     for (int k = 0; k < id; k++) {
       const gs__setting *o = gs__setting_get((gs__setting_id)k);
       assert_string_not_equal(o->key, d->key);
       assert_string_not_equal(o->env, d->env);
       if (o->flag && d->flag) assert_string_not_equal(o->flag, d->flag);
+      if (o->run_flag && d->run_flag) assert_string_not_equal(o->run_flag, d->run_flag);
     }
     gs__settings_init(&s);
     if (d->def) {

@@ -57,6 +57,9 @@
 
 #include "hosts.h"
 #include "secret.h"
+#include "settings.h"
+
+#define MAX_RUN_FLAGS 16 /* horovodrun-style flags on one command line */
 
 #define MAX_RANKS 4096
 #define COORD_START_MS 30000 /* the coordinator must announce its address */
@@ -108,9 +111,9 @@ typedef struct config {
   int tag_output;           /* --tag-output: "[rank@host] " */
   char **xvars;             /* -x VAR / -x VAR=value */
   int nx;
-  char *hvd_args[16]; /* horovodrun-style flags, as gradsyncd flags */
+  char *hvd_args[2 * MAX_RUN_FLAGS]; /* horovodrun-style flags, as gradsyncd flags */
   int n_hvd_args;
-  char hvd_buf[4][32];
+  char hvd_buf[MAX_RUN_FLAGS][PATH_MAX]; /* their values */
 } config;
 
 typedef struct launcher {
@@ -246,13 +249,18 @@ static void usage(FILE *f) {
         "  --coordinator-addr HOST   address the remote hosts reach this machine by (default:\n"
         "                            the local address of the route toward them)\n"
         "  -x VAR, -x VAR=VALUE      give VAR (this environment's value, or VALUE) to every rank\n"
-        "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n"
-        "  --fusion-threshold-mb MB, --cycle-time-ms MS, --cache-capacity N,\n"
-        "  --stall-check-warning-time-seconds S, --stall-check-shutdown-time-seconds S\n"
-        "                            horovodrun's names for gradsyncd's --fusion-threshold,\n"
-        "                            --cycle-time-ms, --cache-capacity, --stall-warning-s and\n"
-        "                            --stall-shutdown-s (for the gradsyncd started here)\n"
-        "  --coordinator HOST:PORT   use a running gradsyncd instead of starting one\n"
+        "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n",
+        f);
+  fputs("  horovodrun's flags for the gradsyncd started here, as its own:\n", f);
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = gs__setting_get((gs__setting_id)id);
+    if (!d->run_flag) continue;
+    char left[80];
+    snprintf(left, sizeof left, "%s %s", d->run_flag, d->run_metavar);
+    fprintf(f, "    %-40s gradsyncd %s%s\n", left, d->flag,
+            d->run_scale == 1048576 ? " (MiB to bytes)" : "");
+  }
+  fputs("  --coordinator HOST:PORT   use a running gradsyncd instead of starting one\n"
         "  --token-file FILE         the job token of that gradsyncd (first line of FILE);\n"
         "                            default: GRADSYNC_JOB_TOKEN as inherited\n"
         "  --coord-arg ARG           pass ARG to the gradsyncd started here (repeatable)\n"
@@ -302,6 +310,52 @@ static int take_opt(int argc, char **argv, int *i, const char *name, const char 
   if (argv[*i][n] != '\0') return 0;
   *value = (*i + 1 < argc) ? argv[++*i] : NULL;
   return 1;
+}
+
+/* A horovodrun flag of the settings table (--timeline-filename FILE,
+ * --fusion-threshold-mb MB, ...): checked by the table's parser now and
+ * passed on to the gradsyncd started here as its own flag. 1 taken, 0 not
+ * such a flag, -1 with a message in err. */
+static int take_run_flag(int argc, char **argv, int *i, config *cfg, char *err, size_t errlen) {
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = gs__setting_get((gs__setting_id)id);
+    const char *v = NULL;
+    if (!d->run_flag || !d->flag || !take_opt(argc, argv, i, d->run_flag, &v)) continue;
+    if (!v || !*v) {
+      snprintf(err, errlen, "%s needs a value (%s)", d->run_flag, d->run_metavar);
+      return -1;
+    }
+    if (cfg->n_hvd_args + 2 > MAX_RUN_FLAGS * 2) {
+      snprintf(err, errlen, "%s given more than once", d->run_flag);
+      return -1;
+    }
+    char *text = cfg->hvd_buf[cfg->n_hvd_args / 2];
+    snprintf(text, sizeof cfg->hvd_buf[0], "%s", v);
+    if (d->run_scale) {
+      char *end;
+      double x = strtod(v, &end);
+      if (*end || !(x >= 0) || x > (double)INT64_MAX / (double)d->run_scale) {
+        snprintf(err, errlen, "%s needs a non-negative number (%s), got '%s'", d->run_flag,
+                 d->run_metavar, v);
+        return -1;
+      }
+      snprintf(text, sizeof cfg->hvd_buf[0], "%.0f", x * (double)d->run_scale);
+    }
+    gs__settings probe;
+    gs__settings_init(&probe);
+    char why[400];
+    int bad = gs__settings_set(&probe, (gs__setting_id)id, text, GS__SRC_FLAG, d->run_flag, why,
+                               sizeof why);
+    gs__settings_free(&probe);
+    if (bad) {
+      snprintf(err, errlen, "%s (gradsyncd's %s): %s", d->run_flag, d->flag, why);
+      return -1;
+    }
+    cfg->hvd_args[cfg->n_hvd_args++] = (char *)d->flag;
+    cfg->hvd_args[cfg->n_hvd_args++] = text;
+    return 1;
+  }
+  return 0;
 }
 
 /* Returns -1 when parsed, else the exit code (0 after --help, 2 on error). */
@@ -385,29 +439,10 @@ static int parse_args(int argc, char **argv, config *cfg) {
     } else if (take_opt(argc, argv, &i, "-x", &v)) {
       if (!v || !*v || *v == '=') return bad_usage("%s needs VAR or VAR=VALUE", "-x");
       cfg->xvars[cfg->nx++] = (char *)v;
-    } else if (take_opt(argc, argv, &i, "--fusion-threshold-mb", &v)) {
-      char *end;
-      double mb = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !(mb >= 0) || mb > 1048576)
-        return bad_usage("--fusion-threshold-mb needs a number of MiB, got '%s'", v ? v : "");
-      snprintf(cfg->hvd_buf[0], sizeof cfg->hvd_buf[0], "%.0f", mb * 1048576.0);
-      cfg->hvd_args[cfg->n_hvd_args++] = "--fusion-threshold";
-      cfg->hvd_args[cfg->n_hvd_args++] = cfg->hvd_buf[0];
-    } else if (take_opt(argc, argv, &i, "--cycle-time-ms", &v) ||
-               take_opt(argc, argv, &i, "--cache-capacity", &v) ||
-               take_opt(argc, argv, &i, "--stall-check-warning-time-seconds", &v) ||
-               take_opt(argc, argv, &i, "--stall-check-shutdown-time-seconds", &v)) {
-      /* gradsyncd checks the values (one settings table); name the flag */
-      const char *flag = strstr(a, "cycle")     ? "--cycle-time-ms"
-                         : strstr(a, "cache")   ? "--cache-capacity"
-                         : strstr(a, "warning") ? "--stall-warning-s"
-                                                : "--stall-shutdown-s";
-      if (!v || !*v) return bad_usage("%s needs a value", a);
-      if (cfg->n_hvd_args + 2 > 16) return bad_usage("%s", "too many horovodrun-style flags");
-      cfg->hvd_args[cfg->n_hvd_args++] = (char *)flag;
-      cfg->hvd_args[cfg->n_hvd_args++] = (char *)v;
     } else {
-      return bad_usage("unknown option '%s'", a);
+      int rc = take_run_flag(argc, argv, &i, cfg, err, sizeof err);
+      if (rc < 0) return bad_usage("%s", err);
+      if (rc == 0) return bad_usage("unknown option '%s'", a);
     }
   }
   if (cfg->np == 0) cfg->np = gs_run_hosts_slots(&cfg->hosts);
