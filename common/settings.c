@@ -206,11 +206,14 @@ static const gs__setting table[GS__S_COUNT] = {
                                "Ports the ring listener may use (the first free one), so that "
                                "a firewall can open just these."},
     [GS__S_BACKEND] = {"backend", NULL, "GRADSYNC_BACKEND", NULL, GS__T_CHOICE, "auto", NULL, 0, 0,
-                       "auto|tcp|nccl", GS__FOR_WORKER, "KIND",
-                       "Data plane for GPU buffers: nccl (fails gs_init when it cannot run), "
-                       "tcp (host buffers only), or auto (nccl when the library has it and every "
-                       "rank has a usable CUDA device, else tcp; each rank logs which and why). "
-                       "Host buffers always use the TCP ring."},
+                       "auto|tcp|nccl|shm", GS__FOR_WORKER, "KIND",
+                       "Data plane. GPU buffers: nccl (fails gs_init when it cannot run), or "
+                       "auto (nccl when the library has it and every rank has a usable CUDA "
+                       "device; each rank logs which and why); tcp and shm refuse them. Host "
+                       "buffers: tcp = the TCP ring of all ranks; shm = shared memory among the "
+                       "ranks of a host and a TCP ring between one leader per host (fails "
+                       "gs_init when it cannot start); auto and nccl = shm where ranks share a "
+                       "host, else (or when shm cannot start on some rank) the TCP ring."},
     [GS__S_CUDA_DEVICE] = {"cuda_device", NULL, "GRADSYNC_CUDA_DEVICE", NULL, GS__T_INT, NULL,
                            "the local rank", 0, 65535, NULL, GS__FOR_WORKER, "N",
                            "CUDA device the nccl backend uses."},

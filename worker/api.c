@@ -146,7 +146,7 @@ typedef struct resolved {
   int port_lo, port_hi; /* GRADSYNC_DATA_PORT_RANGE; 0 = any */
   int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local,
       cuda_device;
-  const char *backend;                     /* auto, tcp or nccl */
+  const char *backend;                     /* auto, tcp, nccl or shm */
   const char *tls_ca, *tls_cert, *tls_key; /* PEM files; NULL = plaintext */
   /* where rank, size, local rank and local size came from */
   const char *rank_from, *size_from, *local_rank_from, *local_size_from;
@@ -274,13 +274,13 @@ static gs_status resolve(const gs_options *given, resolved *r) {
   }
   if (gs__settings_given(set, GS__S_LOG_LEVEL))
     gs__log_set_level((gs__log_level)gs__settings_int(set, GS__S_LOG_LEVEL));
-  static const char *const kinds[] = {"auto", "tcp", "nccl"}; /* the setting's choices */
+  static const char *const kinds[] = {"auto", "tcp", "nccl", "shm"}; /* the setting's choices */
   int64_t ki = gs__settings_int(set, GS__S_BACKEND);
-  r->backend = o->backend ? o->backend : kinds[ki >= 0 && ki < 3 ? ki : 0];
+  r->backend = o->backend ? o->backend : kinds[ki >= 0 && ki < 4 ? ki : 0];
   if (!r->backend || !*r->backend) r->backend = "auto";
   if (strcmp(r->backend, "auto") && gs__backend_kind_parse(r->backend) < 0)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "gs_init: gs_options.backend '%s' is not one of auto, tcp, nccl",
+                         "gs_init: gs_options.backend '%s' is not one of auto, tcp, nccl, shm",
                          r->backend);
   r->cuda_device = o->cuda_device >= 0 ? o->cuda_device
                    : gs__settings_given(set, GS__S_CUDA_DEVICE)
@@ -494,10 +494,32 @@ static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, 
                   "GPU buffers are refused)",
                   (int)v);
     }
+  } else if (sel->want == GS__BACKEND_SHM) {
+    GS_LOG_INFO("backend shm (GRADSYNC_BACKEND=shm: host buffers only)");
   } else if (!use_nccl) {
     GS_LOG_INFO("backend tcp (GRADSYNC_BACKEND=tcp)");
   } else {
     GS_LOG_INFO("backend nccl (GRADSYNC_BACKEND=nccl, CUDA device %d)", r->cuda_device);
+  }
+  /* Host buffers: shared memory among the ranks of a host (hierarchical
+   * across hosts) unless GRADSYNC_BACKEND=tcp asked for the plain ring. */
+  if (sel->want != GS__BACKEND_TCP) {
+    char why[2048];
+    gs__host_transport_opts ho = {.rank = r->rank,
+                                  .size = r->size,
+                                  .host = ctx->host,
+                                  .required = sel->want == GS__BACKEND_SHM,
+                                  .epoch = ctx->join.epoch,
+                                  .ring_key = ctx->join.ring_key,
+                                  .ring = &ro,
+                                  .connect_timeout_ms = connect_ms,
+                                  .io_timeout_ms = r->data_timeout_ms};
+    gs__backend *host = NULL;
+    rc = gs__host_transport(&ho, ring, &host, why, sizeof why, err, sizeof err);
+    if (rc)
+      return gs__set_error((gs_status)rc, "gs_init (rank %d on %s): %s", r->rank, ctx->host, err);
+    ctx->backends[GS__DEVICE_CPU] = host;
+    GS_LOG_INFO("host buffers: %s", why);
   }
   if (!use_nccl) return GS_OK;
   now = gs__now_ms();

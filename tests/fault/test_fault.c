@@ -222,6 +222,45 @@ static void test_sigkill_rank(void **state) {
   expect_no_strays();
 }
 
+/* kill -9 of rank `victim` while 3 ranks train over the shared-memory
+ * transport (GRADSYNC_BACKEND=shm): the survivors fail naming it, and the
+ * job's segment is not in /dev/shm, neither while training nor after. */
+static void sigkill_shm(int victim) {
+  job j;
+  char *env[] = {"GRADSYNC_BACKEND=shm", "GRADSYNC_LOG_LEVEL=info", NULL};
+  job_start_coordinator(&j, 3, NULL);
+  for (int r = 0; r < 3; r++) j.ranks[r] = job_start_rank(&j, r, train_path, long_run, env);
+  wait_training(&j);
+  char *out = proc_output(j.ranks[0]), seg[160] = "", path[200];
+  const char *at = strstr(out, "segment /gradsync-");
+  if (at) sscanf(at + strlen("segment "), "%127[^,) ]", seg);
+  free(out);
+  if (!seg[0]) job_fail("rank 0 did not log its shared-memory segment (host buffers: shm ...)");
+  snprintf(path, sizeof path, "/dev/shm%s", seg);
+  if (access(path, F_OK) == 0) job_fail("%s exists while the job trains", path);
+  proc_signal(j.ranks[victim], SIGKILL);
+  job_expect_exit(j.ranks[victim], 128 + SIGKILL);
+  for (int r = 0; r < 3; r++) {
+    if (r == victim) continue;
+    job_expect_exit(j.ranks[r], 1);
+    expect_named_lost(&j, j.ranks[r], victim);
+  }
+  if (access(path, F_OK) == 0)
+    job_fail("%s was left behind after kill -9 of rank %d", path, victim);
+  job_stop_coordinator(&j);
+  expect_no_strays();
+}
+
+static void test_sigkill_shm_leader(void **state) {
+  (void)state;
+  sigkill_shm(0);
+}
+
+static void test_sigkill_shm_member(void **state) {
+  (void)state;
+  sigkill_shm(2);
+}
+
 /* ---- a hung rank: stall inspector ---------------------------------------- */
 
 /* Rank 1 sleeps forever before step 3: the coordinator warns in Horovod's
@@ -455,6 +494,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_crash_rank, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sigkill_shm_leader, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sigkill_shm_member, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_hang_stall_warning, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_hang_stall_shutdown, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_stopped_rank, setup, job_teardown),

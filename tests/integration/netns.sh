@@ -1,5 +1,5 @@
 #!/bin/bash
-# netns.sh BINDIR: the multi-host path of gradsync, on one machine.
+# netns.sh BINDIR [hier]: the multi-host path of gradsync, on one machine.
 #
 # Builds a small private network out of network namespaces: a hub namespace
 # holding a bridge, and one namespace each for the coordinator and three
@@ -12,18 +12,35 @@
 # (and one to the coordinator), and that gradsyncd exits 0 by itself once
 # the job is over.
 #
+# With "hier": two rank namespaces ("hosts") of two ranks each (ranks 0,1 at
+# 192.0.2.11, ranks 2,3 at 192.0.2.12) under GRADSYNC_BACKEND=shm, so the
+# hierarchical transport must run (shared memory inside each namespace, a
+# TCP ring between the leaders, ranks 0 and 2); every rank must log it and
+# pass every check, and no segment of the job may stay in /dev/shm.
+#
 # Exit 0 = PASS, 1 = FAIL, 77 = SKIP (not root, or `ip netns` unusable).
 # Everything it creates (processes, namespaces, links, files) is removed on
 # exit; no traffic leaves its namespaces.
 set -u
 
 BIN=${1:-}
+MODE=${2:-flat}
 P="gs-$$"
 HUB="$P-hub"
 COORD_NS="$P-coord"
-RANK_NS=("$P-r0" "$P-r1" "$P-r2")
 COORD_IP=192.0.2.1
-RANK_IP=(192.0.2.11 192.0.2.12 192.0.2.13)
+if [ "$MODE" = hier ]; then # rank i runs in host namespace i / PER
+  HOST_NS=("$P-r0" "$P-r1")
+  HOST_IP=(192.0.2.11 192.0.2.12)
+  NR=4 PER=2 BACKEND=shm
+else
+  HOST_NS=("$P-r0" "$P-r1" "$P-r2")
+  HOST_IP=(192.0.2.11 192.0.2.12 192.0.2.13)
+  NR=3 PER=1 BACKEND=auto
+fi
+NH=${#HOST_NS[@]}
+RANKS=$(seq 0 $((NR - 1)))
+HOSTS=$(seq 0 $((NH - 1)))
 NSS=()
 TMP=""
 PASSED=0
@@ -118,28 +135,28 @@ attach() {
 }
 
 attach "$COORD_NS" "$COORD_IP" p-coord
-for i in 0 1 2; do attach "${RANK_NS[$i]}" "${RANK_IP[$i]}" "p-r$i"; done
+for h in $HOSTS; do attach "${HOST_NS[$h]}" "${HOST_IP[$h]}" "p-r$h"; done
 
 # The bridge forwards at once (no STP); where ping(8) exists, make sure every
 # rank reaches the coordinator before starting anything (bounded).
 if command -v ping >/dev/null 2>&1; then
-  for i in 0 1 2; do
+  for h in $HOSTS; do
     ok=0
     for _ in $(seq 1 50); do
-      if ip netns exec "${RANK_NS[$i]}" ping -c1 -W1 "$COORD_IP" >/dev/null 2>&1; then
+      if ip netns exec "${HOST_NS[$h]}" ping -c1 -W1 "$COORD_IP" >/dev/null 2>&1; then
         ok=1
         break
       fi
       sleep 0.2
     done
-    [ $ok -eq 1 ] || fail "rank $i (${RANK_IP[$i]}) cannot reach $COORD_IP over the bridge"
+    [ $ok -eq 1 ] || fail "${HOST_NS[$h]} (${HOST_IP[$h]}) cannot reach $COORD_IP over the bridge"
   done
 fi
 
 # ---- the coordinator ----------------------------------------------------------
 # Off loopback gradsyncd refuses to start without authentication.
 if ip netns exec "$COORD_NS" env -u GRADSYNC_JOB_TOKEN timeout -k 5 20 "$BIN/gradsyncd" \
-  --listen "$COORD_IP:0" --world-size 3 >"$TMP/refused.out" 2>&1; then
+  --listen "$COORD_IP:0" --world-size $NR >"$TMP/refused.out" 2>&1; then
   fail "gradsyncd served $COORD_IP without a token or TLS"
 fi
 grep -q -- "--token-file" "$TMP/refused.out" && grep -q -- "--insecure" "$TMP/refused.out" ||
@@ -147,7 +164,7 @@ grep -q -- "--token-file" "$TMP/refused.out" && grep -q -- "--insecure" "$TMP/re
 TOKEN=$(openssl rand -hex 32)
 printf '%s\n' "$TOKEN" >"$TMP/token"
 chmod 600 "$TMP/token"
-ip netns exec "$COORD_NS" timeout -k 5 150 "$BIN/gradsyncd" --listen "$COORD_IP:0" --world-size 3 \
+ip netns exec "$COORD_NS" timeout -k 5 150 "$BIN/gradsyncd" --listen "$COORD_IP:0" --world-size $NR \
   --token-file "$TMP/token" >"$TMP/gradsyncd.out" 2>&1 &
 COORD_PID=$!
 ADDR=""
@@ -168,10 +185,11 @@ say "gradsyncd listening on $ADDR in $COORD_NS"
 # ---- the ranks ---------------------------------------------------------------
 RELEASE="$TMP/release"
 RANK_PID=()
-for i in 0 1 2; do
-  ip netns exec "${RANK_NS[$i]}" env -u GRADSYNC_ADVERTISE_ADDR \
-    GRADSYNC_COORDINATOR="$COORD_IP:$PORT" GRADSYNC_RANK=$i GRADSYNC_SIZE=3 \
-    GRADSYNC_LOCAL_RANK=0 GRADSYNC_LOCAL_SIZE=1 GRADSYNC_JOIN_TIMEOUT_MS=60000 \
+for i in $RANKS; do
+  ip netns exec "${HOST_NS[$((i / PER))]}" env -u GRADSYNC_ADVERTISE_ADDR \
+    GRADSYNC_COORDINATOR="$COORD_IP:$PORT" GRADSYNC_RANK=$i GRADSYNC_SIZE=$NR \
+    GRADSYNC_LOCAL_RANK=$((i % PER)) GRADSYNC_LOCAL_SIZE=$PER GRADSYNC_JOIN_TIMEOUT_MS=60000 \
+    GRADSYNC_BACKEND=$BACKEND GRADSYNC_LOG_LEVEL=info \
     GRADSYNC_JOB_TOKEN="$TOKEN" GS_TEST_WAIT_FILE="$RELEASE" \
     timeout -k 5 120 "$BIN/gs-test-worker" ops >"$TMP/rank$i.out" 2>&1 &
   RANK_PID+=($!)
@@ -179,7 +197,7 @@ done
 
 # Every rank checks its results, then waits for $RELEASE with its data plane
 # still up: look at its connections meanwhile.
-for i in 0 1 2; do
+for i in $RANKS; do
   ok=0
   for _ in $(seq 1 1200); do
     if grep -q "waiting for $RELEASE" "$TMP/rank$i.out" 2>/dev/null; then
@@ -208,22 +226,37 @@ conns() {
   }'
 }
 
-for i in 0 1 2; do
-  conns "${RANK_NS[$i]}" >"$TMP/conns$i.txt"
+for h in $HOSTS; do
+  conns "${HOST_NS[$h]}" >"$TMP/conns$h.txt"
   {
-    echo "rank $i connections:"
-    sed 's/^/    /' "$TMP/conns$i.txt"
+    echo "${HOST_NS[$h]} connections:"
+    sed 's/^/    /' "$TMP/conns$h.txt"
   } >>"$TMP/ss.out"
-  peers=$(awk -v me="${RANK_IP[$i]}" '$1 == me && $2 ~ /^192\.0\.2\.1[1-3]$/ && $2 != me { print $2 }' \
-    "$TMP/conns$i.txt" | sort -u | tr '\n' ' ')
-  [ -n "$peers" ] || fail "rank $i (${RANK_IP[$i]}): no data-plane connection to another rank"
-  awk -v me="${RANK_IP[$i]}" -v c="$COORD_IP:$PORT" '$1 == me && $3 == c { f = 1 } END { exit !f }' \
-    "$TMP/conns$i.txt" || fail "rank $i (${RANK_IP[$i]}): no connection to the coordinator $COORD_IP:$PORT"
-  say "rank $i (${RANK_IP[$i]}): data plane connected to ${peers% }"
+  peers=$(awk -v me="${HOST_IP[$h]}" '$1 == me && $2 ~ /^192\.0\.2\.1[1-3]$/ && $2 != me { print $2 }' \
+    "$TMP/conns$h.txt" | sort -u | tr '\n' ' ')
+  [ -n "$peers" ] || fail "${HOST_NS[$h]} (${HOST_IP[$h]}): no data-plane connection to another host"
+  awk -v me="${HOST_IP[$h]}" -v c="$COORD_IP:$PORT" '$1 == me && $3 == c { f = 1 } END { exit !f }' \
+    "$TMP/conns$h.txt" || fail "${HOST_NS[$h]} (${HOST_IP[$h]}): no connection to the coordinator $COORD_IP:$PORT"
+  say "${HOST_NS[$h]} (${HOST_IP[$h]}): data plane connected to ${peers% }"
+done
+
+# The transport each rank chose (its log line), and no segment left behind.
+for i in $RANKS; do
+  h=$((i / PER))
+  if [ "$MODE" = hier ]; then
+    want="host buffers: hierarchical (2 hosts; ranks [$((h * PER)),$((h * PER + 1))] on this host over shared memory, leader rank $((h * PER)) in a TCP ring of the hosts' leaders; segment /gradsync-"
+  else
+    want="host buffers: tcp (each of the 3 ranks is alone on its host)"
+  fi
+  grep -qF "$want" "$TMP/rank$i.out" || fail "rank $i did not log: $want"
+  seg=$(sed -n 's/.*host buffers: hierarchical .*; segment \(\/gradsync-[0-9a-f-]*\),.*/\1/p' \
+    "$TMP/rank$i.out" | head -n1)
+  [ "$MODE" != hier ] || [ -n "$seg" ] || fail "rank $i did not log its segment"
+  [ -z "$seg" ] || [ ! -e "/dev/shm$seg" ] || fail "/dev/shm$seg exists while the job runs"
 done
 
 touch "$RELEASE"
-for i in 0 1 2; do
+for i in $RANKS; do
   wait "${RANK_PID[$i]}"
   rc=$?
   [ $rc -eq 0 ] || fail "rank $i exited with $rc"
@@ -238,5 +271,5 @@ grep -q "job (epoch 1) finished: all 3 ranks left cleanly" "$TMP/gradsyncd.out" 
   fail "gradsyncd did not log that the job finished"
 
 PASSED=1
-say "PASS: gradsyncd at $COORD_IP:$PORT and 3 ranks in separate namespaces; ops checked on every rank"
+say "PASS: gradsyncd at $COORD_IP:$PORT and $NR ranks in $NH namespaces ($MODE); ops checked on every rank"
 exit 0

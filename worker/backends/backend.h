@@ -109,8 +109,9 @@ static inline void gs__backend_destroy(gs__backend *b) {
 /* ---- the factory ---------------------------------------------------------- */
 
 typedef enum gs__backend_kind {
-  GS__BACKEND_TCP = 0, /* TCP ring, host buffers */
-  GS__BACKEND_NCCL = 1 /* NCCL, CUDA device buffers */
+  GS__BACKEND_TCP = 0,  /* TCP ring, host buffers */
+  GS__BACKEND_NCCL = 1, /* NCCL, CUDA device buffers */
+  GS__BACKEND_SHM = 2   /* shared memory in a host, hierarchical across hosts */
 } gs__backend_kind;
 
 /* Options of the TCP ring backend (CPU). */
@@ -124,6 +125,9 @@ typedef struct gs__tcp_ring_opts {
   int port_lo, port_hi;       /* listen on the first free port of [lo, hi];
                                  0, 0 = any port */
   const char *key_prefix;     /* kv keys are "<prefix>ring/addr/<rank>" */
+  const int *kv_ranks;        /* size entries: the <rank> of ring rank r's key, for a
+                                 ring of a subset of the job's ranks (the coordinator
+                                 lets only that job rank write it); NULL = r */
   int connect_timeout_ms;     /* rendezvous + connect (e.g. the join timeout) */
   int io_timeout_ms;          /* longest wait for a peer during a collective */
   gs__kv kv;
@@ -142,13 +146,72 @@ typedef struct gs__nccl_opts {
   gs__kv kv;
 } gs__nccl_opts;
 
-/* Creates a backend of kind from its options (a gs__tcp_ring_opts or a
- * gs__nccl_opts). GS__ERR_UNSUPPORTED with the reason when the kind was
+/* Options of the host transport (shm.c): shared memory among the ranks of
+ * one host, hierarchical across hosts. */
+typedef struct gs__shm_opts {
+  int rank, size;
+  /* The ranks on this host, ascending (this rank among them), and the
+   * host's position among the job's hosts, which are ordered by their
+   * lowest rank; the host's leader is local_ranks[0]. */
+  const int *local_ranks;
+  int nlocal;
+  int host_index, nhosts;
+  const int *host_of; /* size entries: every rank's host index (NULL = one host) */
+  /* POSIX shm name of this host's segment ("/...", unique per job, epoch
+   * and host; see gs__shm_segment_name). */
+  const char *segment;
+  int connect_timeout_ms; /* every local rank mapped the segment */
+  int io_timeout_ms;      /* longest wait for a local peer in a collective */
+} gs__shm_opts;
+
+/* The host-transport decision of one rank, made by gs__host_transport. */
+typedef struct gs__host_transport_opts {
+  int rank, size;
+  const char *host; /* this rank's host name (as reported at join) */
+  int required;     /* 1: GRADSYNC_BACKEND=shm (failure fails); 0: auto
+                       (failure falls back to the TCP ring on every rank) */
+  uint64_t epoch;
+  const uint8_t *ring_key;       /* the job's key: names the segments */
+  const gs__tcp_ring_opts *ring; /* the world ring's options: template of the
+                                    leaders' ring ("<prefix>leaders/") */
+  int connect_timeout_ms, io_timeout_ms;
+} gs__host_transport_opts;
+
+/* Picks and builds the host data plane over the connected world ring
+ * (every rank calls it; it runs collectives on world):
+ * - every rank alone on its host: *out = world (the TCP ring);
+ * - else the shm transport (one host) or the hierarchical one (shm inside
+ *   each host, a TCP ring between the hosts' leaders), which owns world
+ *   from then on (it runs allgatherv, reducescatter and alltoallv there).
+ * Ranks share a host when host name, boot id and network, IPC and
+ * /dev/shm identity agree (see shm.c). why receives a one-line account
+ * for the log. In auto mode a failure on any rank makes every rank keep
+ * world (why says so and why); required mode fails instead, naming the
+ * rank. On failure world still belongs to the caller. */
+int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs__backend **out,
+                       char *why, size_t whylen, char *err, size_t errlen);
+
+/* "/gradsync-<16 hex of HMAC(key, "shm")>-<epoch>-<leader rank>". */
+void gs__shm_segment_name(const uint8_t *ring_key, uint64_t epoch, int leader, char *out,
+                          size_t outlen);
+
+/* Creates the shm transport of one host: the leader (local_ranks[0])
+ * creates the segment, the others map it; once all have mapped it the name
+ * is unlinked, so nothing stays in /dev/shm whatever happens later (a
+ * failed or timed-out attach unlinks it too). world (all ranks) and leaders
+ * (the hosts' leaders; NULL with one host or on a non-leader) are adopted
+ * only by gs__shm_adopt. */
+int gs__shm_create(const gs__shm_opts *opts, gs__backend **out, char *err, size_t errlen);
+/* Hands the TCP rings to the shm backend, which owns them from then on. */
+void gs__shm_adopt(gs__backend *shm, gs__backend *world, gs__backend *leaders);
+
+/* Creates a backend of kind from its options (a gs__tcp_ring_opts, a
+ * gs__nccl_opts or a gs__shm_opts). GS__ERR_UNSUPPORTED with the reason when the kind was
  * not built in or cannot run here. */
 int gs__backend_create(gs__backend_kind kind, const void *opts, gs__backend **out, char *err,
                        size_t errlen);
 
-/* "tcp"/"nccl" -> kind; -1 for anything else ("auto" is resolved by the
+/* "tcp"/"nccl"/"shm" -> kind; -1 for anything else ("auto" is resolved by the
  * caller with gs__backend_usable). */
 int gs__backend_kind_parse(const char *name);
 const char *gs__backend_kind_name(gs__backend_kind kind);

@@ -33,17 +33,22 @@ int gs__backend_kind_parse(const char *name) {
   if (!name) return -1;
   if (!strcmp(name, "tcp")) return GS__BACKEND_TCP;
   if (!strcmp(name, "nccl")) return GS__BACKEND_NCCL;
+  if (!strcmp(name, "shm")) return GS__BACKEND_SHM;
   return -1;
 }
 
 const char *gs__backend_kind_name(gs__backend_kind kind) {
-  return kind == GS__BACKEND_NCCL ? "nccl" : "tcp";
+  return kind == GS__BACKEND_NCCL ? "nccl" : kind == GS__BACKEND_SHM ? "shm" : "tcp";
 }
 
 int gs__backend_usable(gs__backend_kind kind, int *ndevices, char *why, size_t whylen) {
   if (ndevices) *ndevices = 0;
   if (kind == GS__BACKEND_TCP) {
     snprintf(why, whylen, "host buffers over TCP");
+    return 1;
+  }
+  if (kind == GS__BACKEND_SHM) {
+    snprintf(why, whylen, "host buffers over shared memory within a host");
     return 1;
   }
 #ifdef GS_HAVE_NCCL
@@ -62,6 +67,8 @@ int gs__backend_create(gs__backend_kind kind, const void *opts, gs__backend **ou
   switch (kind) {
   case GS__BACKEND_TCP:
     return gs__tcp_ring_create(opts, out, err, errlen);
+  case GS__BACKEND_SHM:
+    return gs__shm_create(opts, out, err, errlen);
   case GS__BACKEND_NCCL:
 #ifdef GS_HAVE_NCCL
     return gs__nccl_create(opts, out, err, errlen);

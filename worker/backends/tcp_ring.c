@@ -326,13 +326,20 @@ static void addr_key(char *key, size_t len, const char *prefix, int rank) {
   snprintf(key, len, "%sring/addr/%d", prefix, rank);
 }
 
+/* The number in ring rank r's kv key: the job rank it runs for when the
+ * ring is a subset of the job (the coordinator lets only that rank write
+ * "<...>/addr/<rank>"). */
+static int key_rank(const gs__tcp_ring_opts *o, int r) {
+  return o->kv_ranks ? o->kv_ranks[r] : r;
+}
+
 /* Reads rank peer's published address into out. */
 static int get_peer_addr(const gs__tcp_ring_opts *o, const char *prefix, int peer, int timeout_ms,
                          char *out, char *err, size_t errlen) {
   char key[512];
   void *val = NULL;
   size_t len = 0;
-  addr_key(key, sizeof key, prefix, peer);
+  addr_key(key, sizeof key, prefix, key_rank(o, peer));
   int rc = o->kv.get(o->kv.ctx, key, timeout_ms, &val, &len, err, errlen);
   if (rc != GS__OK) return rc;
   if (len == 0 || len >= ADDR_MAX || memchr(val, 0, len)) {
@@ -667,7 +674,7 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
     status = GS__ERR_DATA_PLANE;
   }
   format_addr(my_addr, sizeof my_addr, host, my_port);
-  addr_key(key, sizeof key, prefix, r->rank);
+  addr_key(key, sizeof key, prefix, key_rank(o, r->rank));
   int rc = o->kv.set(o->kv.ctx, key, my_addr, strlen(my_addr), err, errlen);
   if (rc != GS__OK) {
     status = rc;

@@ -1,0 +1,595 @@
+/* Unit tests of the shared-memory transport (worker/backends/shm.c).
+ *
+ * Correctness: each rank is a thread of this process with its own mapping
+ * of one segment; every dtype x op x odd sizes (0, 1, 7, 33, and sizes
+ * across several chunks) for 2, 3 and 4 local ranks, and broadcast from
+ * every root, checked element by element against a reference computed here
+ * (inputs are small integers, so every summation order gives the same
+ * exact result). Hierarchical: 2 "hosts" of ranks (threads), each host its
+ * own segment, the leaders joined by a real TCP ring on 127.0.0.1.
+ * Faults (forked ranks, real processes): abort wakes a waiter; a peer that
+ * never comes times out naming it; kill -9 of a rank mid-job makes its
+ * peer fail within a bounded time naming it; kill -9 of the leader right
+ * after it created the segment; and after every one of these the segment's
+ * name is gone from /dev/shm.
+ *
+ * Rank threads never call cmocka asserts: they record failures and the
+ * main thread checks them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "messages.h"
+#include "status.h"
+
+#define HANG_GUARD_MS 30000
+
+static const uint8_t k_key[GS__SECRET_BYTES] = "0123456789abcdef0123456789abcde";
+static int g_seq;
+
+static void seg_name(char *out, size_t len) {
+  snprintf(out, len, "/gradsync-test-%d-%d", (int)getpid(), g_seq++);
+}
+
+static int seg_exists(const char *name) {
+  char path[256];
+  snprintf(path, sizeof path, "/dev/shm%s", name);
+  return access(path, F_OK) == 0;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- values ------------------------------------------------------------- */
+
+static int is_signed(gs__dtype dt) {
+  return dt != GS__UINT8;
+}
+
+/* Rank r's element i: small integers (exact in every dtype, and their
+ * sums, products, minima in any order). */
+static double input(gs__dtype dt, gs__reduce_op op, int r, size_t i) {
+  if (op == GS__PRODUCT) {
+    double v = (i + (size_t)r) % 3 == 0 ? 2 : 1;
+    return is_signed(dt) && (i * 7 + (size_t)r) % 5 == 0 ? -v : v;
+  }
+  if (!is_signed(dt)) return (double)((i * 31 + (size_t)r * 17) % 9);
+  return (double)((i * 31 + (size_t)r * 17) % 17) - 8;
+}
+
+static void set_val(void *buf, gs__dtype dt, size_t i, double v) {
+  switch (dt) {
+  case GS__FLOAT32:
+    ((float *)buf)[i] = (float)v;
+    break;
+  case GS__FLOAT64:
+    ((double *)buf)[i] = v;
+    break;
+  case GS__FLOAT16:
+    ((uint16_t *)buf)[i] = gs__float_to_half((float)v);
+    break;
+  case GS__BFLOAT16:
+    ((uint16_t *)buf)[i] = gs__float_to_bf16((float)v);
+    break;
+  case GS__INT32:
+    ((int32_t *)buf)[i] = (int32_t)v;
+    break;
+  case GS__INT64:
+    ((int64_t *)buf)[i] = (int64_t)v;
+    break;
+  case GS__INT8:
+    ((int8_t *)buf)[i] = (int8_t)v;
+    break;
+  case GS__UINT8:
+    ((uint8_t *)buf)[i] = (uint8_t)v;
+    break;
+  case GS__INT16:
+    ((int16_t *)buf)[i] = (int16_t)v;
+    break;
+  default:
+    break;
+  }
+}
+
+/* The expected result of element i over n ranks, stored as dt would. */
+static void expect_val(void *buf, gs__dtype dt, gs__reduce_op op, int n, size_t i) {
+  double acc = input(dt, op, 0, i);
+  for (int r = 1; r < n; r++) {
+    double v = input(dt, op, r, i);
+    switch (op) {
+    case GS__SUM:
+    case GS__AVERAGE:
+      acc += v;
+      break;
+    case GS__MIN:
+      acc = v < acc ? v : acc;
+      break;
+    case GS__MAX:
+      acc = v > acc ? v : acc;
+      break;
+    case GS__PRODUCT:
+      acc *= v;
+      break;
+    default:
+      break;
+    }
+  }
+  if (op != GS__AVERAGE) {
+    set_val(buf, dt, i, acc);
+    return;
+  }
+  switch (dt) {
+  case GS__FLOAT64:
+    set_val(buf, dt, i, acc / n);
+    break;
+  case GS__FLOAT32:
+  case GS__FLOAT16:
+  case GS__BFLOAT16:
+    set_val(buf, dt, i, (double)((float)acc / (float)n));
+    break;
+  default:
+    set_val(buf, dt, i, (double)((int64_t)acc / n));
+    break; /* toward zero */
+  }
+}
+
+/* ---- ranks as threads ------------------------------------------------------ */
+
+typedef struct tjob {
+  int size;
+  int nhosts; /* 1, or 2: ranks [0, size/2) and [size/2, size) */
+  char seg[2][128];
+  int leader_port_key; /* distinct kv prefix per job */
+  atomic_int failures;
+  char first_failure[1024];
+  pthread_mutex_t mu;
+} tjob;
+
+typedef struct trank {
+  tjob *j;
+  int rank;
+} trank;
+
+static void record(tjob *j, const char *fmt, ...) {
+  va_list ap;
+  pthread_mutex_lock(&j->mu);
+  if (!atomic_fetch_add(&j->failures, 1)) {
+    va_start(ap, fmt);
+    vsnprintf(j->first_failure, sizeof j->first_failure, fmt, ap);
+    va_end(ap);
+  }
+  pthread_mutex_unlock(&j->mu);
+}
+
+/* In-memory kv for the leaders' ring of the hierarchical test. */
+typedef struct kv_entry {
+  char key[256];
+  char val[512];
+  size_t len;
+} kv_entry;
+static kv_entry g_kv[64];
+static int g_nkv;
+static pthread_mutex_t g_kv_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int kv_set(void *ctx, const char *key, const void *val, size_t len, char *err,
+                  size_t errlen) {
+  (void)ctx, (void)err, (void)errlen;
+  pthread_mutex_lock(&g_kv_mu);
+  if (g_nkv < 64 && len < 512) {
+    snprintf(g_kv[g_nkv].key, sizeof g_kv[g_nkv].key, "%s", key);
+    memcpy(g_kv[g_nkv].val, val, len);
+    g_kv[g_nkv++].len = len;
+  }
+  pthread_mutex_unlock(&g_kv_mu);
+  return GS__OK;
+}
+
+static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t *len, char *err,
+                  size_t errlen) {
+  (void)ctx;
+  int64_t dl = now_ms() + timeout_ms;
+  for (;;) {
+    pthread_mutex_lock(&g_kv_mu);
+    for (int i = 0; i < g_nkv; i++)
+      if (!strcmp(g_kv[i].key, key)) {
+        *val = malloc(g_kv[i].len);
+        memcpy(*val, g_kv[i].val, g_kv[i].len);
+        *len = g_kv[i].len;
+        pthread_mutex_unlock(&g_kv_mu);
+        return GS__OK;
+      }
+    pthread_mutex_unlock(&g_kv_mu);
+    if (now_ms() >= dl) break;
+    usleep(2000);
+  }
+  snprintf(err, errlen, "test kv: no key %s", key);
+  return GS__ERR_TIMEOUT;
+}
+
+/* Creates rank r's transport in job j (and, for the hierarchical job, the
+ * leaders' ring). */
+static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
+  int per = j->size / j->nhosts, host = r / per, local[8], nlocal = 0, host_of[8];
+  for (int q = host * per; q < (host + 1) * per; q++) local[nlocal++] = q;
+  for (int q = 0; q < j->size; q++) host_of[q] = q / per;
+  gs__shm_opts o = {.rank = r,
+                    .size = j->size,
+                    .local_ranks = local,
+                    .nlocal = nlocal,
+                    .host_index = host,
+                    .nhosts = j->nhosts,
+                    .host_of = host_of,
+                    .segment = j->seg[host],
+                    .connect_timeout_ms = HANG_GUARD_MS,
+                    .io_timeout_ms = HANG_GUARD_MS};
+  gs__backend *b = NULL;
+  if (gs__backend_create(GS__BACKEND_SHM, &o, &b, err, errlen) != GS__OK) return NULL;
+  if (j->nhosts > 1 && r == local[0]) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "job%d/", j->leader_port_key);
+    gs__tcp_ring_opts ro = {.rank = host,
+                            .size = j->nhosts,
+                            .coordinator = "127.0.0.1:9",
+                            .key_prefix = prefix,
+                            .connect_timeout_ms = HANG_GUARD_MS,
+                            .io_timeout_ms = HANG_GUARD_MS,
+                            .kv = {NULL, kv_set, kv_get},
+                            .ring_key = k_key};
+    gs__backend *leaders = NULL;
+    if (gs__tcp_ring_create(&ro, &leaders, err, errlen) != GS__OK) {
+      gs__backend_destroy(b);
+      return NULL;
+    }
+    gs__shm_adopt(b, NULL, leaders);
+  }
+  return b;
+}
+
+static const size_t k_sizes[] = {0, 1, 7, 33, 1000, (1u << 17) + 3, (1u << 18) + 5};
+
+static void *correctness_rank(void *arg) {
+  trank *t = arg;
+  tjob *j = t->j;
+  char err[2048];
+  gs__backend *b = make_rank(j, t->rank, err, sizeof err);
+  if (!b) {
+    record(j, "rank %d: create failed: %s", t->rank, err);
+    return NULL;
+  }
+  size_t maxn = k_sizes[sizeof k_sizes / sizeof k_sizes[0] - 1];
+  char *buf = malloc(maxn * 8), *want = malloc(maxn * 8);
+  for (int dt = 0; dt < GS__DTYPE_COUNT; dt++)
+    for (int op = 0; op < GS__ADASUM; op++)
+      for (size_t k = 0; k < sizeof k_sizes / sizeof k_sizes[0]; k++) {
+        size_t n = k_sizes[k], es = gs__dtype_size((gs__dtype)dt);
+        for (size_t i = 0; i < n; i++) {
+          set_val(buf, (gs__dtype)dt, i, input((gs__dtype)dt, (gs__reduce_op)op, t->rank, i));
+          expect_val(want, (gs__dtype)dt, (gs__reduce_op)op, j->size, i);
+        }
+        int rc = b->v->allreduce(b, n ? buf : NULL, n, (gs__dtype)dt, (gs__reduce_op)op, err,
+                                 sizeof err);
+        if (rc) {
+          record(j, "rank %d: allreduce %s %s n=%zu failed: %s", t->rank,
+                 gs__dtype_name((gs__dtype)dt), gs__reduce_op_name((gs__reduce_op)op), n, err);
+          goto out;
+        }
+        for (size_t i = 0; i < n; i++)
+          if (memcmp(buf + i * es, want + i * es, es)) {
+            record(j, "rank %d of %d (%d hosts): allreduce %s %s n=%zu: element %zu differs",
+                   t->rank, j->size, j->nhosts, gs__dtype_name((gs__dtype)dt),
+                   gs__reduce_op_name((gs__reduce_op)op), n, i);
+            goto out;
+          }
+      }
+  /* broadcast from every root, odd lengths across chunks */
+  size_t lens[] = {1, 4099, (1u << 19) + 17};
+  for (int root = 0; root < j->size; root++)
+    for (size_t k = 0; k < 3; k++) {
+      size_t len = lens[k];
+      for (size_t i = 0; i < len; i++)
+        buf[i] = (char)(t->rank == root ? (i * 13 + (size_t)root) & 0xff : 0x5a);
+      int rc = b->v->broadcast(b, buf, len, root, err, sizeof err);
+      if (rc) {
+        record(j, "rank %d: broadcast from %d failed: %s", t->rank, root, err);
+        goto out;
+      }
+      for (size_t i = 0; i < len; i++)
+        if (buf[i] != (char)((i * 13 + (size_t)root) & 0xff)) {
+          record(j, "rank %d: broadcast of %zu bytes from %d: byte %zu differs", t->rank, len, root,
+                 i);
+          goto out;
+        }
+    }
+out:
+  free(buf);
+  free(want);
+  gs__backend_destroy(b);
+  return NULL;
+}
+
+static void run_threads(int size, int nhosts) {
+  static int job_no;
+  tjob j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.mu, NULL);
+  j.size = size;
+  j.nhosts = nhosts;
+  j.leader_port_key = job_no++;
+  for (int h = 0; h < nhosts; h++) seg_name(j.seg[h], sizeof j.seg[h]);
+  pthread_t th[8];
+  trank tr[8];
+  for (int r = 0; r < size; r++) {
+    tr[r] = (trank){&j, r};
+    assert_int_equal(pthread_create(&th[r], NULL, correctness_rank, &tr[r]), 0);
+  }
+  for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
+  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  for (int h = 0; h < nhosts; h++) assert_false(seg_exists(j.seg[h]));
+  pthread_mutex_destroy(&j.mu);
+}
+
+static void test_every_dtype_op_2(void **state) {
+  (void)state;
+  run_threads(2, 1);
+}
+
+static void test_every_dtype_op_3(void **state) {
+  (void)state;
+  run_threads(3, 1);
+}
+
+static void test_every_dtype_op_4(void **state) {
+  (void)state;
+  run_threads(4, 1);
+}
+
+/* 2 hosts x 2 ranks, and 2 hosts x 1 rank (leaders only) */
+static void test_hierarchical_2x2(void **state) {
+  (void)state;
+  run_threads(4, 2);
+}
+
+static void test_hierarchical_2x1(void **state) {
+  (void)state;
+  run_threads(2, 2);
+}
+
+/* ---- faults, with forked ranks ---------------------------------------------- */
+
+static gs__backend *make_local(int rank, int size, const char *seg, int connect_ms, int io_ms,
+                               char *err, size_t errlen) {
+  int local[8];
+  for (int q = 0; q < size; q++) local[q] = q;
+  gs__shm_opts o = {.rank = rank,
+                    .size = size,
+                    .local_ranks = local,
+                    .nlocal = size,
+                    .host_index = 0,
+                    .nhosts = 1,
+                    .segment = seg,
+                    .connect_timeout_ms = connect_ms,
+                    .io_timeout_ms = io_ms};
+  gs__backend *b = NULL;
+  return gs__shm_create(&o, &b, err, errlen) == GS__OK ? b : NULL;
+}
+
+/* A child rank: creates, runs steps allreduces, then sleeps until killed. */
+static pid_t fork_rank(int rank, int size, const char *seg, int steps) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  char err[1024];
+  alarm(60); /* never outlive a broken test */
+  gs__backend *b = make_local(rank, size, seg, HANG_GUARD_MS, HANG_GUARD_MS, err, sizeof err);
+  if (!b) _exit(2);
+  float v[1000];
+  for (int s = 0; s < steps; s++) {
+    for (int i = 0; i < 1000; i++) v[i] = 1;
+    if (b->v->allreduce(b, v, 1000, GS__FLOAT32, GS__SUM, err, sizeof err)) _exit(3);
+  }
+  for (;;) pause();
+}
+
+static void kill_wait(pid_t pid) {
+  kill(pid, SIGKILL);
+  int st;
+  waitpid(pid, &st, 0);
+}
+
+/* kill -9 of a rank between collectives: the next one fails on the
+ * survivor within a bounded time, naming the dead rank; nothing left in
+ * /dev/shm. */
+static void test_kill9_peer(void **state) {
+  (void)state;
+  char seg[128], err[2048];
+  seg_name(seg, sizeof seg);
+  pid_t child = fork_rank(1, 2, seg, 1);
+  gs__backend *b = make_local(0, 2, seg, HANG_GUARD_MS, HANG_GUARD_MS, err, sizeof err);
+  if (!b) fail_msg("create: %s", err);
+  assert_false(seg_exists(seg)); /* unlinked as soon as both mapped it */
+  float v[1000];
+  for (int i = 0; i < 1000; i++) v[i] = 2;
+  assert_int_equal(b->v->allreduce(b, v, 1000, GS__FLOAT32, GS__SUM, err, sizeof err), GS__OK);
+  assert_true(v[0] == 3.0f && v[999] == 3.0f);
+  kill_wait(child);
+  int64_t t0 = now_ms();
+  int rc = b->v->allreduce(b, v, 1000, GS__FLOAT32, GS__SUM, err, sizeof err);
+  assert_int_equal(rc, GS__ERR_DATA_PLANE);
+  assert_true(now_ms() - t0 < HANG_GUARD_MS);
+  if (!strstr(err, "the shared-memory connection to rank 1 is lost") ||
+      !strstr(err, "exited while rank 0 waited for it in allreduce"))
+    fail_msg("unexpected error: %s", err);
+  /* later calls repeat the failure */
+  rc = b->v->allreduce(b, v, 1000, GS__FLOAT32, GS__SUM, err, sizeof err);
+  assert_int_equal(rc, GS__ERR_DATA_PLANE);
+  assert_non_null(strstr(err, "out of step"));
+  gs__backend_destroy(b);
+  assert_false(seg_exists(seg));
+}
+
+/* kill -9 of the leader right after it created the segment, before the
+ * other rank mapped it: the survivor still gets in, unlinks the name, and
+ * its first collective fails naming the leader. */
+static void test_kill9_leader_before_attach(void **state) {
+  (void)state;
+  char seg[128], err[2048];
+  seg_name(seg, sizeof seg);
+  pid_t leader = fork_rank(0, 2, seg, 0);
+  int64_t t0 = now_ms();
+  while (!seg_exists(seg) && now_ms() - t0 < HANG_GUARD_MS) usleep(1000);
+  assert_true(seg_exists(seg));
+  usleep(50000); /* sized and initialised */
+  kill_wait(leader);
+  assert_true(seg_exists(seg)); /* what kill -9 alone would leave behind */
+  gs__backend *b = make_local(1, 2, seg, HANG_GUARD_MS, HANG_GUARD_MS, err, sizeof err);
+  if (!b) fail_msg("create: %s", err);
+  assert_false(seg_exists(seg));
+  float v[10] = {0};
+  int rc = b->v->allreduce(b, v, 10, GS__FLOAT32, GS__SUM, err, sizeof err);
+  assert_int_equal(rc, GS__ERR_DATA_PLANE);
+  if (!strstr(err, "connection to rank 0 is lost")) fail_msg("unexpected error: %s", err);
+  gs__backend_destroy(b);
+}
+
+/* A local rank that never comes: the leader gives up after the connect
+ * timeout naming it, and removes the name. */
+static void test_peer_never_attaches(void **state) {
+  (void)state;
+  char seg[128], err[2048];
+  seg_name(seg, sizeof seg);
+  int64_t t0 = now_ms();
+  gs__backend *b = make_local(0, 3, seg, 400, 400, err, sizeof err);
+  assert_null(b);
+  assert_true(now_ms() - t0 < HANG_GUARD_MS);
+  if (!strstr(err, "ranks [1,2] on this host did not map the shared-memory segment"))
+    fail_msg("unexpected error: %s", err);
+  assert_false(seg_exists(seg));
+  /* and a non-leader whose leader never creates the segment */
+  seg_name(seg, sizeof seg);
+  b = make_local(1, 2, seg, 400, 400, err, sizeof err);
+  assert_null(b);
+  if (!strstr(err, "rank 0 (this host's leader) did not create the shared-memory segment"))
+    fail_msg("unexpected error: %s", err);
+  assert_false(seg_exists(seg));
+}
+
+typedef struct abort_arg {
+  gs__backend *b;
+  int rc;
+  char err[1024];
+  int64_t ms;
+} abort_arg;
+
+static void *lone_allreduce(void *p) {
+  abort_arg *a = p;
+  float v[4096] = {0};
+  int64_t t0 = now_ms();
+  a->rc = a->b->v->allreduce(a->b, v, 4096, GS__FLOAT32, GS__SUM, a->err, sizeof a->err);
+  a->ms = now_ms() - t0;
+  return NULL;
+}
+
+/* abort() from another thread wakes a rank waiting for a peer that is
+ * alive but never calls: GS__ERR_ABORTED at once, not after the timeout. */
+static void test_abort_wakes_waiter(void **state) {
+  (void)state;
+  char seg[128], err[1024];
+  seg_name(seg, sizeof seg);
+  pid_t child = fork_rank(1, 2, seg, 0); /* maps, then only sleeps */
+  abort_arg a = {0};
+  a.b = make_local(0, 2, seg, HANG_GUARD_MS, HANG_GUARD_MS, err, sizeof err);
+  if (!a.b) fail_msg("create: %s", err);
+  pthread_t th;
+  pthread_create(&th, NULL, lone_allreduce, &a);
+  usleep(300000);
+  a.b->v->abort(a.b);
+  pthread_join(th, NULL);
+  assert_int_equal(a.rc, GS__ERR_ABORTED);
+  assert_true(a.ms < HANG_GUARD_MS / 2);
+  assert_non_null(strstr(a.err, "allreduce aborted"));
+  gs__backend_destroy(a.b);
+  kill_wait(child);
+  assert_false(seg_exists(seg));
+}
+
+/* A peer that is alive but stuck: the wait ends at the io timeout naming
+ * it, and the peer, when it comes, learns who gave up. */
+static void test_stuck_peer_times_out(void **state) {
+  (void)state;
+  char seg[128], err[1024];
+  seg_name(seg, sizeof seg);
+  pid_t child = fork_rank(1, 2, seg, 0);
+  gs__backend *b = make_local(0, 2, seg, HANG_GUARD_MS, 300, err, sizeof err);
+  if (!b) fail_msg("create: %s", err);
+  float v[16] = {0};
+  int rc = b->v->allreduce(b, v, 16, GS__FLOAT32, GS__SUM, err, sizeof err);
+  assert_int_equal(rc, GS__ERR_DATA_PLANE);
+  if (!strstr(err, "rank 0 waited 300 ms (GRADSYNC_DATA_TIMEOUT_MS) for rank 1 in allreduce"))
+    fail_msg("unexpected error: %s", err);
+  gs__backend_destroy(b);
+  kill_wait(child);
+}
+
+/* Bad arguments are refused with a message, and change nothing. */
+static void test_bad_args(void **state) {
+  (void)state;
+  char seg[128], err[1024];
+  seg_name(seg, sizeof seg);
+  gs__backend *b = make_local(0, 1, seg, 100, 100, err, sizeof err);
+  assert_non_null(b);
+  float v[4] = {1, 2, 3, 4};
+  assert_int_equal(b->v->allreduce(b, v, 4, GS__FLOAT32, GS__ADASUM, err, sizeof err),
+                   GS__ERR_UNSUPPORTED);
+  assert_non_null(strstr(err, "adasum"));
+  assert_int_equal(b->v->allreduce(b, v, 4, (gs__dtype)99, GS__SUM, err, sizeof err),
+                   GS__ERR_INVALID_ARG);
+  assert_int_equal(b->v->broadcast(b, v, 16, 3, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_non_null(strstr(err, "root 3 is not a rank of this job (0..0)"));
+  assert_true(v[0] == 1 && v[3] == 4);
+  gs__backend_destroy(b);
+  int local[2] = {0, 1};
+  gs__shm_opts o = {.rank = 2,
+                    .size = 2,
+                    .local_ranks = local,
+                    .nlocal = 2,
+                    .nhosts = 1,
+                    .segment = seg,
+                    .connect_timeout_ms = 1,
+                    .io_timeout_ms = 1};
+  assert_int_equal(gs__shm_create(&o, &b, err, sizeof err), GS__ERR_INVALID_ARG);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_dtype_op_2),
+      cmocka_unit_test(test_every_dtype_op_3),
+      cmocka_unit_test(test_every_dtype_op_4),
+      cmocka_unit_test(test_hierarchical_2x2),
+      cmocka_unit_test(test_hierarchical_2x1),
+      cmocka_unit_test(test_kill9_peer),
+      cmocka_unit_test(test_kill9_leader_before_attach),
+      cmocka_unit_test(test_peer_never_attaches),
+      cmocka_unit_test(test_abort_wakes_waiter),
+      cmocka_unit_test(test_stuck_peer_times_out),
+      cmocka_unit_test(test_bad_args),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

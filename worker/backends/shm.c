@@ -1,0 +1,1021 @@
+/* Shared-memory transport: the CPU data plane among the ranks of one host,
+ * and the hierarchical composition across hosts (shm inside each host, the
+ * TCP ring between one leader per host).
+ *
+ * One POSIX shm segment per host, job and epoch. Its leader (the host's
+ * lowest rank) creates it, the other local ranks map it, and as soon as all
+ * have mapped it the name is unlinked: from then on the memory lives only in
+ * the mappings, so no exit path, kill -9 included, leaves anything in
+ * /dev/shm. An attach that fails or times out unlinks the name too (a
+ * survivor cleans up for a peer that died before mapping it).
+ *
+ * Layout: a header (attach count, the first failure, a futex "bell"), one
+ * cache line of progress counters per local rank, then NBUF buffers, each
+ * with one CHUNK_BYTES slot per local rank and one result slot. A
+ * collective is cut into chunks; for chunk g every rank copies its part
+ * into its slot of buffer g % NBUF (converting 16-bit floats to float32),
+ * reduces its 1/L slice of the chunk over all slots in rank order into the
+ * result slot (applying the average's division there), and copies the
+ * whole result out. Counters (posted, reduced, done: chunks completed) are
+ * monotonic over the segment's life, so a rank may run one chunk ahead of
+ * the slowest; a buffer is rewritten only after every rank is done with it.
+ * Every element is reduced once, by one rank, in rank order: all ranks end
+ * bitwise identical, and the result does not depend on timing.
+ *
+ * Waits spin briefly, then yield, then sleep on the bell (FUTEX_WAIT with a
+ * short timeout) while counting as a sleeper, so that posters only pay for
+ * a wake-up when someone sleeps. Every wait is bounded by the io timeout,
+ * checks the local abort flag and the segment's failure word, and every
+ * 100 ms checks that the peers it waits for are still alive (kill(pid, 0)),
+ * so a dead peer fails the collective in ~0.1 s, naming it. The first rank
+ * to fail records why in the segment; the others fail at once with that.
+ *
+ * Threads: one collective at a time from the worker's exec thread, which
+ * owns everything here; abort() may be called from any thread while a
+ * collective runs (not concurrently with destroy). */
+
+#include "backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "messages.h"
+#include "secret.h"
+#include "status.h"
+
+#define SHM_MAGIC 0x4753484du /* "GSHM" */
+#define SHM_VERSION 1u
+#define NBUF 2                     /* buffers a fast rank may run ahead into */
+#define CHUNK_BYTES (256u * 1024u) /* one rank's slot of one buffer */
+#define LINE 64
+#define MSG_BYTES 512 /* per local rank: why it failed */
+#define SPIN_PAUSE 256
+#define SPIN_YIELD 64
+#define SLEEP_MS 5      /* one futex sleep; abort and failures wake it earlier */
+#define LIVENESS_MS 100 /* how often a waiter checks its peers' pids */
+#define ID_BYTES 256    /* host identity record exchanged at start */
+
+enum { F_POSTED = 0, F_REDUCED = 1, F_DONE = 2 };
+enum { FAIL_DIED = 1, FAIL_TIMEOUT = 2, FAIL_ERROR = 3 };
+
+typedef struct shm_ctl { /* one cache line per local rank, written by it only */
+  _Atomic uint64_t cnt[3];
+  _Atomic int32_t pid, rank;
+  char pad[LINE - 3 * 8 - 2 * 4];
+} shm_ctl;
+
+typedef struct shm_hdr {
+  uint32_t magic, version, nlocal, chunk_bytes;
+  uint64_t bytes;            /* the whole segment */
+  _Atomic uint32_t ready;    /* the leader finished initialising */
+  _Atomic uint32_t attached; /* ranks that mapped the segment */
+  _Atomic uint32_t bell;     /* futex word: bumped on every state change */
+  _Atomic uint32_t sleepers; /* ranks in FUTEX_WAIT on bell */
+  /* 0, or kind << 48 | reporter's local index << 32 | (culprit rank + 1);
+   * the reporter's message is in its msg slot */
+  _Atomic uint64_t failed;
+} shm_hdr;
+
+typedef struct shm {
+  gs__backend base;
+  int rank, size, me, nlocal, host_index, nhosts;
+  int *local_ranks;
+  int *host_of; /* size entries: host index of every rank (NULL = one host) */
+  int io_timeout_ms;
+  char name[128];
+  int unlinked;
+  char *map; /* the segment (NULL when alone on the host) */
+  size_t map_bytes;
+  shm_hdr *hdr;
+  shm_ctl *ctl;
+  char *msgs, *data;
+  uint64_t g; /* chunks this rank has started */
+  atomic_int aborted;
+  int broken; /* status of the failure that made the segment unusable */
+  char broken_msg[1024];
+  gs__backend *world, *leaders; /* owned once adopted */
+  float *work;                  /* float32 workspace of hierarchical 16-bit reduces */
+  size_t work_cap;              /* elements */
+  void *fusion;
+  size_t fusion_cap;
+} shm;
+
+static const gs__backend_vtbl k_vtbl;
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *errtext(int e, char *buf, size_t len) {
+  return strerror_r(e, buf, len); /* GNU: may return a static string */
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static size_t round_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+
+static size_t hdr_bytes(int nlocal) {
+  return round_up(round_up(sizeof(shm_hdr), LINE) + (size_t)nlocal * sizeof(shm_ctl) +
+                      (size_t)nlocal * MSG_BYTES,
+                  4096);
+}
+
+static size_t seg_bytes(int nlocal) {
+  return hdr_bytes(nlocal) + (size_t)NBUF * ((size_t)nlocal + 1) * CHUNK_BYTES;
+}
+
+static char *slot(shm *s, int b, int q) {
+  return s->data + ((size_t)b * ((size_t)s->nlocal + 1) + (size_t)q) * CHUNK_BYTES;
+}
+
+static char *result(shm *s, int b) {
+  return slot(s, b, s->nlocal);
+}
+
+/* Start of local rank i's slice of a chunk of n elements: cut in equal
+ * parts rounded to 16 elements, so that slices never share a cache line. */
+static size_t slice_off(size_t n, int L, int i) {
+  size_t per = round_up((n + (size_t)L - 1) / (size_t)L, 16), o = per * (size_t)i;
+  return o < n ? o : n;
+}
+
+static void bell(shm *s) {
+  atomic_fetch_add(&s->hdr->bell, 1);
+  if (atomic_load(&s->hdr->sleepers))
+    syscall(SYS_futex, &s->hdr->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void post(shm *s, int f, uint64_t v) {
+  atomic_store(&s->ctl[s->me].cnt[f], v);
+  bell(s);
+}
+
+static int is_half(gs__dtype dt) {
+  return dt == GS__FLOAT16 || dt == GS__BFLOAT16;
+}
+
+/* dst (dst_dt) = src (src_dt) for n elements: a copy, or the float32 <->
+ * 16-bit conversion of the wire. */
+static void convert(void *dst, gs__dtype dst_dt, const void *src, gs__dtype src_dt, size_t n) {
+  if (!n || dst == src) return;
+  gs__copy c = {src, dst, n, src_dt, dst_dt, 1.0};
+  char err[64];
+  (void)gs__host_copy(&c, 1, err, sizeof err); /* only same or f32 <-> 16-bit here */
+}
+
+/* ---- failures ------------------------------------------------------------ */
+
+/* Records a failure: the message goes to err and is kept for later calls. */
+static int fail(shm *s, int status, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fail(shm *s, int status, char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  if (!s->broken) {
+    s->broken = status;
+    snprintf(s->broken_msg, sizeof s->broken_msg, "%s", err);
+  }
+  return status;
+}
+
+/* Tells the other local ranks that culprit made this rank give up (kind:
+ * FAIL_*), with why; the first report wins. */
+static void poison(shm *s, int kind, int culprit, const char *why) {
+  if (!s->hdr) return;
+  snprintf(s->msgs + (size_t)s->me * MSG_BYTES, MSG_BYTES, "%s", why);
+  uint64_t want = (uint64_t)kind << 48 | (uint64_t)s->me << 32 | (uint64_t)(culprit + 1), zero = 0;
+  atomic_compare_exchange_strong(&s->hdr->failed, &zero, want);
+  bell(s);
+}
+
+static int peer_failed(shm *s, uint64_t f, const char *what, char *err, size_t errlen) {
+  int kind = (int)(f >> 48), reporter = (int)((f >> 32) & 0xffff),
+      culprit = (int)(f & 0xffffffff) - 1;
+  char msg[MSG_BYTES];
+  snprintf(msg, sizeof msg, "%s", s->msgs + (size_t)reporter * MSG_BYTES);
+  if (kind == FAIL_DIED)
+    return fail(s, GS__ERR_DATA_PLANE, err, errlen,
+                "shm: rank %d: %s stopped: the shared-memory connection to rank %d is lost (%s)",
+                s->rank, what, culprit, msg);
+  return fail(s, GS__ERR_DATA_PLANE, err, errlen,
+              "shm: rank %d: %s stopped because rank %d on this host gave up: %s", s->rank, what,
+              s->local_ranks[reporter], msg);
+}
+
+static int aborted_status(shm *s, const char *what, char *err, size_t errlen) {
+  snprintf(err, errlen,
+           "shm: rank %d: %s aborted (the job is being torn down after an error elsewhere)",
+           s->rank, what);
+  return GS__ERR_ABORTED;
+}
+
+/* A local peer whose process is gone (kill -9, a crash): a pid that no
+ * longer exists. EPERM means it exists. */
+static int peer_dead(shm *s, int q) {
+  pid_t pid = atomic_load(&s->ctl[q].pid);
+  if (pid <= 0) return 0;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  /* a zombie (dead, not yet reaped by its parent) still answers kill() */
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *paren = strrchr(buf, ')'); /* "pid (comm) S ..." */
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* Waits until counter f of local ranks lo..hi reaches target. */
+static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *what, char *err,
+                    size_t errlen) {
+  int64_t start = 0, checked = 0;
+  for (unsigned spin = 0;; spin++) {
+    int q = lo;
+    while (q <= hi && atomic_load(&s->ctl[q].cnt[f]) >= target) q++;
+    if (q > hi) return GS__OK;
+    if (atomic_load(&s->aborted)) return aborted_status(s, what, err, errlen);
+    uint64_t fl = atomic_load(&s->hdr->failed);
+    if (fl) return peer_failed(s, fl, what, err, errlen);
+    if (spin < SPIN_PAUSE) {
+      cpu_relax();
+      continue;
+    }
+    if (spin < SPIN_PAUSE + SPIN_YIELD) {
+      sched_yield();
+      continue;
+    }
+    uint32_t seq = atomic_load(&s->hdr->bell);
+    atomic_fetch_add(&s->hdr->sleepers, 1);
+    if (atomic_load(&s->ctl[q].cnt[f]) < target && !atomic_load(&s->aborted) &&
+        !atomic_load(&s->hdr->failed)) {
+      struct timespec ts = {0, SLEEP_MS * 1000000L};
+      syscall(SYS_futex, &s->hdr->bell, FUTEX_WAIT, seq, &ts, NULL, 0);
+    }
+    atomic_fetch_sub(&s->hdr->sleepers, 1);
+    int64_t now = now_ms();
+    if (!start) start = checked = now;
+    if (now - checked >= LIVENESS_MS) {
+      checked = now;
+      for (int p = lo; p <= hi; p++) {
+        if (atomic_load(&s->ctl[p].cnt[f]) >= target || !peer_dead(s, p)) continue;
+        char why[MSG_BYTES];
+        snprintf(why, sizeof why, "rank %d (pid %d) exited while rank %d waited for it in %s",
+                 s->local_ranks[p], (int)atomic_load(&s->ctl[p].pid), s->rank, what);
+        poison(s, FAIL_DIED, s->local_ranks[p], why);
+        return fail(s, GS__ERR_DATA_PLANE, err, errlen,
+                    "shm: rank %d: the shared-memory connection to rank %d is lost: %s; see "
+                    "that rank's output for why it died",
+                    s->rank, s->local_ranks[p], why);
+      }
+    }
+    if (now - start >= s->io_timeout_ms) {
+      char why[MSG_BYTES];
+      snprintf(why, sizeof why, "rank %d waited %d ms (GRADSYNC_DATA_TIMEOUT_MS) for rank %d in %s",
+               s->rank, s->io_timeout_ms, s->local_ranks[q], what);
+      poison(s, FAIL_TIMEOUT, s->local_ranks[q], why);
+      return fail(s, GS__ERR_DATA_PLANE, err, errlen,
+                  "shm: %s; rank %d is stuck or far behind (stopped, swapping, or blocked outside "
+                  "gradsync): look at that rank, or raise GRADSYNC_DATA_TIMEOUT_MS",
+                  why, s->local_ranks[q]);
+    }
+  }
+}
+
+/* ---- the two phases ------------------------------------------------------- */
+
+/* Reduces count elements of in (in_dt) over the local ranks, in wire dtype
+ * wdt (in_dt, or float32 for 16-bit floats), with rop; divides by divisor
+ * (> 1) in the slice pass; writes the result to out (out_dt) unless out is
+ * NULL (a non-leader of a hierarchical reduce). in and out may alias. */
+static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_dt, void *out,
+                        gs__dtype out_dt, size_t count, gs__dtype wdt, gs__reduce_op rop,
+                        int divisor, char *err, size_t errlen) {
+  size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
+  size_t per_chunk = CHUNK_BYTES / wes;
+  int L = s->nlocal, me = s->me, rc;
+  for (size_t off = 0; off < count; off += per_chunk) {
+    size_t n = count - off < per_chunk ? count - off : per_chunk;
+    uint64_t g = s->g;
+    int b = (int)(g % NBUF);
+    if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, what, err, errlen)))
+      return rc;
+    convert(slot(s, b, me), wdt, (const char *)in + off * ies, in_dt, n);
+    post(s, F_POSTED, g + 1);
+    if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+    size_t lo = slice_off(n, L, me), hi = slice_off(n, L, me + 1);
+    if (hi > lo) {
+      char *res = result(s, b) + lo * wes;
+      memcpy(res, slot(s, b, 0) + lo * wes, (hi - lo) * wes);
+      for (int q = 1; q < L; q++) gs__reduce(res, slot(s, b, q) + lo * wes, hi - lo, wdt, rop);
+      if (divisor > 1) gs__divide(res, hi - lo, wdt, divisor);
+    }
+    post(s, F_REDUCED, g + 1);
+    if (out) {
+      if ((rc = wait_for(s, F_REDUCED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+      convert((char *)out + off * oes, out_dt, result(s, b), wdt, n);
+    }
+    post(s, F_DONE, g + 1);
+    s->g = g + 1;
+  }
+  return GS__OK;
+}
+
+/* Copies count elements from local rank root's in (in_dt) to every other
+ * local rank's out (out_dt), through wire dtype wdt. The root converts its
+ * own out too when out differs from in. */
+static int bcast_phase(shm *s, const char *what, int root, const void *in, gs__dtype in_dt,
+                       void *out, gs__dtype out_dt, size_t count, gs__dtype wdt, char *err,
+                       size_t errlen) {
+  size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
+  size_t per_chunk = CHUNK_BYTES / wes;
+  int L = s->nlocal, me = s->me, rc;
+  for (size_t off = 0; off < count; off += per_chunk) {
+    size_t n = count - off < per_chunk ? count - off : per_chunk;
+    uint64_t g = s->g;
+    int b = (int)(g % NBUF);
+    if (me == root) {
+      if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, what, err, errlen)))
+        return rc;
+      convert(result(s, b), wdt, (const char *)in + off * ies, in_dt, n);
+      post(s, F_POSTED, g + 1);
+      convert((char *)out + off * oes, out_dt, (const char *)in + off * ies, in_dt, n);
+    } else {
+      if ((rc = wait_for(s, F_POSTED, g + 1, root, root, what, err, errlen))) return rc;
+      convert((char *)out + off * oes, out_dt, result(s, b), wdt, n);
+    }
+    post(s, F_DONE, g + 1);
+    s->g = g + 1;
+  }
+  return GS__OK;
+}
+
+/* ---- collectives ------------------------------------------------------------ */
+
+static int check_usable(shm *s, const char *what, char *err, size_t errlen) {
+  if (atomic_load(&s->aborted)) return aborted_status(s, what, err, errlen);
+  if (s->broken) {
+    snprintf(err, errlen,
+             "shm: rank %d cannot run %s: an earlier collective failed and the shared-memory "
+             "transport is out of step (%s)",
+             s->rank, what, s->broken_msg);
+    return s->broken;
+  }
+  return GS__OK;
+}
+
+static int check_reduce_args(const char *what, gs__dtype dt, gs__reduce_op op, char *err,
+                             size_t errlen) {
+  if ((unsigned)dt >= GS__DTYPE_COUNT) {
+    snprintf(err, errlen, "shm: %s: dtype %d is not a valid dtype (0..%d)", what, (int)dt,
+             GS__DTYPE_COUNT - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (op == GS__ADASUM) {
+    snprintf(err, errlen,
+             "shm: %s: op \"adasum\" is not supported on CPU buffers; use sum or average", what);
+    return GS__ERR_UNSUPPORTED;
+  }
+  if ((unsigned)op >= GS__REDUCE_OP_COUNT) {
+    snprintf(err, errlen,
+             "shm: %s: op %d is not a valid reduce op (sum, average, min, max, product)", what,
+             (int)op);
+    return GS__ERR_INVALID_ARG;
+  }
+  return GS__OK;
+}
+
+static float *workspace(shm *s, size_t count, char *err, size_t errlen) {
+  if (count > s->work_cap) {
+    float *w = realloc(s->work, count * sizeof *w);
+    if (!w) {
+      snprintf(err, errlen, "shm: allreduce: out of memory for a %zu-byte float32 workspace",
+               count * sizeof *w);
+      return NULL;
+    }
+    s->work = w, s->work_cap = count;
+  }
+  return s->work;
+}
+
+/* The leader's step between the hosts: a failure there is told to the
+ * local ranks waiting for its broadcast. */
+static int leaders_step(shm *s, int rc, const char *what, char *err, size_t errlen) {
+  if (rc == GS__OK) return GS__OK;
+  if (rc != GS__ERR_ABORTED) poison(s, FAIL_ERROR, s->rank, err);
+  char detail[2048];
+  snprintf(detail, sizeof detail, "%s", err);
+  if (rc == GS__ERR_ABORTED) {
+    snprintf(err, errlen, "%s", detail);
+    return rc;
+  }
+  return fail(s, rc, err, errlen, "shm: rank %d (leader of host %d): %s between the hosts: %s",
+              s->rank, s->host_index, what, detail);
+}
+
+static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                            char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  int rc = check_usable(s, "allreduce", err, errlen);
+  if (rc == GS__OK) rc = check_reduce_args("allreduce", dt, op, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (count > SIZE_MAX / 8) {
+    snprintf(err, errlen, "shm: allreduce: count %zu is too large", count);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (count == 0 || s->size == 1) return GS__OK;
+  if (!buf) {
+    snprintf(err, errlen, "shm: allreduce: buf is NULL with count %zu", count);
+    return GS__ERR_INVALID_ARG;
+  }
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
+  if (s->nhosts == 1)
+    return reduce_phase(s, "allreduce", buf, dt, buf, dt, count, wdt, rop,
+                        op == GS__AVERAGE ? s->size : 0, err, errlen);
+
+  /* hierarchical: host reduce to the leader, leaders' ring, host broadcast */
+  int leader = s->me == 0;
+  void *hb = buf; /* the leader's host sum, in the wire dtype */
+  if (leader && wdt != dt && !(hb = workspace(s, count, err, errlen))) {
+    poison(s, FAIL_ERROR, s->rank, err);
+    return fail(s, GS__ERR_NO_MEMORY, err, errlen, "%s", err);
+  }
+  if (s->nlocal > 1) {
+    rc = reduce_phase(s, "allreduce", buf, dt, leader ? hb : NULL, wdt, count, wdt, rop, 0, err,
+                      errlen);
+    if (rc) return rc;
+  } else {
+    convert(hb, wdt, buf, dt, count);
+  }
+  if (leader) {
+    rc = s->leaders->v->allreduce(s->leaders, hb, count, wdt, rop, err, errlen);
+    if ((rc = leaders_step(s, rc, "allreduce", err, errlen))) return rc;
+    if (op == GS__AVERAGE) gs__divide(hb, count, wdt, s->size);
+  }
+  if (s->nlocal > 1)
+    return bcast_phase(s, "allreduce", 0, hb, wdt, buf, dt, count, wdt, err, errlen);
+  convert(buf, dt, hb, wdt, count);
+  return GS__OK;
+}
+
+static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, char *err,
+                            size_t errlen) {
+  shm *s = (shm *)b;
+  int rc = check_usable(s, "broadcast", err, errlen);
+  if (rc != GS__OK) return rc;
+  if (root < 0 || root >= s->size) {
+    snprintf(err, errlen, "shm: broadcast: root %d is not a rank of this job (0..%d)", root,
+             s->size - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (len == 0 || s->size == 1) return GS__OK;
+  if (!buf) {
+    snprintf(err, errlen, "shm: broadcast: buf is NULL with len %zu", len);
+    return GS__ERR_INVALID_ARG;
+  }
+  int rhost = s->host_of ? s->host_of[root] : 0, rlocal = -1;
+  for (int q = 0; q < s->nlocal; q++)
+    if (s->local_ranks[q] == root) rlocal = q;
+  if (rhost == s->host_index && s->nlocal > 1) {
+    rc = bcast_phase(s, "broadcast", rlocal, buf, GS__UINT8, buf, GS__UINT8, len, GS__UINT8, err,
+                     errlen);
+    if (rc) return rc;
+  }
+  if (s->nhosts == 1) return GS__OK;
+  if (s->me == 0) {
+    rc = s->leaders->v->broadcast(s->leaders, buf, len, rhost, err, errlen);
+    if ((rc = leaders_step(s, rc, "broadcast", err, errlen))) return rc;
+  }
+  if (rhost != s->host_index && s->nlocal > 1)
+    return bcast_phase(s, "broadcast", 0, buf, GS__UINT8, buf, GS__UINT8, len, GS__UINT8, err,
+                       errlen);
+  return GS__OK;
+}
+
+/* Allgatherv, reducescatter and alltoallv run on the world ring. */
+static gs__backend *world_of(shm *s, const char *what, char *err, size_t errlen) {
+  if (!s->world)
+    snprintf(err, errlen,
+             "shm: %s runs on the TCP ring of all ranks, which this transport was not given (a "
+             "gradsync bug)",
+             what);
+  return s->world;
+}
+
+static int shm_allgatherv_vt(gs__backend *b, const void *send, void *recv, const size_t *bytes,
+                             char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  int rc = check_usable(s, "allgatherv", err, errlen);
+  if (rc != GS__OK) return rc;
+  gs__backend *w = world_of(s, "allgatherv", err, errlen);
+  return w ? w->v->allgatherv(w, send, recv, bytes, err, errlen) : GS__ERR_INTERNAL;
+}
+
+static int shm_reducescatter_vt(gs__backend *b, void *buf, const size_t *counts, gs__dtype dt,
+                                gs__reduce_op op, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  int rc = check_usable(s, "reducescatter", err, errlen);
+  if (rc != GS__OK) return rc;
+  gs__backend *w = world_of(s, "reducescatter", err, errlen);
+  return w ? w->v->reducescatter(w, buf, counts, dt, op, err, errlen) : GS__ERR_INTERNAL;
+}
+
+static int shm_alltoallv_vt(gs__backend *b, const void *send, const size_t *send_bytes, void *recv,
+                            const size_t *recv_bytes, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  int rc = check_usable(s, "alltoallv", err, errlen);
+  if (rc != GS__OK) return rc;
+  gs__backend *w = world_of(s, "alltoallv", err, errlen);
+  return w ? w->v->alltoallv(w, send, send_bytes, recv, recv_bytes, err, errlen) : GS__ERR_INTERNAL;
+}
+
+static void shm_abort_vt(gs__backend *b) {
+  shm *s = (shm *)b;
+  atomic_store(&s->aborted, 1);
+  if (s->hdr) { /* wake this rank's waiter; the others are woken harmlessly */
+    atomic_fetch_add(&s->hdr->bell, 1);
+    syscall(SYS_futex, &s->hdr->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+  }
+  if (s->world) s->world->v->abort(s->world);
+  if (s->leaders) s->leaders->v->abort(s->leaders);
+}
+
+static void unlink_name(shm *s) {
+  if (s->unlinked || !s->name[0]) return;
+  s->unlinked = 1;
+  (void)shm_unlink(s->name); /* ENOENT: a peer was first */
+}
+
+static void shm_destroy_vt(gs__backend *b) {
+  shm *s = (shm *)b;
+  unlink_name(s);
+  if (s->map) munmap(s->map, s->map_bytes);
+  gs__backend_destroy(s->leaders);
+  gs__backend_destroy(s->world);
+  free(s->local_ranks);
+  free(s->host_of);
+  free(s->work);
+  free(s->fusion);
+  free(s);
+}
+
+static void *shm_staging_vt(gs__backend *b, size_t bytes, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  return gs__host_staging(&s->fusion, &s->fusion_cap, bytes, err, errlen);
+}
+
+static int shm_copy_vt(gs__backend *b, const gs__copy *c, size_t n, char *err, size_t errlen) {
+  (void)b;
+  return gs__host_copy(c, n, err, errlen);
+}
+
+static const gs__backend_vtbl k_vtbl = {
+    .name = "shm",
+    .device = GS__DEVICE_CPU,
+    .staging = shm_staging_vt,
+    .copy = shm_copy_vt,
+    .mem_alloc = gs__host_alloc,
+    .mem_free = gs__host_free,
+    .allreduce = shm_allreduce_vt,
+    .allgatherv = shm_allgatherv_vt,
+    .broadcast = shm_broadcast_vt,
+    .reducescatter = shm_reducescatter_vt,
+    .alltoallv = shm_alltoallv_vt,
+    .abort = shm_abort_vt,
+    .destroy = shm_destroy_vt,
+};
+
+/* ---- the segment ------------------------------------------------------------ */
+
+void gs__shm_segment_name(const uint8_t *ring_key, uint64_t epoch, int leader, char *out,
+                          size_t outlen) {
+  uint8_t mac[32];
+  char hex[17];
+  gs__hmac_sha256(ring_key, GS__SECRET_BYTES, "gradsync shm segment", 20, mac);
+  gs__hex(mac, 8, hex);
+  snprintf(out, outlen, "/gradsync-%s-%llu-%d", hex, (unsigned long long)epoch, leader);
+}
+
+/* Waits (bounded by deadline) until every local rank mapped the segment;
+ * fails early when one that did died, naming it. */
+static int wait_attached(shm *s, int64_t deadline, char *err, size_t errlen) {
+  int64_t checked = now_ms();
+  while ((int)atomic_load(&s->hdr->attached) < s->nlocal) {
+    if (atomic_load(&s->aborted)) return aborted_status(s, "the shm rendezvous", err, errlen);
+    int64_t now = now_ms();
+    if (now - checked >= LIVENESS_MS) {
+      checked = now;
+      for (int q = 0; q < s->nlocal; q++)
+        if (q != s->me && peer_dead(s, q)) {
+          snprintf(err, errlen,
+                   "shm: rank %d: local rank %d (pid %d) exited before every rank on this host "
+                   "mapped the shared-memory segment",
+                   s->rank, s->local_ranks[q], (int)atomic_load(&s->ctl[q].pid));
+          return GS__ERR_DATA_PLANE;
+        }
+    }
+    if (now >= deadline) {
+      char missing[512] = "";
+      size_t used = 0;
+      for (int q = 0; q < s->nlocal && used < sizeof missing - 16; q++)
+        if (!atomic_load(&s->ctl[q].pid))
+          used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "",
+                                   s->local_ranks[q]);
+      snprintf(err, errlen,
+               "shm: rank %d: ranks [%s] on this host did not map the shared-memory segment %s in "
+               "time; they are stuck or died (see their output)",
+               s->rank, missing, s->name);
+      return GS__ERR_TIMEOUT;
+    }
+    uint32_t seq = atomic_load(&s->hdr->bell);
+    atomic_fetch_add(&s->hdr->sleepers, 1);
+    if ((int)atomic_load(&s->hdr->attached) < s->nlocal) {
+      struct timespec ts = {0, SLEEP_MS * 1000000L};
+      syscall(SYS_futex, &s->hdr->bell, FUTEX_WAIT, seq, &ts, NULL, 0);
+    }
+    atomic_fetch_sub(&s->hdr->sleepers, 1);
+  }
+  return GS__OK;
+}
+
+static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) {
+  char eb[128];
+  size_t bytes = seg_bytes(s->nlocal);
+  int64_t deadline = now_ms() + o->connect_timeout_ms;
+  int fd = -1, e = 0;
+  if (s->me == 0) {
+    fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      snprintf(err, errlen, "shm: rank %d cannot create the shared-memory segment %s: %s%s",
+               s->rank, s->name, errtext(errno, eb, sizeof eb),
+               errno == EEXIST ? " (left by an earlier start of this job and epoch?)" : "");
+      return GS__ERR_DATA_PLANE;
+    }
+    /* reserve the pages now: a full /dev/shm is an error here, not a
+     * SIGBUS in the middle of a collective */
+    if ((e = posix_fallocate(fd, 0, (off_t)bytes)) != 0) {
+      close(fd);
+      (void)shm_unlink(s->name);
+      snprintf(err, errlen,
+               "shm: rank %d cannot reserve %zu bytes for the shared-memory segment %s: %s "
+               "(/dev/shm too small? in a container give it more, e.g. --shm-size, or set "
+               "GRADSYNC_BACKEND=tcp)",
+               s->rank, bytes, s->name, errtext(e, eb, sizeof eb));
+      return GS__ERR_DATA_PLANE;
+    }
+  } else {
+    for (;;) {
+      fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && (size_t)st.st_size == bytes) break;
+        close(fd); /* still being sized by the leader */
+        fd = -1;
+      } else if (errno != ENOENT) {
+        snprintf(err, errlen, "shm: rank %d cannot open the shared-memory segment %s: %s", s->rank,
+                 s->name, errtext(errno, eb, sizeof eb));
+        return GS__ERR_DATA_PLANE;
+      }
+      if (atomic_load(&s->aborted)) return aborted_status(s, "the shm rendezvous", err, errlen);
+      if (now_ms() >= deadline) {
+        (void)shm_unlink(s->name); /* in case the leader creates it just now */
+        snprintf(err, errlen,
+                 "shm: rank %d: rank %d (this host's leader) did not create the shared-memory "
+                 "segment %s within %d ms; it is stuck or died (see its output)",
+                 s->rank, s->local_ranks[0], s->name, o->connect_timeout_ms);
+        return GS__ERR_TIMEOUT;
+      }
+      struct timespec ts = {0, 2000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  e = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    unlink_name(s);
+    snprintf(err, errlen, "shm: rank %d cannot map the shared-memory segment %s (%zu bytes): %s",
+             s->rank, s->name, bytes, errtext(e, eb, sizeof eb));
+    return GS__ERR_DATA_PLANE;
+  }
+  s->map = p;
+  s->map_bytes = bytes;
+  s->hdr = p;
+  s->ctl = (shm_ctl *)(void *)(s->map + round_up(sizeof(shm_hdr), LINE));
+  s->msgs = (char *)(s->ctl + s->nlocal);
+  s->data = s->map + hdr_bytes(s->nlocal);
+  if (s->me == 0) { /* fresh pages are zero: counters, pids, failure word */
+    s->hdr->magic = SHM_MAGIC;
+    s->hdr->version = SHM_VERSION;
+    s->hdr->nlocal = (uint32_t)s->nlocal;
+    s->hdr->chunk_bytes = CHUNK_BYTES;
+    s->hdr->bytes = bytes;
+    atomic_store(&s->ctl[0].pid, (int32_t)getpid());
+    atomic_store(&s->ctl[0].rank, s->rank);
+    atomic_store(&s->hdr->attached, 1);
+    atomic_store(&s->hdr->ready, 1);
+  } else {
+    while (!atomic_load(&s->hdr->ready)) {
+      if (now_ms() >= deadline) {
+        unlink_name(s);
+        snprintf(err, errlen,
+                 "shm: rank %d: the shared-memory segment %s was never initialised by rank %d",
+                 s->rank, s->name, s->local_ranks[0]);
+        return GS__ERR_TIMEOUT;
+      }
+      sched_yield();
+    }
+    if (s->hdr->magic != SHM_MAGIC || s->hdr->version != SHM_VERSION ||
+        s->hdr->nlocal != (uint32_t)s->nlocal || s->hdr->chunk_bytes != CHUNK_BYTES) {
+      unlink_name(s);
+      snprintf(err, errlen,
+               "shm: rank %d: the shared-memory segment %s has another layout (version %u, %u "
+               "local ranks; this rank expects version %u, %d): every rank must run the same "
+               "libgradsync",
+               s->rank, s->name, s->hdr->version, s->hdr->nlocal, SHM_VERSION, s->nlocal);
+      return GS__ERR_DATA_PLANE;
+    }
+    atomic_store(&s->ctl[s->me].pid, (int32_t)getpid());
+    atomic_store(&s->ctl[s->me].rank, s->rank);
+    atomic_fetch_add(&s->hdr->attached, 1);
+    bell(s);
+  }
+  int rc = wait_attached(s, deadline, err, errlen);
+  unlink_name(s); /* mapped by all (or given up): the name has served */
+  return rc;
+}
+
+int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t errlen) {
+  if (!o || !out) {
+    snprintf(err, errlen, "shm: %s is NULL", o ? "out" : "opts");
+    return GS__ERR_INVALID_ARG;
+  }
+  *out = NULL;
+  if (o->size < 1 || o->rank < 0 || o->rank >= o->size || o->nlocal < 1 || !o->local_ranks ||
+      o->nlocal > o->size || o->nlocal > 0xffff || o->nhosts < 1 || o->host_index < 0 ||
+      o->host_index >= o->nhosts || !o->segment || strlen(o->segment) >= 128 ||
+      o->connect_timeout_ms <= 0 || o->io_timeout_ms <= 0) {
+    snprintf(err, errlen,
+             "shm: invalid options (rank %d, size %d, %d local ranks, host %d of %d, segment "
+             "\"%s\", timeouts %d/%d ms)",
+             o->rank, o->size, o->nlocal, o->host_index, o->nhosts,
+             o->segment ? o->segment : "(null)", o->connect_timeout_ms, o->io_timeout_ms);
+    return GS__ERR_INVALID_ARG;
+  }
+  int me = -1;
+  for (int q = 0; q < o->nlocal; q++)
+    if (o->local_ranks[q] == o->rank) me = q;
+  if (me < 0) {
+    snprintf(err, errlen, "shm: rank %d is not among the local ranks it was given", o->rank);
+    return GS__ERR_INVALID_ARG;
+  }
+  shm *s = calloc(1, sizeof *s);
+  if (!s || !(s->local_ranks = malloc((size_t)o->nlocal * sizeof(int)))) {
+    free(s);
+    snprintf(err, errlen, "shm: out of memory");
+    return GS__ERR_NO_MEMORY;
+  }
+  s->base.v = &k_vtbl;
+  s->rank = o->rank;
+  s->size = o->size;
+  s->me = me;
+  s->nlocal = o->nlocal;
+  s->host_index = o->host_index;
+  s->nhosts = o->nhosts;
+  s->io_timeout_ms = o->io_timeout_ms;
+  memcpy(s->local_ranks, o->local_ranks, (size_t)o->nlocal * sizeof(int));
+  if (o->nhosts > 1) {
+    if (!o->host_of || !(s->host_of = malloc((size_t)o->size * sizeof(int)))) {
+      snprintf(err, errlen, "shm: %s", o->host_of ? "out of memory" : "host_of is NULL");
+      shm_destroy_vt(&s->base);
+      return o->host_of ? GS__ERR_NO_MEMORY : GS__ERR_INVALID_ARG;
+    }
+    memcpy(s->host_of, o->host_of, (size_t)o->size * sizeof(int));
+  }
+  snprintf(s->name, sizeof s->name, "%s", o->segment);
+  atomic_init(&s->aborted, 0);
+  if (s->nlocal > 1) {
+    int rc = map_segment(s, o, err, errlen);
+    if (rc) {
+      shm_destroy_vt(&s->base);
+      return rc;
+    }
+  }
+  *out = &s->base;
+  return GS__OK;
+}
+
+void gs__shm_adopt(gs__backend *b, gs__backend *world, gs__backend *leaders) {
+  shm *s = (shm *)b;
+  s->world = world;
+  s->leaders = leaders;
+}
+
+/* ---- choosing the host transport --------------------------------------------- */
+
+static unsigned long ns_inode(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
+/* What makes two ranks able to share a segment and count as one host: the
+ * same kernel boot, the same /dev/shm, the same IPC namespace, and (so that
+ * ranks in separate network namespaces or containers, which are separate
+ * hosts to the network, stay separate hosts) the same network namespace. */
+static void host_identity(const char *host, char out[ID_BYTES]) {
+  char boot[64] = "?";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) snprintf(boot, sizeof boot, "?");
+    fclose(f);
+    boot[strcspn(boot, "\n")] = 0;
+  }
+  struct stat st;
+  unsigned long sdev = 0, sino = 0;
+  if (stat("/dev/shm", &st) == 0) sdev = (unsigned long)st.st_dev, sino = (unsigned long)st.st_ino;
+  memset(out, 0, ID_BYTES);
+  snprintf(out, ID_BYTES, "%.120s|%s|net:%lu|ipc:%lu|shm:%lu:%lu", host, boot,
+           ns_inode("/proc/self/ns/net"), ns_inode("/proc/self/ns/ipc"), sdev, sino);
+}
+
+typedef struct id_rank {
+  const char *id;
+  int rank;
+} id_rank;
+
+static int cmp_id_rank(const void *a, const void *b) {
+  const id_rank *x = a, *y = b;
+  int c = memcmp(x->id, y->id, ID_BYTES);
+  return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Agreement over the world ring: the lowest rank whose ok is 0, or -1. */
+static int first_failed(gs__backend *world, int rank, int ok, char *err, size_t errlen) {
+  int32_t v = ok ? INT32_MAX : rank;
+  int rc = world->v->allreduce(world, &v, 1, GS__INT32, GS__MIN, err, errlen);
+  if (rc) return -2;
+  return v == INT32_MAX ? -1 : (int)v;
+}
+
+static void ranks_text(const int *r, int n, char *out, size_t len) {
+  size_t used = 0;
+  out[0] = 0;
+  for (int i = 0; i < n && used + 16 < len; i++)
+    used += (size_t)snprintf(out + used, len - used, "%s%d", i ? "," : "", r[i]);
+}
+
+int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs__backend **out,
+                       char *why, size_t whylen, char *err, size_t errlen) {
+  *out = world;
+  int n = o->size, rank = o->rank;
+  if (n == 1) {
+    snprintf(why, whylen, "tcp (one rank)");
+    return GS__OK;
+  }
+  int status = GS__ERR_NO_MEMORY;
+  char *ids = malloc((size_t)n * ID_BYTES), mine[ID_BYTES];
+  size_t *bytes = malloc((size_t)n * sizeof *bytes);
+  id_rank *sorted = malloc((size_t)n * sizeof *sorted);
+  int *host_of = malloc((size_t)n * sizeof *host_of), *leader_of = malloc((size_t)n * sizeof(int));
+  int *local = malloc((size_t)n * sizeof *local), *leader_rank = malloc((size_t)n * sizeof(int));
+  gs__backend *sb = NULL, *leaders = NULL;
+  if (!ids || !bytes || !sorted || !host_of || !leader_of || !local || !leader_rank) {
+    snprintf(err, errlen, "shm: out of memory grouping %d ranks by host", n);
+    goto out_free;
+  }
+  host_identity(o->host, mine);
+  for (int q = 0; q < n; q++) bytes[q] = ID_BYTES;
+  status = world->v->allgatherv(world, mine, ids, bytes, err, errlen);
+  if (status) goto out_free;
+
+  for (int q = 0; q < n; q++) sorted[q] = (id_rank){ids + (size_t)q * ID_BYTES, q};
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_id_rank);
+  for (int i = 0; i < n; i++) /* sorted by (id, rank): a group's first is its leader */
+    leader_of[sorted[i].rank] = i > 0 && !memcmp(sorted[i].id, sorted[i - 1].id, ID_BYTES)
+                                    ? leader_of[sorted[i - 1].rank]
+                                    : sorted[i].rank;
+  int nhosts = 0, nlocal = 0, maxlocal = 1;
+  for (int q = 0; q < n; q++) host_of[q] = leader_of[q] == q ? nhosts++ : host_of[leader_of[q]];
+  for (int q = 0; q < n; q++) {
+    if (leader_of[q] == q) leader_rank[host_of[q]] = q;
+    if (host_of[q] == host_of[rank]) local[nlocal++] = q;
+  }
+  for (int i = 1, run = 1; i < n; i++) {
+    run = !memcmp(sorted[i].id, sorted[i - 1].id, ID_BYTES) ? run + 1 : 1;
+    if (run > maxlocal) maxlocal = run;
+  }
+  if (maxlocal == 1) {
+    snprintf(why, whylen, "tcp (each of the %d ranks is alone on its host)", n);
+    status = GS__OK;
+    goto out_free;
+  }
+
+  char seg[128], lr[256], eb[1024] = "";
+  gs__shm_segment_name(o->ring_key, o->epoch, local[0], seg, sizeof seg);
+  gs__shm_opts so = {.rank = rank,
+                     .size = n,
+                     .local_ranks = local,
+                     .nlocal = nlocal,
+                     .host_index = host_of[rank],
+                     .nhosts = nhosts,
+                     .host_of = host_of,
+                     .segment = seg,
+                     .connect_timeout_ms = o->connect_timeout_ms,
+                     .io_timeout_ms = o->io_timeout_ms};
+  int rc = gs__shm_create(&so, &sb, eb, sizeof eb);
+  int bad = first_failed(world, rank, rc == GS__OK, err, errlen);
+  if (bad == -1 && nhosts > 1 && local[0] == rank) {
+    char prefix[300];
+    gs__tcp_ring_opts ro = *o->ring;
+    snprintf(prefix, sizeof prefix, "%sleaders/", o->ring->key_prefix ? o->ring->key_prefix : "");
+    ro.rank = host_of[rank];
+    ro.size = nhosts;
+    ro.key_prefix = prefix;
+    ro.kv_ranks = leader_rank;
+    rc = gs__tcp_ring_create(&ro, &leaders, eb, sizeof eb);
+    if (rc == GS__OK) eb[0] = 0;
+  }
+  if (bad == -1 && nhosts > 1) bad = first_failed(world, rank, rc == GS__OK, err, errlen);
+  if (bad == -2) {
+    status = GS__ERR_DATA_PLANE;
+    goto out_free;
+  }
+  if (bad >= 0) {
+    char detail[1400];
+    if (bad == rank)
+      snprintf(detail, sizeof detail, "%s", eb);
+    else if (eb[0]) /* failed here too: say why */
+      snprintf(detail, sizeof detail, "see rank %d's output; on rank %d: %s", bad, rank, eb);
+    else
+      snprintf(detail, sizeof detail, "see rank %d's output", bad);
+    if (o->required) {
+      snprintf(err, errlen,
+               "the shared-memory transport (GRADSYNC_BACKEND=shm) could not start on rank %d: "
+               "%s; fix that, or set GRADSYNC_BACKEND=auto to fall back to the TCP ring",
+               bad, detail);
+      status = GS__ERR_DATA_PLANE;
+      goto out_free;
+    }
+    snprintf(why, whylen, "tcp (the shared-memory transport could not start on rank %d: %s)", bad,
+             detail);
+    status = GS__OK;
+    goto out_free;
+  }
+  gs__shm_adopt(sb, world, leaders);
+  *out = sb;
+  sb = NULL, leaders = NULL;
+  ranks_text(local, nlocal, lr, sizeof lr);
+  if (nhosts == 1)
+    snprintf(why, whylen, "shm (all %d ranks on this host; segment %s, unlinked once mapped)", n,
+             seg);
+  else
+    snprintf(why, whylen,
+             "hierarchical (%d hosts; ranks [%s] on this host over shared memory, leader rank %d "
+             "in a TCP ring of the hosts' leaders; segment %s, unlinked once mapped)",
+             nhosts, lr, local[0], seg);
+  status = GS__OK;
+out_free:
+  gs__backend_destroy(leaders);
+  if (sb) { /* not adopted: the world ring stays the caller's */
+    shm_destroy_vt(sb);
+  }
+  free(ids);
+  free(bytes);
+  free(sorted);
+  free(host_of);
+  free(leader_of);
+  free(local);
+  free(leader_rank);
+  return status;
+}
