@@ -66,9 +66,10 @@
 #define MSG_BYTES 512 /* per local rank: why it failed */
 #define SPIN_PAUSE 256
 #define SPIN_YIELD 64
-#define SLEEP_MS 5      /* one futex sleep; abort and failures wake it earlier */
-#define LIVENESS_MS 100 /* how often a waiter checks its peers' pids */
-#define ID_BYTES 256    /* host identity record exchanged at start */
+#define SLEEP_MS 5             /* one futex sleep; abort and failures wake it earlier */
+#define LIVENESS_MS 100        /* how often a waiter checks its peers' pids */
+#define ID_BYTES 256           /* host identity record exchanged at start */
+#define GS__SHM_MAX_LOCAL 1024 /* ranks per host (one reduce pass reads them all) */
 
 enum { F_POSTED = 0, F_REDUCED = 1, F_DONE = 2 };
 enum { FAIL_DIED = 1, FAIL_TIMEOUT = 2, FAIL_ERROR = 3 };
@@ -184,10 +185,7 @@ static int is_half(gs__dtype dt) {
 /* dst (dst_dt) = src (src_dt) for n elements: a copy, or the float32 <->
  * 16-bit conversion of the wire. */
 static void convert(void *dst, gs__dtype dst_dt, const void *src, gs__dtype src_dt, size_t n) {
-  if (!n || dst == src) return;
-  gs__copy c = {src, dst, n, src_dt, dst_dt, 1.0};
-  char err[64];
-  (void)gs__host_copy(&c, 1, err, sizeof err); /* only same or f32 <-> 16-bit here */
+  if (n && dst != src) gs__convert(dst, dst_dt, src, src_dt, n);
 }
 
 /* ---- failures ------------------------------------------------------------ */
@@ -335,10 +333,10 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
     if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
     size_t lo = slice_off(n, L, me), hi = slice_off(n, L, me + 1);
     if (hi > lo) {
-      char *res = result(s, b) + lo * wes;
-      memcpy(res, slot(s, b, 0) + lo * wes, (hi - lo) * wes);
-      for (int q = 1; q < L; q++) gs__reduce(res, slot(s, b, q) + lo * wes, hi - lo, wdt, rop);
-      if (divisor > 1) gs__divide(res, hi - lo, wdt, divisor);
+      const void *src[GS__SHM_MAX_LOCAL];
+      for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + lo * wes;
+      gs__reduce_many(result(s, b) + lo * wes, wdt, src, (size_t)L, wdt, hi - lo, rop,
+                      divisor > 1 ? divisor : 1, 1.0);
     }
     post(s, F_REDUCED, g + 1);
     if (out) {
@@ -783,7 +781,7 @@ int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t e
   }
   *out = NULL;
   if (o->size < 1 || o->rank < 0 || o->rank >= o->size || o->nlocal < 1 || !o->local_ranks ||
-      o->nlocal > o->size || o->nlocal > 0xffff || o->nhosts < 1 || o->host_index < 0 ||
+      o->nlocal > o->size || o->nlocal > GS__SHM_MAX_LOCAL || o->nhosts < 1 || o->host_index < 0 ||
       o->host_index >= o->nhosts || !o->segment || strlen(o->segment) >= 128 ||
       o->connect_timeout_ms <= 0 || o->io_timeout_ms <= 0) {
     snprintf(err, errlen,
