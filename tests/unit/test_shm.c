@@ -238,6 +238,7 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
                     .nhosts = j->nhosts,
                     .host_of = host_of,
                     .segment = j->seg[host],
+                    .chunk_bytes = TEST_CHUNK,
                     .connect_timeout_ms = HANG_GUARD_MS,
                     .io_timeout_ms = HANG_GUARD_MS};
   gs__backend *b = NULL;
@@ -263,7 +264,16 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
   return b;
 }
 
-static const size_t k_sizes[] = {0, 1, 7, 33, 1000, (1u << 17) + 3, (1u << 18) + 5};
+/* Odd sizes, the last across two chunk boundaries (the tests use 64 KiB
+ * slots; 16-bit floats travel as float32). */
+#define TEST_CHUNK (64 * 1024)
+#define NSIZES 6
+static size_t size_of(int k, gs__dtype dt) {
+  static const size_t small[] = {0, 1, 7, 33, 1000};
+  if (k < NSIZES - 1) return small[k];
+  size_t wes = dt == GS__FLOAT16 || dt == GS__BFLOAT16 ? 4 : gs__dtype_size(dt);
+  return 2 * (TEST_CHUNK / wes) + 5;
+}
 
 static void *correctness_rank(void *arg) {
   trank *t = arg;
@@ -274,12 +284,12 @@ static void *correctness_rank(void *arg) {
     record(j, "rank %d: create failed: %s", t->rank, err);
     return NULL;
   }
-  size_t maxn = k_sizes[sizeof k_sizes / sizeof k_sizes[0] - 1];
+  size_t maxn = 1u << 20; /* > the largest size_of, and the broadcasts' bytes */
   char *buf = malloc(maxn * 8), *want = malloc(maxn * 8);
   for (int dt = 0; dt < GS__DTYPE_COUNT; dt++)
     for (int op = 0; op < GS__ADASUM; op++)
-      for (size_t k = 0; k < sizeof k_sizes / sizeof k_sizes[0]; k++) {
-        size_t n = k_sizes[k], es = gs__dtype_size((gs__dtype)dt);
+      for (int k = 0; k < NSIZES; k++) {
+        size_t n = size_of(k, (gs__dtype)dt), es = gs__dtype_size((gs__dtype)dt);
         for (size_t i = 0; i < n; i++) {
           set_val(buf, (gs__dtype)dt, i, input((gs__dtype)dt, (gs__reduce_op)op, t->rank, i));
           expect_val(want, (gs__dtype)dt, (gs__reduce_op)op, j->size, i);

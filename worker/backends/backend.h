@@ -160,6 +160,8 @@ typedef struct gs__shm_opts {
   /* POSIX shm name of this host's segment ("/...", unique per job, epoch
    * and host; see gs__shm_segment_name). */
   const char *segment;
+  size_t chunk_bytes;     /* one rank's slot: 0 = 1 MiB; else 4 KiB..64 MiB, a
+                             multiple of 64 (the same on every local rank) */
   int connect_timeout_ms; /* every local rank mapped the segment */
   int io_timeout_ms;      /* longest wait for a local peer in a collective */
 } gs__shm_opts;
@@ -226,6 +228,10 @@ int gs__backend_usable(gs__backend_kind kind, int *ndevices, char *why, size_t w
  * receives the CUDA device ordinal of GPU memory (may be NULL). */
 gs__device gs__pointer_device(const void *p, int *device);
 
+/* dtype and reduce op checks of the host backends' allreduce and
+ * reducescatter; who ("tcp ring", "shm") and what name them in err. */
+int gs__host_reduce_args(const char *who, const char *what, gs__dtype dt, gs__reduce_op op,
+                         char *err, size_t errlen);
 /* Host staging and copies, shared by host backends. */
 void *gs__host_staging(void **buf, size_t *cap, size_t bytes, char *err, size_t errlen);
 int gs__host_copy(const gs__copy *c, size_t n, char *err, size_t errlen);

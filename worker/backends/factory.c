@@ -95,6 +95,28 @@ gs__device gs__pointer_device(const void *p, int *device) {
   return GS__DEVICE_CPU;
 }
 
+int gs__host_reduce_args(const char *who, const char *what, gs__dtype dt, gs__reduce_op op,
+                         char *err, size_t errlen) {
+  if ((unsigned)dt >= GS__DTYPE_COUNT) {
+    snprintf(err, errlen, "%s: %s: dtype %d is not a valid dtype (0..%d)", who, what, (int)dt,
+             GS__DTYPE_COUNT - 1);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (op == GS__ADASUM) {
+    snprintf(err, errlen,
+             "%s: %s: op \"adasum\" is not supported on CPU buffers (%s); use sum or average", who,
+             what, who);
+    return GS__ERR_UNSUPPORTED;
+  }
+  if ((unsigned)op >= GS__REDUCE_OP_COUNT) {
+    snprintf(err, errlen,
+             "%s: %s: op %d is not a valid reduce op (sum, average, min, max, product)", who, what,
+             (int)op);
+    return GS__ERR_INVALID_ARG;
+  }
+  return GS__OK;
+}
+
 /* ---- host staging ------------------------------------------------------- */
 
 void *gs__host_staging(void **buf, size_t *cap, size_t bytes, char *err, size_t errlen) {

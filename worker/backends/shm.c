@@ -11,7 +11,7 @@
  *
  * Layout: a header (attach count, the first failure, a futex "bell"), one
  * cache line of progress counters per local rank, then NBUF buffers, each
- * with one CHUNK_BYTES slot per local rank and one result slot. A
+ * with one slot (1 MiB) per local rank and one result slot. A
  * collective is cut into chunks; for chunk g every rank copies its part
  * into its slot of buffer g % NBUF (converting 16-bit floats to float32),
  * reduces its 1/L slice of the chunk over all slots in rank order into the
@@ -60,8 +60,8 @@
 
 #define SHM_MAGIC 0x4753484du /* "GSHM" */
 #define SHM_VERSION 1u
-#define NBUF 2                     /* buffers a fast rank may run ahead into */
-#define CHUNK_BYTES (256u * 1024u) /* one rank's slot of one buffer */
+#define NBUF 2                      /* buffers a fast rank may run ahead into */
+#define CHUNK_BYTES (1024u * 1024u) /* default of one rank's slot of one buffer */
 #define LINE 64
 #define MSG_BYTES 512 /* per local rank: why it failed */
 #define SPIN_PAUSE 256
@@ -98,6 +98,7 @@ typedef struct shm {
   int *local_ranks;
   int *host_of; /* size entries: host index of every rank (NULL = one host) */
   int io_timeout_ms;
+  size_t chunk; /* bytes of one slot */
   char name[128];
   int unlinked;
   char *map; /* the segment (NULL when alone on the host) */
@@ -148,12 +149,12 @@ static size_t hdr_bytes(int nlocal) {
                   4096);
 }
 
-static size_t seg_bytes(int nlocal) {
-  return hdr_bytes(nlocal) + (size_t)NBUF * ((size_t)nlocal + 1) * CHUNK_BYTES;
+static size_t seg_bytes(int nlocal, size_t chunk) {
+  return hdr_bytes(nlocal) + (size_t)NBUF * ((size_t)nlocal + 1) * chunk;
 }
 
 static char *slot(shm *s, int b, int q) {
-  return s->data + ((size_t)b * ((size_t)s->nlocal + 1) + (size_t)q) * CHUNK_BYTES;
+  return s->data + ((size_t)b * ((size_t)s->nlocal + 1) + (size_t)q) * s->chunk;
 }
 
 static char *result(shm *s, int b) {
@@ -320,7 +321,7 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
                         gs__dtype out_dt, size_t count, gs__dtype wdt, gs__reduce_op rop,
                         int divisor, char *err, size_t errlen) {
   size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
-  size_t per_chunk = CHUNK_BYTES / wes;
+  size_t per_chunk = s->chunk / wes;
   int L = s->nlocal, me = s->me, rc;
   for (size_t off = 0; off < count; off += per_chunk) {
     size_t n = count - off < per_chunk ? count - off : per_chunk;
@@ -356,7 +357,7 @@ static int bcast_phase(shm *s, const char *what, int root, const void *in, gs__d
                        void *out, gs__dtype out_dt, size_t count, gs__dtype wdt, char *err,
                        size_t errlen) {
   size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
-  size_t per_chunk = CHUNK_BYTES / wes;
+  size_t per_chunk = s->chunk / wes;
   int L = s->nlocal, me = s->me, rc;
   for (size_t off = 0; off < count; off += per_chunk) {
     size_t n = count - off < per_chunk ? count - off : per_chunk;
@@ -388,27 +389,6 @@ static int check_usable(shm *s, const char *what, char *err, size_t errlen) {
              "transport is out of step (%s)",
              s->rank, what, s->broken_msg);
     return s->broken;
-  }
-  return GS__OK;
-}
-
-static int check_reduce_args(const char *what, gs__dtype dt, gs__reduce_op op, char *err,
-                             size_t errlen) {
-  if ((unsigned)dt >= GS__DTYPE_COUNT) {
-    snprintf(err, errlen, "shm: %s: dtype %d is not a valid dtype (0..%d)", what, (int)dt,
-             GS__DTYPE_COUNT - 1);
-    return GS__ERR_INVALID_ARG;
-  }
-  if (op == GS__ADASUM) {
-    snprintf(err, errlen,
-             "shm: %s: op \"adasum\" is not supported on CPU buffers; use sum or average", what);
-    return GS__ERR_UNSUPPORTED;
-  }
-  if ((unsigned)op >= GS__REDUCE_OP_COUNT) {
-    snprintf(err, errlen,
-             "shm: %s: op %d is not a valid reduce op (sum, average, min, max, product)", what,
-             (int)op);
-    return GS__ERR_INVALID_ARG;
   }
   return GS__OK;
 }
@@ -445,7 +425,7 @@ static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype d
                             char *err, size_t errlen) {
   shm *s = (shm *)b;
   int rc = check_usable(s, "allreduce", err, errlen);
-  if (rc == GS__OK) rc = check_reduce_args("allreduce", dt, op, err, errlen);
+  if (rc == GS__OK) rc = gs__host_reduce_args("shm", "allreduce", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
   if (count > SIZE_MAX / 8) {
     snprintf(err, errlen, "shm: allreduce: count %zu is too large", count);
@@ -669,7 +649,7 @@ static int wait_attached(shm *s, int64_t deadline, char *err, size_t errlen) {
 
 static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) {
   char eb[128];
-  size_t bytes = seg_bytes(s->nlocal);
+  size_t bytes = seg_bytes(s->nlocal, s->chunk);
   int64_t deadline = now_ms() + o->connect_timeout_ms;
   int fd = -1, e = 0;
   if (s->me == 0) {
@@ -737,7 +717,7 @@ static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) 
     s->hdr->magic = SHM_MAGIC;
     s->hdr->version = SHM_VERSION;
     s->hdr->nlocal = (uint32_t)s->nlocal;
-    s->hdr->chunk_bytes = CHUNK_BYTES;
+    s->hdr->chunk_bytes = (uint32_t)s->chunk;
     s->hdr->bytes = bytes;
     atomic_store(&s->ctl[0].pid, (int32_t)getpid());
     atomic_store(&s->ctl[0].rank, s->rank);
@@ -755,7 +735,7 @@ static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) 
       sched_yield();
     }
     if (s->hdr->magic != SHM_MAGIC || s->hdr->version != SHM_VERSION ||
-        s->hdr->nlocal != (uint32_t)s->nlocal || s->hdr->chunk_bytes != CHUNK_BYTES) {
+        s->hdr->nlocal != (uint32_t)s->nlocal || s->hdr->chunk_bytes != (uint32_t)s->chunk) {
       unlink_name(s);
       snprintf(err, errlen,
                "shm: rank %d: the shared-memory segment %s has another layout (version %u, %u "
@@ -783,7 +763,9 @@ int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t e
   if (o->size < 1 || o->rank < 0 || o->rank >= o->size || o->nlocal < 1 || !o->local_ranks ||
       o->nlocal > o->size || o->nlocal > GS__SHM_MAX_LOCAL || o->nhosts < 1 || o->host_index < 0 ||
       o->host_index >= o->nhosts || !o->segment || strlen(o->segment) >= 128 ||
-      o->connect_timeout_ms <= 0 || o->io_timeout_ms <= 0) {
+      o->connect_timeout_ms <= 0 || o->io_timeout_ms <= 0 ||
+      (o->chunk_bytes &&
+       (o->chunk_bytes < 4096 || o->chunk_bytes > (64u << 20) || o->chunk_bytes % 64))) {
     snprintf(err, errlen,
              "shm: invalid options (rank %d, size %d, %d local ranks, host %d of %d, segment "
              "\"%s\", timeouts %d/%d ms)",
@@ -812,6 +794,7 @@ int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t e
   s->host_index = o->host_index;
   s->nhosts = o->nhosts;
   s->io_timeout_ms = o->io_timeout_ms;
+  s->chunk = o->chunk_bytes ? o->chunk_bytes : CHUNK_BYTES;
   memcpy(s->local_ranks, o->local_ranks, (size_t)o->nlocal * sizeof(int));
   if (o->nhosts > 1) {
     if (!o->host_of || !(s->host_of = malloc((size_t)o->size * sizeof(int)))) {

@@ -1061,29 +1061,6 @@ static int mod(int a, int n) {
   return ((a % n) + n) % n;
 }
 
-/* Argument checks shared by allreduce and reducescatter. */
-static int check_reduce_args(const char *what, gs__dtype dt, gs__reduce_op op, char *err,
-                             size_t errlen) {
-  if ((unsigned)dt >= GS__DTYPE_COUNT) {
-    snprintf(err, errlen, "tcp ring: %s: dtype %d is not a valid dtype (0..%d)", what, (int)dt,
-             GS__DTYPE_COUNT - 1);
-    return GS__ERR_INVALID_ARG;
-  }
-  if (op == GS__ADASUM) {
-    snprintf(err, errlen,
-             "tcp ring: %s: op \"adasum\" is not supported by the CPU ring; use sum or average",
-             what);
-    return GS__ERR_UNSUPPORTED;
-  }
-  if ((unsigned)op >= GS__REDUCE_OP_COUNT) {
-    snprintf(err, errlen,
-             "tcp ring: %s: op %d is not a valid reduce op (sum, average, min, max, product)", what,
-             (int)op);
-    return GS__ERR_INVALID_ARG;
-  }
-  return GS__OK;
-}
-
 static int is_half(gs__dtype dt) {
   return dt == GS__FLOAT16 || dt == GS__BFLOAT16;
 }
@@ -1143,7 +1120,7 @@ static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype 
                              gs__reduce_op op, char *err, size_t errlen) {
   ring *r = (ring *)b;
   int rc = check_usable(r, "allreduce", err, errlen);
-  if (rc == GS__OK) rc = check_reduce_args("allreduce", dt, op, err, errlen);
+  if (rc == GS__OK) rc = gs__host_reduce_args("tcp ring", "allreduce", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
   if (count > SIZE_MAX / 8) {
     snprintf(err, errlen, "tcp ring: allreduce: count %zu is too large", count);
@@ -1203,7 +1180,7 @@ static int ring_reducescatter_vt(gs__backend *b, void *buf, const size_t *counts
                                  gs__reduce_op op, char *err, size_t errlen) {
   ring *r = (ring *)b;
   int rc = check_usable(r, "reducescatter", err, errlen);
-  if (rc == GS__OK) rc = check_reduce_args("reducescatter", dt, op, err, errlen);
+  if (rc == GS__OK) rc = gs__host_reduce_args("tcp ring", "reducescatter", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
   if (!counts) {
     snprintf(err, errlen, "tcp ring: reducescatter: counts is NULL");
