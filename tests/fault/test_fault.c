@@ -247,7 +247,7 @@ static void sigkill_shm(int victim) {
   }
   if (access(path, F_OK) == 0)
     job_fail("%s was left behind after kill -9 of rank %d", path, victim);
-  job_stop_coordinator(&j);
+  job_expect_coordinator_failed(&j);
   expect_no_strays();
 }
 

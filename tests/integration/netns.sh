@@ -267,7 +267,7 @@ done
 wait $COORD_PID
 rc=$?
 [ $rc -eq 0 ] || fail "gradsyncd exited with $rc after the job, expected 0"
-grep -q "job (epoch 1) finished: all 3 ranks left cleanly" "$TMP/gradsyncd.out" ||
+grep -q "job (epoch 1) finished: all $NR ranks left cleanly" "$TMP/gradsyncd.out" ||
   fail "gradsyncd did not log that the job finished"
 
 PASSED=1

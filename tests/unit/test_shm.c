@@ -38,6 +38,7 @@
 #include "status.h"
 
 #define HANG_GUARD_MS 30000
+#define TEST_CHUNK (64 * 1024) /* bytes of one slot: every big case crosses chunks */
 
 static const uint8_t k_key[GS__SECRET_BYTES] = "0123456789abcdef0123456789abcde";
 static int g_seq;
@@ -264,9 +265,8 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
   return b;
 }
 
-/* Odd sizes, the last across two chunk boundaries (the tests use 64 KiB
+/* Odd sizes, the last across two chunk boundaries (the tests use TEST_CHUNK
  * slots; 16-bit floats travel as float32). */
-#define TEST_CHUNK (64 * 1024)
 #define NSIZES 6
 static size_t size_of(int k, gs__dtype dt) {
   static const size_t small[] = {0, 1, 7, 33, 1000};
