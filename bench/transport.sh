@@ -3,6 +3,7 @@
 # (the "Host transports" section of docs/benchmarks.md).
 #
 #   bench/transport.sh [--build DIR] [--rounds R] [--np "2 4"] [--sizes B,B,...] [--out FILE]
+#   bench/transport.sh --report FILE... [--np "2 4"] [--sizes B,B,...]   table of earlier runs
 #
 # Per round (rounds interleaved, so that drift on a shared machine hits every
 # configuration alike) and per np, one float32 in-place allreduce per size:
@@ -26,6 +27,7 @@ rounds=3
 nps="2 4"
 sizes="4096,65536,1048576,16777216,67108864"
 out=""
+report=()
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
@@ -33,10 +35,19 @@ while [ $# -gt 0 ]; do
   --np) nps=$2; shift 2 ;;
   --sizes) sizes=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
-  -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --report) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do report+=("$1"); shift; done ;;
+  -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "transport.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+if [ ${#report[@]} -gt 0 ]; then # rounds renumbered across the files
+  out=$(mktemp /tmp/gradsync-transport.XXXXXX)
+  k=0
+  for f in "${report[@]}"; do
+    k=$((k + 1))
+    sed "s/^RESULT round=\([0-9]*\) /RESULT round=$k.\1 /" "$f" >>"$out"
+  done
+else
 bin=$build/bin
 for f in gradsync-run gradsyncd gradsync-bench gs-transport-bench; do
   [ -x "$bin/$f" ] || { echo "transport.sh: $bin/$f not found; build first:" \
@@ -69,7 +80,7 @@ for round in $(seq 1 "$rounds"); do
           sed "s/^RESULT /RESULT round=$round /" >>"$out" || echo "transport.sh: gs-$t-direct np=$np $s failed" >&2
         line=$(timeout 300 "$bin/gradsync-run" -np "$np" env GRADSYNC_BACKEND=$t \
           "$bin/gradsync-bench" --raw-allreduce "$s" --steps "$(reps_of "$s")" --warmup 3 2>/dev/null |
-          grep '^RESULT' | head -n1)
+          sed -n 's/^.*\(RESULT .*\)$/\1/p' | head -n1)
         ms=$(sed -n 's/.* step_ms=\([0-9.]*\).*/\1/p' <<<"$line")
         if [ -n "$ms" ]; then
           awk -v r="$round" -v t="$t" -v n="$np" -v b="$s" -v ms="$ms" 'BEGIN {
@@ -93,6 +104,7 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 echo "transport.sh: $(( $(date +%s) - start )) s, load average after: $(cut -d' ' -f1-3 /proc/loadavg); raw lines in $out"
+fi
 
 # ---- the table ----------------------------------------------------------------
 med() { # IMPL NP BYTES -> median over rounds of median_us
