@@ -214,6 +214,12 @@ static const gs__setting table[GS__S_COUNT] = {
                        "ranks of a host and a TCP ring between one leader per host (fails "
                        "gs_init when it cannot start); auto and nccl = shm where ranks share a "
                        "host, else (or when shm cannot start on some rank) the TCP ring."},
+    [GS__S_DETERMINISTIC] = {"deterministic", NULL, "GRADSYNC_DETERMINISTIC", NULL, GS__T_BOOL, "0",
+                             NULL, 0, 1, NULL, GS__FOR_WORKER, "BOOL",
+                             "Reduce every element of a CPU allreduce in rank order 0..n-1, so "
+                             "that identical runs give bitwise-identical results whatever the "
+                             "fusion and timing (costs bandwidth above 2 ranks: see "
+                             "docs/benchmarks.md). Every rank must set the same value."},
     [GS__S_CUDA_DEVICE] = {"cuda_device", NULL, "GRADSYNC_CUDA_DEVICE", NULL, GS__T_INT, NULL,
                            "the local rank", 0, 65535, NULL, GS__FOR_WORKER, "N",
                            "CUDA device the nccl backend uses."},

@@ -145,7 +145,7 @@ typedef struct resolved {
   const char *coordinator, *token, *advertise, *data_addr, *job_id;
   int port_lo, port_hi; /* GRADSYNC_DATA_PORT_RANGE; 0 = any */
   int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local,
-      cuda_device;
+      cuda_device, deterministic;
   const char *backend;                     /* auto, tcp, nccl or shm */
   const char *tls_ca, *tls_cert, *tls_key; /* PEM files; NULL = plaintext */
   /* where rank, size, local rank and local size came from */
@@ -264,6 +264,7 @@ static gs_status resolve(const gs_options *given, resolved *r) {
       o->data_timeout_ms > 0 ? o->data_timeout_ms : (int)gs__settings_int(set, GS__S_DATA_TIMEOUT);
   r->scale_local =
       o->scale_local >= 0 ? (o->scale_local != 0) : (int)gs__settings_int(set, GS__S_SCALE_LOCAL);
+  r->deterministic = (int)gs__settings_int(set, GS__S_DETERMINISTIC);
   r->token = gs__settings_str(set, GS__S_JOB_TOKEN);
   r->advertise = gs__settings_str(set, GS__S_ADVERTISE_ADDR);
   r->data_addr = gs__settings_str(set, GS__S_DATA_ADDR);
@@ -448,6 +449,51 @@ static gs_status select_backend(gs_ctx *ctx, const resolved *r, selection *sel) 
 
 /* Connects the host ring (always: host buffers and metadata use it), then
  * agrees with the other ranks on the GPU backend and starts it. */
+
+/* Deterministic mode changes the ring's algorithm, so every rank must use
+ * the same: one tiny allgather (the same on both sides) compares them. */
+static gs_status agree_deterministic(const resolved *r, gs__backend *ring) {
+  if (r->size == 1) return GS_OK;
+  char err[1024];
+  uint8_t *flags = malloc((size_t)r->size);
+  size_t *bytes = malloc((size_t)r->size * sizeof *bytes);
+  if (!flags || !bytes) {
+    free(flags);
+    free(bytes);
+    return gs__set_error(GS_ERR_NO_MEMORY, "gs_init: out of memory");
+  }
+  for (int q = 0; q < r->size; q++) bytes[q] = 1;
+  uint8_t mine = (uint8_t)(r->deterministic != 0);
+  int rc = ring->v->allgatherv(ring, &mine, flags, bytes, err, sizeof err);
+  gs_status st = GS_OK;
+  if (rc) {
+    st = gs__set_error(GS_ERR_DATA_PLANE,
+                       "gs_init (rank %d): comparing GRADSYNC_DETERMINISTIC across ranks "
+                       "failed: %s",
+                       r->rank, err);
+  } else {
+    char on[256] = "", off[256] = "";
+    int non = 0, noff = 0;
+    for (int q = 0; q < r->size; q++) {
+      char *l = flags[q] ? on : off;
+      int *k = flags[q] ? &non : &noff;
+      size_t len = strlen(l);
+      if (len < sizeof on - 16) snprintf(l + len, sizeof on - len, "%s%d", (*k)++ ? "," : "", q);
+    }
+    if (non && noff)
+      st = gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_init (rank %d): GRADSYNC_DETERMINISTIC differs across ranks: ranks "
+                         "[%s] set 1, ranks [%s] set 0; set the same value on every rank",
+                         r->rank, on, off);
+    else if (non)
+      GS_LOG_INFO("deterministic mode: every CPU allreduce reduces in rank order 0..%d",
+                  r->size - 1);
+  }
+  free(flags);
+  free(bytes);
+  return st;
+}
+
 static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, uint64_t deadline) {
   char err[4096], prefix[64];
   snprintf(prefix, sizeof prefix, "epoch/%llu/", (unsigned long long)ctx->join.epoch);
@@ -466,13 +512,15 @@ static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, 
                           .connect_timeout_ms = connect_ms,
                           .io_timeout_ms = r->data_timeout_ms,
                           .kv = kv,
-                          .ring_key = ctx->join.ring_key};
+                          .ring_key = ctx->join.ring_key,
+                          .deterministic = r->deterministic};
   int rc =
       gs__backend_create(GS__BACKEND_TCP, &ro, &ctx->backends[GS__DEVICE_CPU], err, sizeof err);
   if (rc)
     return gs__set_error((gs_status)rc, "gs_init (rank %d): connecting the data plane failed: %s",
                          r->rank, err);
   gs__backend *ring = ctx->backends[GS__DEVICE_CPU];
+  if ((rc = agree_deterministic(r, ring)) != GS_OK) return (gs_status)rc;
   int use_nccl = sel->want == GS__BACKEND_NCCL;
   if (sel->want < 0) {
     /* auto: NCCL needs every rank, so the lowest rank without a usable GPU

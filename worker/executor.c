@@ -142,7 +142,11 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
    * is reduced in place in its recv buffer (or in the staging buffer when it
    * is compressed or this rank has joined); anything else is packed at the
    * offsets of the shared layout. */
-  int packed = n > 1 || r->prescale != 1.0 || r->postscale != 1.0;
+  /* A backend that scales inside its reduction (allreduce_scaled) applies
+   * the postscale there; otherwise the unpack does. */
+  int post_in_backend = b->v->allreduce_scaled != NULL;
+  double unpack_scale = post_in_backend ? 1.0 : r->postscale;
+  int packed = n > 1 || r->prescale != 1.0 || (r->postscale != 1.0 && !post_in_backend);
   uint64_t total = packed ? gs__fusion_offsets(r, offs)
                           : gs__tensor_bytes(r->dtype, r->tensors[0].shape, r->tensors[0].ndim);
   if (total == UINT64_MAX || total > SIZE_MAX) {
@@ -190,7 +194,9 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
     if ((rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
     buf = fb;
   }
-  rc = b->v->allreduce(b, buf, count, r->dtype, r->reduce_op, err, errlen);
+  rc = post_in_backend ? b->v->allreduce_scaled(b, buf, count, r->dtype, r->reduce_op, r->postscale,
+                                                err, errlen)
+                       : b->v->allreduce(b, buf, count, r->dtype, r->reduce_op, err, errlen);
   if (rc) goto out_fail;
   ncp = 0;
   for (size_t i = 0; i < n; i++)
@@ -200,7 +206,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
                              hs[i]->count,
                              r->dtype,
                              hs[i]->compress ? GS__FLOAT32 : r->dtype,
-                             r->postscale};
+                             unpack_scale};
   if (ncp && (rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
   if ((rc = finish(b, err, errlen))) goto out_fail;
   add_stats(ctx, b, n - (size_t)missing); /* before the completions, so waiters see them */

@@ -143,6 +143,7 @@ typedef struct job {
   void *user;
   char prefix[64];
   const uint8_t (*keys)[GS__SECRET_BYTES]; /* per-rank ring keys; NULL = k_key */
+  int deterministic;                       /* GRADSYNC_DETERMINISTIC */
   /* for tests where a rank waits for another to finish */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -186,6 +187,7 @@ static void *rank_main(void *arg) {
       .io_timeout_ms = j->io_timeout_ms ? j->io_timeout_ms : HANG_GUARD_MS,
       .kv = {.ctx = NULL, .set = kv_set, .get = kv_get},
       .ring_key = j->keys ? j->keys[rc->rank] : k_key,
+      .deterministic = j->deterministic,
   };
   /* through the factory, as gs_init creates it */
   rc->create_rc =
@@ -490,6 +492,145 @@ static void test_bitwise_identical(void **state) {
     rank_ctx *rcs = run_job(&j);
     assert_created(&j, rcs);
     check_all_ok_and_equal(&j, rcs, 4);
+    free_job(&j, rcs);
+  }
+}
+
+/* ---- deterministic mode ------------------------------------------------------ */
+
+#define DET_COUNT 100003
+static const gs__dtype k_det_dts[] = {GS__FLOAT32, GS__FLOAT16, GS__BFLOAT16, GS__FLOAT64};
+
+/* Rank r's input: real values of mixed magnitudes, so that the order of
+ * the additions shows in the last bits. */
+static void det_input(gs__dtype dt, int r, void *buf, size_t count) {
+  uint32_t x = 2463534242u + (uint32_t)r * 7919u;
+  for (size_t i = 0; i < count; i++) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    double v = (double)x / 4294967296.0 * 2e3 - 1e3;
+    store(dt, buf, i, (i % 3) ? v : v * 1e-4, 0);
+  }
+}
+
+/* The rank-order reference: ((x0 + x1) + x2) + ..., divided, scaled. */
+static void det_reference(gs__dtype dt, int n, int divisor, double factor, void *out,
+                          size_t count) {
+  size_t es = gs__dtype_size(dt);
+  void **in = calloc((size_t)n, sizeof *in);
+  for (int r = 0; r < n; r++) {
+    in[r] = malloc(count * es);
+    det_input(dt, r, in[r], count);
+  }
+  for (size_t i = 0; i < count; i++) {
+    if (dt == GS__FLOAT32) {
+      volatile float acc = ((float *)in[0])[i];
+      for (int r = 1; r < n; r++) acc = acc + ((float *)in[r])[i];
+      acc = acc / (float)divisor;
+      acc = acc * (float)factor;
+      ((float *)out)[i] = acc;
+    } else if (dt == GS__FLOAT64) {
+      volatile double acc = ((double *)in[0])[i];
+      for (int r = 1; r < n; r++) acc = acc + ((double *)in[r])[i];
+      acc = acc / (double)divisor;
+      acc = acc * factor;
+      ((double *)out)[i] = acc;
+    } else { /* 16-bit: float32 accumulation, rounded once, then scaled */
+      volatile float acc = 0;
+      for (int r = 0; r < n; r++) {
+        uint16_t h = ((uint16_t *)in[r])[i];
+        float f = dt == GS__FLOAT16 ? gs__half_to_float(h) : gs__bf16_to_float(h);
+        acc = r ? acc + f : f;
+      }
+      acc = acc / (float)divisor;
+      uint16_t h = dt == GS__FLOAT16 ? gs__float_to_half(acc) : gs__float_to_bf16(acc);
+      if (factor != 1.0) {
+        float f = dt == GS__FLOAT16 ? gs__half_to_float(h) : gs__bf16_to_float(h);
+        f *= (float)factor;
+        h = dt == GS__FLOAT16 ? gs__float_to_half(f) : gs__float_to_bf16(f);
+      }
+      ((uint16_t *)out)[i] = h;
+    }
+  }
+  for (int r = 0; r < n; r++) free(in[r]);
+  free(in);
+}
+
+/* Per dtype: the whole buffer as one sum, then (as if fused differently)
+ * a slice of it at another offset as an average with a postscale; both
+ * must be the rank-order reference, bit for bit. */
+static void body_deterministic(rank_ctx *rc) {
+  for (int k = 0; k < 4; k++) {
+    gs__dtype dt = k_det_dts[k];
+    size_t es = gs__dtype_size(dt), lo = 4999, m = 50001;
+    uint8_t *buf = malloc(DET_COUNT * es), *slice = malloc(m * es);
+    det_input(dt, rc->rank, buf, DET_COUNT);
+    memcpy(slice, buf + lo * es, m * es);
+    rc->rc[2 * k] = rc->b->v->allreduce(rc->b, buf, DET_COUNT, dt, GS__SUM, rc->err[2 * k],
+                                        sizeof rc->err[2 * k]);
+    rc->rc[2 * k + 1] = rc->b->v->allreduce_scaled(rc->b, slice, m, dt, GS__AVERAGE, 0.37,
+                                                   rc->err[2 * k + 1], sizeof rc->err[2 * k + 1]);
+    rc->out[2 * k] = buf;
+    rc->out_len[2 * k] = DET_COUNT * es;
+    rc->out[2 * k + 1] = slice;
+    rc->out_len[2 * k + 1] = m * es;
+  }
+}
+
+static void test_deterministic_rank_order(void **state) {
+  (void)state;
+  static const int sizes[] = {2, 3, 4};
+  for (size_t s = 0; s < 3; s++) {
+    job j = {.size = sizes[s], .body = body_deterministic, .deterministic = 1};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    check_all_ok_and_equal(&j, rcs, 8);
+    for (int k = 0; k < 4; k++) {
+      gs__dtype dt = k_det_dts[k];
+      size_t es = gs__dtype_size(dt), lo = 4999, m = 50001;
+      uint8_t *want = malloc(DET_COUNT * es);
+      det_reference(dt, j.size, 1, 1.0, want, DET_COUNT);
+      if (memcmp(rcs[0].out[2 * k], want, DET_COUNT * es) != 0)
+        fail_msg("size %d %s sum: not the rank-order sum", j.size, gs__dtype_name(dt));
+      det_reference(dt, j.size, j.size, 0.37, want, DET_COUNT);
+      if (memcmp(rcs[0].out[2 * k + 1], want + lo * es, m * es) != 0)
+        fail_msg("size %d %s average of a slice: not the rank-order average", j.size,
+                 gs__dtype_name(dt));
+      free(want);
+    }
+    free_job(&j, rcs);
+  }
+}
+
+static void body_det_reducescatter(rank_ctx *rc) {
+  int n = rc->j->size;
+  size_t counts[8];
+  for (int q = 0; q < n; q++) counts[q] = q == 1 ? 0 : 1000 + (size_t)q * 37;
+  size_t total = 0, start = 0;
+  for (int q = 0; q < n; q++) {
+    if (q < rc->rank) start += counts[q];
+    total += counts[q];
+  }
+  float *buf = malloc(total * sizeof *buf);
+  det_input(GS__FLOAT32, rc->rank, buf, total);
+  rc->rc[0] = rc->b->v->reducescatter(rc->b, buf, counts, GS__FLOAT32, GS__AVERAGE, rc->err[0],
+                                      sizeof rc->err[0]);
+  float *want = malloc(total * sizeof *want);
+  det_reference(GS__FLOAT32, n, n, 1.0, want, total);
+  if (memcmp(buf + start, want + start, counts[rc->rank] * sizeof *buf) != 0) rc->bad++;
+  free(want);
+  free(buf);
+}
+
+static void test_deterministic_reducescatter(void **state) {
+  (void)state;
+  for (int n = 3; n <= 4; n++) {
+    job j = {.size = n, .body = body_det_reducescatter, .deterministic = 1};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    for (int r = 0; r < n; r++) {
+      if (rcs[r].rc[0] != GS__OK) fail_msg("rank %d: %s", r, rcs[r].err[0]);
+      if (rcs[r].bad) fail_msg("size %d rank %d: its block is not the rank-order average", n, r);
+    }
     free_job(&j, rcs);
   }
 }
@@ -1375,6 +1516,8 @@ int main(void) {
       cmocka_unit_test(test_sum_sizes_counts),
       cmocka_unit_test(test_every_dtype_and_op),
       cmocka_unit_test(test_bitwise_identical),
+      cmocka_unit_test(test_deterministic_rank_order),
+      cmocka_unit_test(test_deterministic_reducescatter),
       cmocka_unit_test(test_reducescatter),
       cmocka_unit_test(test_alltoallv),
       cmocka_unit_test(test_allgatherv),

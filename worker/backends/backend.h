@@ -72,6 +72,13 @@ typedef struct gs__backend_vtbl {
    * on the ring, natively by NCCL. */
   int (*allreduce)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
                    char *err, size_t errlen);
+  /* Optional: allreduce whose result is also multiplied by postscale (with
+   * gs__scale's arithmetic, after the average's division), applied where
+   * the backend finishes the reduction -- the tcp ring: on each owned block
+   * in its last reduce-scatter step -- instead of a pass over the result.
+   * NULL: the executor scales while it unpacks. */
+  int (*allreduce_scaled)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                          double postscale, char *err, size_t errlen);
   /* recv receives the concatenation in rank order of every rank's block;
    * rank r's block is bytes[r] bytes long; send is this rank's block
    * (bytes[rank] bytes) and may alias recv at this rank's offset. */
@@ -134,6 +141,10 @@ typedef struct gs__tcp_ring_opts {
   /* The job's ring key (GS__SECRET_BYTES, from the JoinResponse; required
    * when size > 1): connections prove membership with HMAC-SHA256 under it. */
   const uint8_t *ring_key;
+  /* GRADSYNC_DETERMINISTIC: reduce every element in rank order 0..n-1, so
+   * results do not depend on fusion or timing (costs bandwidth at n > 2).
+   * Every rank must agree (gs_init checks). */
+  int deterministic;
 } gs__tcp_ring_opts;
 
 /* Options of the NCCL backend (GPU). */

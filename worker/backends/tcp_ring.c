@@ -107,6 +107,9 @@ typedef struct ring {
   size_t *offs;                        /* size + 1 block offsets for allgatherv */
   void *fusion;                        /* host fusion staging (gs__host_staging) */
   size_t fusion_cap;
+  int deterministic; /* reduce every element in rank order (see det_reduce) */
+  char *det;         /* its scratch: contributions received and relayed */
+  size_t det_cap;
 } ring;
 
 /* One collective as two streams. After its first pre bytes (this rank's
@@ -122,6 +125,17 @@ typedef struct stream {
   int nreduce; /* the first nreduce recv pieces are reduced into place */
   gs__dtype dt;
   gs__reduce_op op;
+  /* The last reduced piece (recv[nreduce-1], the block this rank ends up
+   * owning) is finished as it is reduced when finish is set: divided by
+   * divisor (the average) and multiplied by factor (the postscale), and
+   * written to out in out_dt (a float32 accumulation rounded to 16 bits)
+   * instead of in place when out is set; then what is forwarded of it is
+   * out's bytes. So no pass over the whole buffer follows the ring. */
+  int finish;
+  int divisor;
+  double factor;
+  char *out;
+  gs__dtype out_dt;
 } stream;
 
 static const gs__backend_vtbl k_vtbl;
@@ -1007,10 +1021,23 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
           processed += (size_t)k;
           if (pc->fwd) fwd_done += (size_t)k;
         } else if ((size_t)k == want) { /* segment complete */
-          size_t seg_len = roff - seg_start;
-          gs__reduce(pc->p + seg_start, r->scratch, seg_len / es, st->dt, st->op);
+          size_t seg_len = roff - seg_start, fwd_len = seg_len, ne = seg_len / es;
+          if (st->finish && ri == st->nreduce - 1) {
+            if (st->out) {
+              size_t oes = gs__dtype_size(st->out_dt);
+              const void *srcs[2] = {pc->p + seg_start, r->scratch};
+              gs__reduce_many(st->out + seg_start / es * oes, st->out_dt, srcs, 2, st->dt, ne,
+                              st->op, st->divisor, st->factor);
+              fwd_len = ne * oes;
+            } else {
+              gs__reduce_scaled(pc->p + seg_start, r->scratch, ne, st->dt, st->op, st->divisor,
+                                st->factor);
+            }
+          } else {
+            gs__reduce(pc->p + seg_start, r->scratch, ne, st->dt, st->op);
+          }
           processed += seg_len;
-          if (pc->fwd) fwd_done += seg_len;
+          if (pc->fwd) fwd_done += fwd_len;
         }
       }
     }
@@ -1084,26 +1111,48 @@ static void half_to_f32(gs__dtype dt, float *w, const uint16_t *h, size_t n) {
   gs__convert(w, GS__FLOAT32, h, dt, n);
 }
 
-static void f32_to_half(gs__dtype dt, uint16_t *h, const float *w, size_t n) {
-  gs__convert(h, dt, w, GS__FLOAT32, n);
+/* How a reduction is finished (see stream.finish). */
+typedef struct finishing {
+  int divisor;   /* 1 = none */
+  double factor; /* 1.0 = none */
+} finishing;
+
+static finishing finishing_of(const ring *r, gs__reduce_op op, double postscale) {
+  return (finishing){op == GS__AVERAGE ? r->size : 1, postscale};
 }
 
-/* Ring allreduce in place over count elements of a natively reduced dtype. */
-static int ring_allreduce(ring *r, char *buf, size_t count, gs__dtype dt, gs__reduce_op op,
-                          char *err, size_t errlen) {
+static int det_reduce(ring *r, const char *what, char *buf, const size_t *offs, gs__dtype dt,
+                      gs__reduce_op op, finishing fin, char *err, size_t errlen);
+static int det_allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                         finishing fin, char *err, size_t errlen);
+
+/* Ring allreduce over count elements: the reduce-scatter runs on rs (in
+ * rs_dt, reduced natively), the block this rank owns is finished as its
+ * last step reduces it and written to ag (in ag_dt), and the allgather
+ * runs on ag. rs == ag with equal dtypes is the plain in-place ring;
+ * float16/bfloat16 reduce-scatter on a float32 workspace and allgather
+ * their 16-bit result (half the bytes of a float32 allgather). */
+static int ring_allreduce(ring *r, char *rs, gs__dtype rs_dt, char *ag, gs__dtype ag_dt,
+                          size_t count, gs__reduce_op op, finishing fin, char *err, size_t errlen) {
   int n = r->size, np = 2 * (n - 1);
-  size_t es = gs__dtype_size(dt);
+  size_t es = gs__dtype_size(rs_dt), aes = gs__dtype_size(ag_dt);
   /* recv piece j: reduce-scatter step j receives chunk rank-j-1 (reduced
    * into place); allgather step k = j-(n-1) receives final chunk rank-k.
    * All but the last are forwarded. */
   for (int j = 0; j < np; j++) {
     int c = j < n - 1 ? mod(r->rank - j - 1, n) : mod(r->rank - (j - (n - 1)), n);
     size_t off = chunk_off(count, n, c), end = chunk_off(count, n, c + 1);
-    r->recv[j] = (piece){buf + off * es, (end - off) * es, j < np - 1};
+    r->recv[j] = j < n - 1 ? (piece){rs + off * es, (end - off) * es, j < np - 1}
+                           : (piece){ag + off * aes, (end - off) * aes, j < np - 1};
   }
   size_t off = chunk_off(count, n, r->rank), end = chunk_off(count, n, r->rank + 1);
-  r->send[0] = (piece){buf + off * es, (end - off) * es, 0};
+  r->send[0] = (piece){rs + off * es, (end - off) * es, 0};
   for (int j = 1; j < np; j++) r->send[j] = r->recv[j - 1];
+  /* the owned block, finished, as the allgather sends it */
+  int own = mod(r->rank + 1, n);
+  size_t oo = chunk_off(count, n, own), oe = chunk_off(count, n, own + 1);
+  r->send[n - 1] = (piece){ag + oo * aes, (oe - oo) * aes, 0};
+  int in_place = rs == ag && rs_dt == ag_dt;
   stream st = {.what = "allreduce",
                .send = r->send,
                .nsend = np,
@@ -1111,14 +1160,21 @@ static int ring_allreduce(ring *r, char *buf, size_t count, gs__dtype dt, gs__re
                .recv = r->recv,
                .nrecv = np,
                .nreduce = n - 1,
-               .dt = dt,
-               .op = op};
+               .dt = rs_dt,
+               .op = op,
+               .finish = !in_place || fin.divisor > 1 || fin.factor != 1.0,
+               .divisor = fin.divisor,
+               .factor = fin.factor,
+               .out = in_place ? NULL : ag + oo * aes,
+               .out_dt = ag_dt};
   return run_stream(r, &st, err, errlen);
 }
 
-static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
-                             gs__reduce_op op, char *err, size_t errlen) {
-  ring *r = (ring *)b;
+/* Allreduce with the finish (the average's division, the postscale) and
+ * 16-bit rounding done on each owned block in the ring's last
+ * reduce-scatter step. */
+static int allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                     double postscale, char *err, size_t errlen) {
   int rc = check_usable(r, "allreduce", err, errlen);
   if (rc == GS__OK) rc = gs__host_reduce_args("tcp ring", "allreduce", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
@@ -1126,35 +1182,43 @@ static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype 
     snprintf(err, errlen, "tcp ring: allreduce: count %zu is too large", count);
     return GS__ERR_INVALID_ARG;
   }
-  if (count == 0 || r->size == 1) return GS__OK; /* AVERAGE over 1 rank: identity */
+  if (count == 0) return GS__OK;
   if (!buf) {
     snprintf(err, errlen, "tcp ring: allreduce: buf is NULL with count %zu", count);
     return GS__ERR_INVALID_ARG;
   }
-  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
-
-  if (!is_half(dt)) {
-    rc = ring_allreduce(r, buf, count, dt, rop, err, errlen);
-    if (rc == GS__OK && op == GS__AVERAGE) gs__divide(buf, count, dt, r->size);
-    return rc;
+  if (r->size == 1) { /* AVERAGE over 1 rank: identity; the postscale still applies */
+    gs__scale(buf, count, dt, postscale);
+    return GS__OK;
   }
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  finishing fin = finishing_of(r, op, postscale);
+  if (r->deterministic) return det_allreduce(r, buf, count, dt, rop, fin, err, errlen);
+  if (!is_half(dt)) return ring_allreduce(r, buf, dt, buf, dt, count, rop, fin, err, errlen);
   /* 16-bit floats: reduce in float32 and round once at the end, so the
    * result does not depend on how many partial sums were rounded. */
   float *w = workspace(r, count, "allreduce", err, errlen);
   if (!w) return GS__ERR_NO_MEMORY;
   half_to_f32(dt, w, buf, count);
-  rc = ring_allreduce(r, (char *)w, count, GS__FLOAT32, rop, err, errlen);
-  if (rc != GS__OK) return rc; /* buf untouched */
-  if (op == GS__AVERAGE) gs__divide(w, count, GS__FLOAT32, r->size);
-  f32_to_half(dt, buf, w, count);
-  return GS__OK;
+  return ring_allreduce(r, (char *)w, GS__FLOAT32, buf, dt, count, rop, fin, err, errlen);
+}
+
+static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
+                             gs__reduce_op op, char *err, size_t errlen) {
+  return allreduce((ring *)b, buf, count, dt, op, 1.0, err, errlen);
+}
+
+static int ring_allreduce_scaled_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
+                                    gs__reduce_op op, double postscale, char *err, size_t errlen) {
+  return allreduce((ring *)b, buf, count, dt, op, postscale, err, errlen);
 }
 
 /* The reduce-scatter half of the ring, with rank r ending up owning block r
  * (elements offs[r]..offs[r+1]): step j sends block rank-1-j and receives
  * block rank-2-j. */
 static int ring_reducescatter(ring *r, char *buf, const size_t *offs, gs__dtype dt,
-                              gs__reduce_op op, char *err, size_t errlen) {
+                              gs__reduce_op op, finishing fin, char *out, gs__dtype out_dt,
+                              char *err, size_t errlen) {
   int n = r->size;
   size_t es = gs__dtype_size(dt);
   for (int j = 0; j < n - 1; j++) {
@@ -1172,7 +1236,12 @@ static int ring_reducescatter(ring *r, char *buf, const size_t *offs, gs__dtype 
                .nrecv = n - 1,
                .nreduce = n - 1,
                .dt = dt,
-               .op = op};
+               .op = op,
+               .finish = out || fin.divisor > 1 || fin.factor != 1.0,
+               .divisor = fin.divisor,
+               .factor = fin.factor,
+               .out = out,
+               .out_dt = out_dt};
   return run_stream(r, &st, err, errlen);
 }
 
@@ -1203,22 +1272,15 @@ static int ring_reducescatter_vt(gs__backend *b, void *buf, const size_t *counts
     return GS__ERR_INVALID_ARG;
   }
   gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
-  size_t mine = counts[r->rank], es = gs__dtype_size(dt);
+  finishing fin = finishing_of(r, op, 1.0);
+  size_t es = gs__dtype_size(dt);
   char *own = (char *)buf + offs[r->rank] * es;
-  if (!is_half(dt)) {
-    rc = ring_reducescatter(r, buf, offs, dt, rop, err, errlen);
-    if (rc == GS__OK && op == GS__AVERAGE) gs__divide(own, mine, dt, r->size);
-    return rc;
-  }
+  if (r->deterministic) return det_reduce(r, "reducescatter", buf, offs, dt, rop, fin, err, errlen);
+  if (!is_half(dt)) return ring_reducescatter(r, buf, offs, dt, rop, fin, NULL, dt, err, errlen);
   float *w = workspace(r, total, "reducescatter", err, errlen);
   if (!w) return GS__ERR_NO_MEMORY;
   half_to_f32(dt, w, buf, total);
-  rc = ring_reducescatter(r, (char *)w, offs, GS__FLOAT32, rop, err, errlen);
-  if (rc != GS__OK) return rc;
-  float *wown = w + offs[r->rank];
-  if (op == GS__AVERAGE) gs__divide(wown, mine, GS__FLOAT32, r->size);
-  f32_to_half(dt, (uint16_t *)(void *)own, wown, mine);
-  return GS__OK;
+  return ring_reducescatter(r, (char *)w, offs, GS__FLOAT32, rop, fin, own, dt, err, errlen);
 }
 
 /* Allgatherv; what names the collective the caller runs, for messages. */
@@ -1275,6 +1337,154 @@ static int gather(ring *r, const char *what, const void *send, void *recv, const
 static int ring_allgatherv_vt(gs__backend *b, const void *send, void *recv, const size_t *bytes,
                               char *err, size_t errlen) {
   return gather((ring *)b, "allgatherv", send, recv, bytes, err, errlen);
+}
+
+/* Bytes this rank relays in an exchange (below) with byte matrix m
+ * (m[o*n+d]: bytes rank o sends rank d): every block that passes through
+ * on its way further right. */
+static size_t relay_size(const ring *r, const uint64_t *m) {
+  int n = r->size, me = r->rank;
+  size_t bytes = 0;
+  for (int g = 0; g < n - 1; g++) {
+    int o = mod(me - 1 - g, n);
+    for (int k = 1; k < n - 1 - g; k++)
+      bytes += (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
+  }
+  return bytes;
+}
+
+/* The personalized exchange over the ring (see alltoallv below), sizes
+ * known to every rank: this rank's block for rank d is at send + soff[d]
+ * (m[me*n+d] bytes), the block from rank o lands at recv + roff[o]; this
+ * rank's own block is not moved. relay holds relay_size(m) bytes; sp and
+ * rp have room for n*n pieces. */
+static int exchange(ring *r, const char *what, const void *send, const size_t *soff, void *recv,
+                    const size_t *roff, const uint64_t *m, char *relay, piece *sp, piece *rp,
+                    char *err, size_t errlen) {
+  int n = r->size, me = r->rank, ns = 0, nr = 0;
+  size_t pre = 0, rel = 0;
+  for (int k = 1; k < n; k++) {
+    int d = mod(me + k, n);
+    size_t len = (size_t)m[(size_t)me * (size_t)n + (size_t)d];
+    sp[ns++] = (piece){(char *)send + soff[d], len, 0};
+    pre += len;
+  }
+  for (int g = 0; g < n - 1; g++) {
+    int o = mod(me - 1 - g, n);
+    for (int k = 0; k < n - 1 - g; k++) {
+      size_t len = (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
+      if (k == 0) {
+        rp[nr++] = (piece){(char *)recv + roff[o], len, 0};
+      } else {
+        rp[nr++] = (piece){relay + rel, len, 1};
+        sp[ns++] = rp[nr - 1];
+        rel += len;
+      }
+    }
+  }
+  stream st = {.what = what,
+               .send = sp,
+               .nsend = ns,
+               .pre = pre,
+               .recv = rp,
+               .nrecv = nr,
+               .nreduce = 0,
+               .dt = GS__UINT8,
+               .op = GS__SUM};
+  return run_stream(r, &st, err, errlen);
+}
+
+/* ---- deterministic mode ----------------------------------------------------
+ *
+ * The ring reduces block c in the order c, c+1, ..., c-1 (mod n), and which
+ * block an element falls in depends on the buffer's size, so on how tensors
+ * were fused: float sums then differ in the last bits between runs. In
+ * deterministic mode every element is reduced in rank order 0, 1, ..., n-1:
+ * each rank sends its contribution to block d straight to rank d (the
+ * exchange above: the block travels (d - o) mod n hops), rank d reduces
+ * its block over the n contributions in rank order (gs__reduce_many,
+ * 16-bit types accumulated in float32 and rounded once) and finishes it,
+ * then an allgather spreads the blocks. At n = 2 this moves as many bytes
+ * as the ring; at n ranks the first phase moves (n-1)/2 buffers per link
+ * instead of (n-1)/n. */
+
+/* Grows the deterministic mode's scratch to bytes. */
+static char *det_scratch(ring *r, size_t bytes, const char *what, char *err, size_t errlen) {
+  if (bytes > r->det_cap) {
+    char *p = realloc(r->det, bytes);
+    if (!p) {
+      snprintf(err, errlen,
+               "tcp ring: %s: out of memory for %zu bytes of deterministic-mode "
+               "scratch",
+               what, bytes);
+      return NULL;
+    }
+    r->det = p, r->det_cap = bytes;
+  }
+  return r->det;
+}
+
+/* Reduces buf (elements offs[0..n], the same on every rank) so that this
+ * rank's block offs[rank]..offs[rank+1] holds the finished reduction over
+ * ranks in rank order; the other blocks are left as they were. */
+static int det_reduce(ring *r, const char *what, char *buf, const size_t *offs, gs__dtype dt,
+                      gs__reduce_op op, finishing fin, char *err, size_t errlen) {
+  int n = r->size, me = r->rank, status = GS__ERR_NO_MEMORY;
+  size_t es = gs__dtype_size(dt), nown = offs[me + 1] - offs[me], ob = nown * es;
+  uint64_t *m = malloc((size_t)n * (size_t)n * sizeof *m);
+  size_t *soff = malloc((size_t)n * sizeof *soff), *roff = malloc((size_t)n * sizeof *roff);
+  piece *sp = malloc((size_t)n * (size_t)n * sizeof *sp),
+        *rp = malloc((size_t)n * (size_t)n * sizeof *rp);
+  const void **srcs = malloc((size_t)n * sizeof *srcs);
+  if (!m || !soff || !roff || !sp || !rp || !srcs) {
+    snprintf(err, errlen, "tcp ring: %s: out of memory", what);
+    goto out_free;
+  }
+  for (int o = 0; o < n; o++)
+    for (int d = 0; d < n; d++)
+      m[(size_t)o * (size_t)n + (size_t)d] = o == d ? 0 : (offs[d + 1] - offs[d]) * es;
+  for (int q = 0; q < n; q++) {
+    soff[q] = offs[q] * es;
+    roff[q] = (size_t)(q < me ? q : q > me ? q - 1 : 0) * ob; /* no slot for this rank */
+  }
+  size_t tmp_bytes = (size_t)(n - 1) * ob, relay = relay_size(r, m);
+  char *tmp = det_scratch(r, tmp_bytes + relay + 1, what, err, errlen);
+  if (!tmp) goto out_free;
+  status = exchange(r, what, buf, soff, tmp, roff, m, tmp + tmp_bytes, sp, rp, err, errlen);
+  if (status != GS__OK) goto out_free;
+  char *own = buf + offs[me] * es;
+  for (int q = 0; q < n; q++) srcs[q] = q == me ? own : tmp + roff[q];
+  gs__reduce_many(own, dt, srcs, (size_t)n, dt, nown, op, fin.divisor, fin.factor);
+out_free:
+  free(m);
+  free(soff);
+  free(roff);
+  free(sp);
+  free(rp);
+  free(srcs);
+  return status;
+}
+
+static int det_allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                         finishing fin, char *err, size_t errlen) {
+  int n = r->size;
+  size_t es = gs__dtype_size(dt);
+  size_t *offs = malloc(((size_t)n + 1) * sizeof *offs), *bytes = malloc((size_t)n * sizeof *bytes);
+  int status = GS__ERR_NO_MEMORY;
+  if (!offs || !bytes) {
+    snprintf(err, errlen, "tcp ring: allreduce: out of memory");
+    goto out_free;
+  }
+  for (int c = 0; c <= n; c++) offs[c] = chunk_off(count, n, c);
+  for (int c = 0; c < n; c++) bytes[c] = (offs[c + 1] - offs[c]) * es;
+  status = det_reduce(r, "allreduce (deterministic)", buf, offs, dt, op, fin, err, errlen);
+  if (status == GS__OK)
+    status = gather(r, "allreduce (deterministic)", (char *)buf + offs[r->rank] * es, buf, bytes,
+                    err, errlen);
+out_free:
+  free(offs);
+  free(bytes);
+  return status;
 }
 
 /* Alltoallv over the ring: the block from rank o to rank d travels
@@ -1351,49 +1561,15 @@ static int ring_alltoallv_vt(gs__backend *b, const void *send, const size_t *sen
   if (send_bytes[me])
     memmove((char *)recv + roff[me], (const char *)send + soff[me], send_bytes[me]);
 
-  /* relay buffer: every block that passes through on its way further right */
-  size_t relay_bytes = 0;
-  for (int g = 0; g < n - 1; g++) {
-    int o = mod(me - 1 - g, n);
-    for (int k = 1; k < n - 1 - g; k++)
-      relay_bytes += (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
-  }
-  relay = malloc(relay_bytes ? relay_bytes : 1);
+  relay = malloc(relay_size(r, m) ? relay_size(r, m) : 1);
   if (!relay) {
-    snprintf(err, errlen, "tcp ring: alltoallv: out of memory for %zu relay bytes", relay_bytes);
+    snprintf(err, errlen, "tcp ring: alltoallv: out of memory for %zu relay bytes",
+             relay_size(r, m));
     status = GS__ERR_NO_MEMORY;
     goto out_free;
   }
-  int ns = 0, nr = 0;
-  size_t pre = 0, rel = 0;
-  for (int k = 1; k < n; k++) {
-    int d = mod(me + k, n);
-    sp[ns++] = (piece){(char *)send + soff[d], send_bytes[d], 0};
-    pre += send_bytes[d];
-  }
-  for (int g = 0; g < n - 1; g++) {
-    int o = mod(me - 1 - g, n);
-    for (int k = 0; k < n - 1 - g; k++) {
-      size_t len = (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
-      if (k == 0) {
-        rp[nr++] = (piece){(char *)recv + roff[o], len, 0};
-      } else {
-        rp[nr++] = (piece){relay + rel, len, 1};
-        sp[ns++] = rp[nr - 1];
-        rel += len;
-      }
-    }
-  }
-  stream st = {.what = "alltoallv",
-               .send = sp,
-               .nsend = ns,
-               .pre = pre,
-               .recv = rp,
-               .nrecv = nr,
-               .nreduce = 0,
-               .dt = GS__UINT8,
-               .op = GS__SUM};
-  status = n > 1 ? run_stream(r, &st, err, errlen) : GS__OK;
+  status = n > 1 ? exchange(r, "alltoallv", send, soff, recv, roff, m, relay, sp, rp, err, errlen)
+                 : GS__OK;
 out_free:
   free(relay);
   free(m);
@@ -1460,6 +1636,7 @@ static void ring_destroy_vt(gs__backend *b) {
   free(r->recv);
   free(r->offs);
   free(r->fusion);
+  free(r->det);
   free(r);
 }
 
@@ -1481,6 +1658,7 @@ static const gs__backend_vtbl k_vtbl = {
     .mem_alloc = gs__host_alloc,
     .mem_free = gs__host_free,
     .allreduce = ring_allreduce_vt,
+    .allreduce_scaled = ring_allreduce_scaled_vt,
     .allgatherv = ring_allgatherv_vt,
     .broadcast = ring_broadcast_vt,
     .reducescatter = ring_reducescatter_vt,
@@ -1546,6 +1724,7 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
   r->left = mod(r->rank - 1, r->size);
   r->right = mod(r->rank + 1, r->size);
   r->io_timeout_ms = opts->io_timeout_ms;
+  r->deterministic = opts->deterministic;
   r->send_fd = r->recv_fd = -1;
   if (opts->ring_key) memcpy(r->key, opts->ring_key, sizeof r->key);
   snprintf(r->prefix, sizeof r->prefix, "%s", opts->key_prefix ? opts->key_prefix : "");
