@@ -2,6 +2,8 @@
 # bench/run.sh — gradsync's side-by-side benchmark comparisons (docs/benchmarks.md).
 #
 #   bench/run.sh [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
+#   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
+#     (the data plane next to OpenMPI: see "data plane" below)
 #
 # Runs every configuration of every comparison once per round, rounds
 # interleaved (so that drift on a shared machine hits all configurations
@@ -23,6 +25,7 @@ rounds=3
 nps="2 4"
 out=""
 quick=0
+dataplane=0
 workloads=${GRADSYNC_WORKLOADS:-$root/../shared/workloads}
 
 while [ $# -gt 0 ]; do
@@ -33,7 +36,8 @@ while [ $# -gt 0 ]; do
   --out) out=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
   --quick) quick=1; rounds=1; shift ;;
-  -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --dataplane) dataplane=1; shift ;;
+  -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +56,165 @@ done
 [ -n "$out" ] || out=$(mktemp /tmp/gradsync-bench.XXXXXX)
 : >"$out"
 start=$(date +%s)
+
+# ---- data plane: gradsync next to OpenMPI (bench/run.sh --dataplane) ----------
+# float32 allreduce, in place, 4 KiB..64 MiB, median over the calls of the
+# slowest rank, rounds interleaved: OpenMPI MPI_Allreduce over shared memory
+# (--mca btl self,vader) and over TCP (self,tcp), gradsync end to end
+# (gradsync-dataplane --mode e2e: through the coordinator, GRADSYNC_BACKEND
+# as set), its TCP ring alone (--mode direct), GS_AVERAGE (wall and CPU time), and
+# deterministic mode; then ResNet-50 and BERT-base steps (gradsync-bench,
+# defaults) next to OpenMPI shm's allreduce of the same bytes. OpenMPI
+# through bench/mpi_allreduce.c (shared with bench/transport.sh). Writes
+# tables (stdout) and a gnuplot plot of bus bandwidth (docs/benchmarks-dataplane.svg).
+# OpenMPI runs with MALLOC_MMAP_THRESHOLD_ raised (its 64 MiB temporaries
+# are otherwise page-faulted on every call: 2x slower there).
+if [ "$dataplane" = 1 ]; then
+  dp=$build/bin/gradsync-dataplane
+  mpi=$build/bin/mpi-allreduce
+  [ -x "$dp" ] || { echo "run.sh: $dp not found; build it (target gradsync-dataplane)" >&2; exit 1; }
+  command -v mpicc >/dev/null || { echo "run.sh: mpicc not found (apt-get install libopenmpi-dev)" >&2; exit 1; }
+  mpicc -O2 -o "$mpi" "$here/mpi_allreduce.c" || exit 1
+  sizes="4096 65536 1048576 16777216 67108864"
+  iters=15
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  dprun() { # LABEL ROUND COMMAND... : RESULT lines tagged with the label
+    local label=$1 round=$2
+    shift 2
+    "$@" 2>"$out.err" | sed -n "s/^\(\[0\] \)\{0,1\}RESULT /CASE $label round=$round /p" >>"$out"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "run.sh: $label (round $round) failed:" >&2; tail -3 "$out.err" >&2; }
+  }
+  mpirun_np() { # NP BTL ARGS...
+    local np=$1 btl=$2
+    shift 2
+    mpirun --allow-run-as-root --oversubscribe -np "$np" --mca btl "$btl" \
+      -x MALLOC_MMAP_THRESHOLD_=1073741824 "$mpi" "$@" | sed 's/ median_us=/ us=/'
+  }
+  gsrun() { "$run" -np "$1" --timeout 300 "${@:2}"; }
+  for r in $(seq 1 "$rounds"); do
+    for np in $nps; do
+      echo "run.sh: data plane np=$np round $r/$rounds ($(($(date +%s) - start)) s so far)" >&2
+      kv=$(mktemp -d /tmp/gradsync-kv.XXXXXX)
+      dprun mpi.shm "$r" mpirun_np "$np" self,vader --sizes "${sizes// /,}" --reps $iters
+      dprun mpi.tcp "$r" mpirun_np "$np" self,tcp --sizes "${sizes// /,}" --reps $iters
+      dprun gs.e2e "$r" gsrun "$np" "$dp" --mode e2e --sizes "$sizes" --iters $iters
+      dprun gs.direct "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --sizes "$sizes" --iters $iters
+      rm -rf "$kv"
+      dprun gs.avg "$r" gsrun "$np" "$dp" --mode e2e --op average --sizes "16777216 67108864" --iters $iters
+      kv=$(mktemp -d /tmp/gradsync-kv.XXXXXX)
+      dprun gs.direct.avg "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --op average \
+        --sizes "16777216 67108864" --iters $iters
+      rm -rf "$kv"
+      dprun gs.det "$r" env GRADSYNC_DETERMINISTIC=1 "$run" -np "$np" --timeout 300 "$dp" --mode e2e \
+        --sizes "1048576 16777216 67108864" --iters $iters
+      for w in resnet50 bert_base; do
+        f=$workloads/$w.txt
+        sc=1
+        [ "$w" = bert_base ] && [ "$np" -gt 2 ] && sc=4
+        "$run" -np "$np" --timeout 300 "$bin" --workload "$f" --scale $sc --steps 6 --warmup 1 \
+          2>"$out.err" | sed -n "s/^\[0\] RESULT /CASE step.$w round=$r /p" >>"$out"
+        GRADSYNC_DETERMINISTIC=1 "$run" -np "$np" --timeout 300 "$bin" --workload "$f" --scale $sc \
+          --steps 6 --warmup 1 2>"$out.err" | sed -n "s/^\[0\] RESULT /CASE stepdet.$w round=$r /p" >>"$out"
+        b=$(awk -v c="step.$w" -v r="round=$r" -v np="np=$np" '$2 == c && $3 == r && $0 ~ (" " np " ") {
+          for (i = 4; i <= NF; i++) if ($i ~ /^bytes=/) { sub(/^bytes=/, "", $i); print $i; exit } }' "$out")
+        [ -n "$b" ] && dprun "mpi.step.$w" "$r" mpirun_np "$np" self,vader --sizes "$b" --reps 7
+      done
+    done
+  done
+  rm -f "$out.err"
+  load1=$(cut -d' ' -f1-3 /proc/loadavg)
+  # dmed CASE NP BYTES KEY [EXTRA-MATCH]: median over rounds
+  dmed() {
+    awk -v c="$1" -v np="np=$2" -v by="bytes=$3" -v k="$4" '
+      $2 == c && index(" " $0 " ", " " np " ") && index(" " $0 " ", " " by " ") {
+        for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) a[n++] = kv[2] + 0 } }
+      END {
+        if (!n) { print "nan"; exit }
+        for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+        print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2 }' "$out"
+  }
+  smed() { # CASE NP KEY: median of a step case's KEY
+    awk -v c="$1" -v np="np=$2" -v k="$3" '
+      $2 == c && index(" " $0 " ", " " np " ") {
+        for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) a[n++] = kv[2] + 0 } }
+      END {
+        if (!n) { print "nan"; exit }
+        for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+        print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2 }' "$out"
+  }
+  dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+  human() { awk -v b="$1" 'BEGIN { if (b >= 1048576) printf "%d MiB", b / 1048576; else printf "%d KiB", b / 1024 }'; }
+  echo
+  echo "gradsync data plane vs OpenMPI — $(nproc) CPUs, loopback, rounds=$rounds, $(date -u +%Y-%m-%dT%H:%MZ), $(sed -n "s/^model name[^:]*: //p" /proc/cpuinfo | head -1), load average $load0 at the start, $load1 at the end; raw lines: $out"
+  echo
+  echo "Median time per allreduce (µs) and bus bandwidth (GB/s, 2(n-1)/n·bytes/time):"
+  echo
+  echo "| np | size | OpenMPI shm | OpenMPI tcp | gradsync end to end | gradsync data plane alone | e2e / shm | alone / shm | e2e / tcp |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  plotdat=$out.plot
+  : >"$plotdat"
+  for np in $nps; do
+    for b in $sizes; do
+      s=$(dmed mpi.shm "$np" "$b" us) t=$(dmed mpi.tcp "$np" "$b" us)
+      e=$(dmed gs.e2e "$np" "$b" us) d=$(dmed gs.direct "$np" "$b" us)
+      bw() { awk -v b="$b" -v n="$np" -v t="$1" 'BEGIN { if (t == "nan" || t == 0) print "n/a"; else printf "%.2f", b * 2 * (n - 1) / n / (t * 1e-6) / 1e9 }'; }
+      printf "| %s | %s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s | %s | %s |\n" "$np" "$(human "$b")" \
+        "$s" "$(bw "$s")" "$t" "$(bw "$t")" "$e" "$(bw "$e")" "$d" "$(bw "$d")" \
+        "$(dratio "$e" "$s")" "$(dratio "$d" "$s")" "$(dratio "$e" "$t")"
+      echo "$np $b $(bw "$s") $(bw "$t") $(bw "$e") $(bw "$d")" >>"$plotdat"
+    done
+  done
+  echo
+  echo "| np | what | value | target |"
+  echo "|---|---|---|---|"
+  for np in $nps; do
+    echo "| $np | GS_AVERAGE / GS_SUM time, 64 MiB (end to end) | $(dratio "$(dmed gs.avg "$np" 67108864 us)" "$(dmed gs.e2e "$np" 67108864 us)") | ≤ 1.03 |"
+    echo "| $np | GS_AVERAGE / GS_SUM time, 16 MiB (end to end) | $(dratio "$(dmed gs.avg "$np" 16777216 us)" "$(dmed gs.e2e "$np" 16777216 us)") | |"
+    echo "| $np | GS_AVERAGE / GS_SUM CPU time per call, 64 MiB (data plane alone, rank 0) | $(dratio "$(dmed gs.direct.avg "$np" 67108864 cpu_us)" "$(dmed gs.direct "$np" 67108864 cpu_us)") | ≤ 1.03 |"
+    for b in 1048576 16777216 67108864; do
+      echo "| $np | deterministic / default time, $(human "$b") (end to end) | $(dratio "$(dmed gs.det "$np" "$b" us)" "$(dmed gs.e2e "$np" "$b" us)") | measured |"
+    done
+    for w in resnet50 bert_base; do
+      st=$(smed "step.$w" "$np" step_ms) sd=$(smed "stepdet.$w" "$np" step_ms)
+      by=$(smed "step.$w" "$np" bytes)
+      m=$(awk -v c="mpi.step.$w" -v np="np=$np" '$2 == c && index(" " $0 " ", " " np " ") {
+        for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "us") a[n++] = kv[2] / 1000 } }
+        END { if (!n) { print "nan"; exit }
+          for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+          print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2 }' "$out")
+      echo "| $np | $w step ($(human "${by%.*}")): gradsync $st ms / OpenMPI shm allreduce of the same bytes $m ms | $(dratio "$st" "$m") | ≤ 1.00 |"
+      echo "| $np | $w step: deterministic / default | $(dratio "$sd" "$st") | measured |"
+    done
+  done
+  if command -v gnuplot >/dev/null; then
+    svg=$root/docs/benchmarks-dataplane.svg
+    cols=""
+    for np in $nps; do cols="$cols $np"; done
+    gnuplot <<GP && echo && echo "run.sh: plot written to $svg" >&2
+set terminal svg size 900,420 dynamic font "sans,11"
+set output "$svg"
+set logscale x 2
+set xlabel "message size (bytes)"
+set ylabel "bus bandwidth (GB/s)"
+set key top left
+set grid
+set multiplot layout 1,$(echo $nps | wc -w)
+$(for np in $nps; do cat <<EOP
+set title "np = $np (2 vCPUs, loopback)"
+plot "$plotdat" using (\$1 == $np ? \$2 : 1/0):3 with linespoints title "OpenMPI shm", \
+     "" using (\$1 == $np ? \$2 : 1/0):4 with linespoints title "OpenMPI tcp", \
+     "" using (\$1 == $np ? \$2 : 1/0):5 with linespoints title "gradsync end to end", \
+     "" using (\$1 == $np ? \$2 : 1/0):6 with linespoints title "gradsync data plane alone"
+EOP
+done)
+unset multiplot
+GP
+  else
+    echo "run.sh: gnuplot not found: no plot (apt-get install gnuplot-nox)" >&2
+  fi
+  echo "run.sh: done in $(($(date +%s) - start)) s" >&2
+  exit 0
+fi
 
 # The tag names the coordinator settings in effect (defaults filled in).
 tag_of() {
