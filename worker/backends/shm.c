@@ -66,10 +66,11 @@
 #define MSG_BYTES 512 /* per local rank: why it failed */
 #define SPIN_PAUSE 256
 #define SPIN_YIELD 64
-#define SLEEP_MS 5             /* one futex sleep; abort and failures wake it earlier */
-#define LIVENESS_MS 100        /* how often a waiter checks its peers' pids */
-#define ID_BYTES 256           /* host identity record exchanged at start */
-#define GS__SHM_MAX_LOCAL 1024 /* ranks per host (one reduce pass reads them all) */
+#define SLEEP_MS 5                   /* one futex sleep; abort and failures wake it earlier */
+#define LIVENESS_MS 100              /* how often a waiter checks its peers' pids */
+#define ID_BYTES 256                 /* host identity record exchanged at start */
+#define ONE_SHOT_BYTES (32u * 1024u) /* up to this, every rank reduces the whole chunk */
+#define GS__SHM_MAX_LOCAL 1024       /* ranks per host (one reduce pass reads them all) */
 
 enum { F_POSTED = 0, F_REDUCED = 1, F_DONE = 2 };
 enum { FAIL_DIED = 1, FAIL_TIMEOUT = 2, FAIL_ERROR = 3 };
@@ -323,6 +324,10 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
   size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
   size_t per_chunk = s->chunk / wes;
   int L = s->nlocal, me = s->me, rc;
+  /* Small collectives in one shot: every rank that wants the result
+   * reduces the whole chunk itself (same sources, same order: the same
+   * bits), which saves the second rendezvous of all local ranks. */
+  int one_shot = count * wes <= ONE_SHOT_BYTES;
   for (size_t off = 0; off < count; off += per_chunk) {
     size_t n = count - off < per_chunk ? count - off : per_chunk;
     uint64_t g = s->g;
@@ -331,6 +336,18 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
       return rc;
     convert(slot(s, b, me), wdt, (const char *)in + off * ies, in_dt, n);
     post(s, F_POSTED, g + 1);
+    if (one_shot) {
+      if (out) {
+        if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+        const void *src[GS__SHM_MAX_LOCAL];
+        for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
+        gs__reduce_many((char *)out + off * oes, out_dt, src, (size_t)L, wdt, n, rop,
+                        divisor > 1 ? divisor : 1, 1.0);
+      }
+      post(s, F_DONE, g + 1); /* the slot is free once every rank is done */
+      s->g = g + 1;
+      continue;
+    }
     if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
     size_t lo = slice_off(n, L, me), hi = slice_off(n, L, me + 1);
     if (hi > lo) {
