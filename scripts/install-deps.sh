@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libgrpc-dev protobuf-compiler
   libprotobuf-dev protobuf-c-compiler libprotobuf-c-dev grpc-proto libcmocka-dev
   openssl valgrind uthash-dev libmicrohttpd-dev python3-grpcio python3-protobuf iproute2
-  clang-format procps openssh-server openssh-client openmpi-bin clang libclang-rt-14-dev
+  clang-format procps openssh-server openssh-client openmpi-bin libopenmpi-dev clang libclang-rt-14-dev
   python3-torch python3-numpy python3-pytest python3-pip python3-setuptools
   podman runc debootstrap dpkg-dev yamllint nodejs)
 missing=()
