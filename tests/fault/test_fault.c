@@ -7,7 +7,8 @@
  * Scenarios (docs/troubleshooting.md shows each one's output): a desync that
  * deadlocks, a rank that crashes or is SIGKILLed, a hung rank (stall warning
  * and stall shutdown), a stopped rank (SIGSTOP), a paused coordinator
- * (SIGSTOP: no rank lost), stragglers (no false deadlock), a SIGKILLed coordinator and a rank that
+ * (SIGSTOP: no rank lost), Ctrl-C of gradsync-run (a clean stop), stragglers
+ * (no false deadlock), a SIGKILLed coordinator and a rank that
  * never joins.
  *
  * Timeouts are made short with flags (--deadlock-time-ms, --stall-*-s,
@@ -169,6 +170,30 @@ static void test_desync_gradsync_run(void **state) {
   job_expect_output(p, "' failed: GS_ERR_DEADLOCK: ");
   job_expect_output(p, "waits on [fc3/weight] (missing from rank 1)");
   job_expect_output(p, "waits on [fc3/weight.desync] (missing from ranks [0,2])");
+  expect_no_strays();
+}
+
+/* Ctrl-C (SIGINT to gradsync-run's process group, as a terminal sends it)
+ * while the job trains: the launcher says so, stops its gradsyncd first (a
+ * shutdown, not lost ranks: no error in its log, exit 0), then the ranks,
+ * and exits 128 + SIGINT with nothing left running. */
+static void test_ctrl_c_gradsync_run(void **state) {
+  (void)state;
+  char *argv[] = {(char *)run_path, "-np", "2", (char *)train_path, "--steps", "1000000",
+                  "--log-every",    "10",  NULL};
+  proc *p = proc_spawn("gradsync-run", argv, NULL);
+  if (p == NULL) job_fail("could not start gradsync-run");
+  wait_for_output(p, "[0] step 20/1000000");
+  proc_signal(p, SIGINT);
+  job_expect_exit(p, 128 + SIGINT);
+  job_expect_output(p, "gradsync-run: received SIGINT (Ctrl-C): stopping the job (gradsyncd "
+                       "first, then the ranks)");
+  job_expect_output(p, "msg=\"shutting down: closing open sessions\"");
+  job_expect_output(p, "[coord] time=");
+  job_expect_output(p, "msg=\"stopped\"");
+  job_expect_no_output(p, "was lost", 0);
+  job_expect_no_output(p, "level=error", 0);
+  job_expect_no_output(p, "the job failed", 0);
   expect_no_strays();
 }
 
@@ -492,6 +517,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_desync_deadlock_timed_waits, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_desync_deadlock_polling, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ctrl_c_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_crash_rank, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_shm_leader, setup, job_teardown),

@@ -70,12 +70,16 @@
                                ranks to fail on their own and print why */
 #define KILL_GIVEUP_MS 5000 /* SIGKILL -> stop waiting for the process */
 #define DRAIN_MS 1000       /* every process gone -> stop reading its pipes */
+#define QUIESCE_MS 3000     /* Ctrl-C: gradsyncd's SIGTERM -> the ranks' signal at the latest */
 #define RECHECK_MS 50       /* while stopping: look for leftover group members */
 #define READ_CHUNK 65536
 #define MAX_LINE (1u << 20) /* longer lines are split into pieces of this size */
 #define LISTEN_PREFIX "gradsyncd listening on "
 
-enum phase { PH_START, PH_RUN, PH_STOP_RANKS, PH_STOP_COORD, PH_DRAIN, PH_DONE };
+/* PH_QUIESCE: a signal (Ctrl-C) came while the job ran: the gradsyncd
+ * started here is stopped first, so that it ends every session as a
+ * shutdown; then the signal goes to the ranks (PH_STOP_RANKS). */
+enum phase { PH_START, PH_RUN, PH_QUIESCE, PH_STOP_RANKS, PH_STOP_COORD, PH_DRAIN, PH_DONE };
 
 /* One pipe from a child: its bytes are cut into lines, each written to dest
  * (1 or 2) behind prefix. A partial line waits in buf until its newline. */
@@ -135,6 +139,7 @@ typedef struct launcher {
   int64_t run_deadline;  /* --timeout; 0 = none */
   int64_t eof_deadline;  /* START: coordinator stdout closed; 0 = not yet */
   int coord_lost_warned; /* said once that gradsyncd went away */
+  int quiesce_sig;       /* PH_QUIESCE: the signal the ranks get next */
   char address[256];
   int dest_dead[3]; /* our stdout/stderr is a closed pipe: drop output */
   /* placement: host index (-1 = this machine, no -H), local rank/size */
@@ -281,7 +286,9 @@ static void usage(FILE *f) {
         "GRADSYNC_* and HOROVOD_* variables and -x's; the job token reaches them on\n"
         "stdin (no command line shows it). Lines of rank r are prefixed\n"
         "\"[r] \" (stdout to stdout, stderr to stderr), the coordinator's \"[coord] \".\n"
-        "SIGINT, SIGTERM and SIGHUP are forwarded to every rank; a second one kills.\n"
+        "SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the job: the gradsyncd started here\n"
+        "first (it ends every session as a shutdown, not as lost ranks), then the signal\n"
+        "is forwarded to every rank; a second one kills.\n"
         "\n"
         "Exit status: 0 when every rank exits 0; else the first failing rank's status\n"
         "(128+N when killed by signal N), after the others were stopped (SIGTERM,\n"
@@ -477,12 +484,19 @@ static void stream_init(stream *s, int dest, const char *prefix) {
 }
 
 static int on_coord_first_line(launcher *L, const char *line, size_t n);
+static void begin_stop_ranks(launcher *L, int sig);
+
+/* What gradsyncd logs once SIGTERM closed the sessions (coordinator.c). */
+#define QUIESCED "shutting down: closing "
 
 /* Writes lines [line, line+n) behind the prefix, as one write per batch. */
 static void emit_line(launcher *L, stream *s, const char *line, size_t n) {
   if (L->own_coord && s == &L->coord.out && L->phase == PH_START &&
       !on_coord_first_line(L, line, n))
     return;
+  /* gradsyncd closed the sessions (as a shutdown): now the ranks may go. */
+  if (L->phase == PH_QUIESCE && s == &L->coord.err && memmem(line, n, QUIESCED, strlen(QUIESCED)))
+    begin_stop_ranks(L, L->quiesce_sig);
   size_t plen = strlen(s->prefix);
   char small[4096];
   char *out = small;
@@ -1065,10 +1079,24 @@ static void on_signal(launcher *L, int sig) {
     begin_stop_coord(L);
     break;
   case PH_RUN:
-    say(L, "received %s; forwarding it to the ranks", name);
     decide_exit(L, 128 + sig);
-    begin_stop_ranks(L, sig);
+    if (L->own_coord && proc_alive(&L->coord)) {
+      /* A rank killed by the signal before gradsyncd knows the job is being
+       * stopped would be a lost rank (an error, exit 3); told first, it
+       * closes every session as a shutdown. */
+      say(L, "received %s%s: stopping the job (gradsyncd first, then the ranks)", name,
+          sig == SIGINT ? " (Ctrl-C)" : "");
+      L->phase = PH_QUIESCE;
+      L->quiesce_sig = sig;
+      L->phase_deadline = now_ms() + QUIESCE_MS;
+      L->coord_lost_warned = 1; /* its exit is expected now */
+      proc_signal(&L->coord, SIGTERM);
+    } else {
+      say(L, "received %s; forwarding it to the ranks", name);
+      begin_stop_ranks(L, sig);
+    }
     break;
+  case PH_QUIESCE:
   case PH_STOP_RANKS:
   case PH_STOP_COORD:
     say(L, "received %s again; killing everything", name);
@@ -1143,6 +1171,9 @@ static void advance(launcher *L) {
   case PH_RUN:
     if (all_ranks_reaped(L)) begin_stop_ranks(L, SIGTERM);
     break;
+  case PH_QUIESCE:
+    if (!proc_alive(&L->coord) || now >= L->phase_deadline) begin_stop_ranks(L, L->quiesce_sig);
+    break;
   case PH_STOP_RANKS:
     if (!any_rank_alive(L)) {
       begin_stop_coord(L);
@@ -1206,6 +1237,7 @@ static int poll_timeout(const launcher *L) {
     break;
   case PH_RUN:
     break;
+  case PH_QUIESCE:
   case PH_STOP_RANKS:
   case PH_STOP_COORD:
     next = now_ms() + RECHECK_MS; /* group members we cannot wait for */
