@@ -126,6 +126,13 @@ static const gs__setting table[GS__S_COUNT] = {
                            "65536", NULL, 16, 1 << 24, NULL, GS__FOR_SERVER, "N",
                            "Rendezvous store key limit; a KvSet of a new key past it fails with "
                            "RESOURCE_EXHAUSTED."},
+    [GS__S_SESSION_QUEUE_MAX_BYTES] =
+        {"session_queue_max_bytes", "--session-queue-max-bytes",
+         "GRADSYNC_SESSION_QUEUE_MAX_BYTES", NULL, GS__T_INT, "268435456", NULL, 65536, 1LL << 40,
+         NULL, GS__FOR_SERVER, "BYTES",
+         "Bytes of plans that may wait for one rank that does not read its session stream; "
+         "past it that rank is cut off and declared lost (the others are told), so a stuck "
+         "rank cannot grow gradsyncd's memory."},
     [GS__S_DIAGNOSTICS_OPEN] = {"diagnostics_open", "--diagnostics-open",
                                 "GRADSYNC_DIAGNOSTICS_OPEN", NULL, GS__T_BOOL, "0", NULL, 0, 1,
                                 NULL, GS__FOR_SERVER, "BOOL",

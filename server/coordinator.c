@@ -708,7 +708,8 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
                                         .on_call = on_session_open,
                                         .on_message = on_session_msg,
                                         .on_close = on_session_close,
-                                        .max_first_message = MAX_FIRST_MESSAGE};
+                                        .max_first_message = MAX_FIRST_MESSAGE,
+                                        .max_queued_bytes = o->session_queue_max_bytes};
   co->methods[M_KV_SET] = (gs__method){.path = "/gradsync.v1.Coordinator/KvSet",
                                        .kind = GS__RPC_UNARY,
                                        .auth = GS__AUTH_TOKEN,

@@ -21,6 +21,7 @@ typedef struct gs__coordinator_opts {
   int max_plans_in_flight;
   uint32_t max_pending_per_rank;    /* --max-pending-per-rank (0 = the engine's default) */
   size_t kv_max_bytes, kv_max_keys; /* 0 = the defaults of kv.h */
+  size_t session_queue_max_bytes;   /* per session; 0 = the transport's default */
   int join_timeout_ms; /* a joined rank without a Session is released after it (0 = 60 s) */
   int serve_forever;   /* 1: a fresh job (next epoch) after each one */
   uint32_t drain_ms;   /* after a failed job: how long the ranks get to close

@@ -171,6 +171,7 @@ int main(int argc, char **argv) {
   o.job.heartbeat_ms = (uint32_t)gs__settings_int(&cfg, GS__S_HEARTBEAT);
   o.kv_max_bytes = (size_t)gs__settings_int(&cfg, GS__S_KV_MAX_BYTES);
   o.kv_max_keys = (size_t)gs__settings_int(&cfg, GS__S_KV_MAX_KEYS);
+  o.session_queue_max_bytes = (size_t)gs__settings_int(&cfg, GS__S_SESSION_QUEUE_MAX_BYTES);
   o.join_timeout_ms = (int)gs__settings_int(&cfg, GS__S_JOIN_TIMEOUT);
   so.tls_cert = gs__settings_str(&cfg, GS__S_SERVER_TLS_CERT);
   so.tls_key = gs__settings_str(&cfg, GS__S_SERVER_TLS_KEY);
