@@ -14,24 +14,14 @@ one-job coordinator would exit 3 then).
 
 usage: raw_early_leave.py BIN_DIR SOURCE_DIR     (exit 77: grpcio/protoc missing)
 """
-import importlib, os, queue, signal, subprocess, sys, tempfile, threading, time
+import os, queue, signal, sys, time
 
-try:
-    import grpc
-except ImportError as e:
-    print("SKIP: python3-grpcio missing:", e)
-    sys.exit(77)
+from rawproto import load_messages, raw_rank, start_gradsyncd
+
+import grpc
 
 bin_dir, src = sys.argv[1], sys.argv[2]
-tmp = tempfile.mkdtemp()
-try:
-    subprocess.check_call(["protoc", "-I" + os.path.join(src, "proto"), "--python_out=" + tmp,
-                           "gradsync/v1/messages.proto"])
-except (OSError, subprocess.CalledProcessError) as e:
-    print("SKIP: protoc unusable:", e)
-    sys.exit(77)
-sys.path.insert(0, tmp)
-pb = importlib.import_module("gradsync.v1.messages_pb2")
+pb = load_messages(src)
 
 
 def fail(msg):
@@ -39,54 +29,13 @@ def fail(msg):
     sys.exit(1)
 
 
-coord = subprocess.Popen([os.path.join(bin_dir, "gradsyncd"), "--listen", "127.0.0.1:0",
-                          "--world-size", "2", "--deadlock-time-ms", "0",
-                          "--serve-forever"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+coord, addr, out_lines = start_gradsyncd(
+    bin_dir, ["--world-size", "2", "--deadlock-time-ms", "0", "--serve-forever"], fail)
 try:
-    out_lines = []
-    while True:
-        line = coord.stdout.readline()
-        if not line:
-            fail("gradsyncd did not start:\n" + "".join(out_lines))
-        out_lines.append(line)
-        if line.startswith("gradsyncd listening on "):
-            break
-    addr = line.split()[-1]
-    threading.Thread(target=lambda: out_lines.extend(coord.stdout), daemon=True).start()
-
     ch = grpc.insecure_channel(addr)
-    join = ch.unary_unary("/gradsync.v1.Coordinator/Join",
-                          request_serializer=pb.JoinRequest.SerializeToString,
-                          response_deserializer=pb.JoinResponse.FromString)
-    session = ch.stream_stream("/gradsync.v1.Coordinator/Session",
-                               request_serializer=pb.RankMessage.SerializeToString,
-                               response_deserializer=pb.PlanMessage.FromString)
     ups, downs = [], []
     for r in range(2):
-        resp = join(pb.JoinRequest(rank=r, size=2, local_rank=r, local_size=2, host="raw",
-                                   pid=os.getpid(), version="0.1.0"), timeout=10)
-        up, down = queue.Queue(), queue.Queue()
-
-        def gen(q=up):
-            while True:
-                m = q.get()
-                if m is None:
-                    return
-                yield m
-
-        call = session(gen(), timeout=60)
-
-        def pump(c=call, q=down):
-            try:
-                for m in c:
-                    q.put(m)
-            except grpc.RpcError as e:
-                q.put(e)
-
-        threading.Thread(target=pump, daemon=True).start()
-        up.put(pb.RankMessage(hello=pb.SessionHello(rank=r, epoch=resp.epoch,
-                                                    secret=resp.rank_secret)))
+        up, down = raw_rank(ch, pb, r, 2, 60)
         ups.append(up)
         downs.append(down)
 

@@ -12,26 +12,16 @@ it keeps serving (Health SERVING, a fresh job) with its peak RSS bounded.
 
 usage: raw_slow_consumer.py BIN_DIR SOURCE_DIR     (exit 77: grpcio/protoc missing)
 """
-import importlib, os, queue, signal, subprocess, sys, tempfile, threading, time
+import os, queue, signal, sys, time
 
-try:
-    import grpc
-except ImportError as e:
-    print("SKIP: python3-grpcio missing:", e)
-    sys.exit(77)
+from rawproto import load_messages, raw_rank, start_gradsyncd, vm_hwm_kib
+
+import grpc
 
 bin_dir, src = sys.argv[1], sys.argv[2]
-tmp = tempfile.mkdtemp()
-try:
-    subprocess.check_call(["protoc", "-I" + os.path.join(src, "proto"), "--python_out=" + tmp,
-                           "gradsync/v1/messages.proto"])
-except (OSError, subprocess.CalledProcessError) as e:
-    print("SKIP: protoc unusable:", e)
-    sys.exit(77)
-sys.path.insert(0, tmp)
-pb = importlib.import_module("gradsync.v1.messages_pb2")
-
+pb = load_messages(src)
 LIMIT = 65536
+out_lines = []
 
 
 def fail(msg):
@@ -40,65 +30,14 @@ def fail(msg):
     sys.exit(1)
 
 
-def vm_hwm_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
-
-
-out_lines = []
-coord = subprocess.Popen([os.path.join(bin_dir, "gradsyncd"), "--listen", "127.0.0.1:0",
-                          "--world-size", "2", "--session-queue-max-bytes", str(LIMIT),
-                          "--emit-policy", "window", "--deadlock-time-ms", "0",
-                          "--serve-forever"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+coord, addr, out_lines = start_gradsyncd(
+    bin_dir, ["--world-size", "2", "--session-queue-max-bytes", str(LIMIT), "--emit-policy",
+              "window", "--deadlock-time-ms", "0", "--serve-forever"], fail)
 try:
-    while True:
-        line = coord.stdout.readline()
-        if not line:
-            fail("gradsyncd did not start")
-        out_lines.append(line)
-        if line.startswith("gradsyncd listening on "):
-            break
-    addr = line.split()[-1]
-    threading.Thread(target=lambda: out_lines.extend(coord.stdout), daemon=True).start()
-
-    ch = [grpc.insecure_channel(addr), grpc.insecure_channel(addr)]  # one connection per rank
-    ups, down0, calls = [], queue.Queue(), []
-    for r in range(2):
-        join = ch[r].unary_unary("/gradsync.v1.Coordinator/Join",
-                                 request_serializer=pb.JoinRequest.SerializeToString,
-                                 response_deserializer=pb.JoinResponse.FromString)
-        session = ch[r].stream_stream("/gradsync.v1.Coordinator/Session",
-                                      request_serializer=pb.RankMessage.SerializeToString,
-                                      response_deserializer=pb.PlanMessage.FromString)
-        resp = join(pb.JoinRequest(rank=r, size=2, local_rank=r, local_size=2, host="raw",
-                                   pid=os.getpid(), version="0.1.0"), timeout=10)
-        up = queue.Queue()
-
-        def gen(q=up):
-            while True:
-                m = q.get()
-                if m is None:
-                    return
-                yield m
-
-        call = session(gen(), timeout=120)
-        calls.append(call)
-        up.put(pb.RankMessage(hello=pb.SessionHello(rank=r, epoch=resp.epoch,
-                                                    secret=resp.rank_secret)))
-        ups.append(up)
-
-    def pump():  # rank 0 reads its stream; rank 1 never reads its own
-        try:
-            for m in calls[0]:
-                down0.put(m)
-        except grpc.RpcError as e:
-            down0.put(e)
-
-    threading.Thread(target=pump, daemon=True).start()
+    # one connection per rank; rank 0 reads its stream, rank 1 never reads its own
+    up0, down0 = raw_rank(grpc.insecure_channel(addr), pb, 0, 2, 120)
+    up1, _ = raw_rank(grpc.insecure_channel(addr), pb, 1, 2, 120, read=False)
+    ups = [up0, up1]
 
     def req(name):
         return pb.TensorRequest(name=name, op=pb.OP_ALLREDUCE, dtype=pb.DT_FLOAT32, shape=[4],
@@ -131,7 +70,7 @@ try:
     if "stopped reading its session stream" not in log:
         fail("gradsyncd's log does not say why rank 1 was lost")
     # gradsyncd keeps serving: a Health check, then its peak memory
-    health = ch[0].unary_unary("/grpc.health.v1.Health/Check")
+    health = grpc.insecure_channel(addr).unary_unary("/grpc.health.v1.Health/Check")
     rep = health(b"", timeout=10)
     if rep != b"\x08\x01":  # status: SERVING
         fail("Health/Check after the cut-off: %r" % rep)

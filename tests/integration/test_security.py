@@ -34,6 +34,8 @@ except ImportError:
     print("SKIP: python3-grpcio is not installed (apt-get install python3-grpcio)")
     sys.exit(77)
 
+from rawproto import vm_hwm_kib  # noqa: E402
+
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
 TMP = tempfile.mkdtemp(prefix="gs-sec-test-")
 PROCS = []
@@ -189,14 +191,6 @@ def expect_ops_passed(ranks):
         text = output(p)
         expect(code == 0 and "checks passed" in text, "%s: exit %s, no 'checks passed'" %
                (p.label, code), *ranks)
-
-
-def vm_hwm_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
 
 
 # ---- gRPC helpers ------------------------------------------------------------

@@ -19,14 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.path.join(os.environ.get("GRADSYNC_NPM_CACHE", "/var/cache/gradsync/npm"), "grpc")
 PACKAGES = ["@grpc/grpc-js@1", "grpc-js-reflection-client@1"]
 TOKEN = "node-test-token-%d" % os.getpid()
-procs = []
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+from opsutil import check, cleanup, finish, start
 
 
 def npm_install():
@@ -50,12 +43,6 @@ def npm_install():
                  r.stderr):
         return "npm cannot reach its registry"
     raise SystemExit("npm install failed (exit %d)" % r.returncode)
-
-
-def start(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    procs.append(p)
-    return p
 
 
 def worker(addr, rank, hold_ms):
@@ -155,14 +142,6 @@ try:
     d.send_signal(signal.SIGTERM)
     d.wait(timeout=60)
 finally:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    cleanup()
 
-if failures:
-    print("%d FAILED; gradsyncd log: %s" % (len(failures), LOG))
-    print(open(LOG).read()[-4000:])
-    sys.exit(1)
-os.unlink(LOG)
-print("all passed")
+finish(LOG)

@@ -12,27 +12,7 @@ BIN = os.path.abspath(sys.argv[1])
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
 TOKEN = "ops-test-token-%d" % os.getpid()
-procs = []
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def start(args, env=None, **kw):
-    p = subprocess.Popen(args, env=env, **kw)
-    procs.append(p)
-    return p
-
-
-def cleanup():
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+from opsutil import check, cleanup, finish, start
 
 
 def gradsyncd(*extra):
@@ -377,9 +357,4 @@ try:
 finally:
     cleanup()
 
-if failures:
-    print("%d FAILED; gradsyncd log: %s" % (len(failures), LOG))
-    print(open(LOG).read()[-4000:])
-    sys.exit(1)
-os.unlink(LOG)
-print("all passed")
+finish(LOG)
