@@ -711,7 +711,10 @@ int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg) {
       next_tick = gs__now_ms() + period;
       continue;
     }
-    drain(s, (int)(next_tick - now));
+    /* At most one period per wait, also while catching up: a stop request
+     * (SIGTERM) is seen within a period. */
+    uint64_t wait = next_tick - now;
+    drain(s, (int)(wait < period ? wait : period));
   }
   s->shutting_down = 1;
   for (size_t i = 0; i < s->n_services; i++)
