@@ -161,7 +161,9 @@ try:
 
     def stalled():
         s = json.loads(ctl(addr, "--json", "stalls").stdout)
-        return s["stalled"] and s["waits"]
+        # the report comes from the stall check, a tick after the entry
+        # became old enough to be listed as stalled
+        return s["stalled"] and s["waits"] and "Missing ranks:" in s["last_stall_report"]
 
     wait_for(stalled, "ListStalls shows the stall")
     s = json.loads(ctl(addr, "--json", "stalls").stdout)
