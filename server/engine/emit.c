@@ -239,10 +239,11 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
   recent_plan *rp_rec = &e->recent[msg.plan.seq % RECENT_PLANS];
   rp_rec->seq = msg.plan.seq;
   rp_rec->names[0] = 0;
+  rp_rec->nnames = rp_rec->nmore = 0;
   for (size_t i = 0; i < msg.plan.nresponses; i++)
-    for (size_t k = 0; k < resps[i].ntensors; k++)
-      gs__eng_append(rp_rec->names, sizeof rp_rec->names, "%s%s", rp_rec->names[0] ? ", " : "",
-                     resps[i].tensors[k].name);
+    for (size_t k = 0; k < resps[i].ntensors; k++, rp_rec->nnames++)
+      gs__eng_append_name(rp_rec->names, sizeof rp_rec->names, resps[i].tensors[k].name,
+                          &rp_rec->nmore);
   if (e->thrash_pending) {
     e->thrash_pending = 0;
     gs__eng_out_log(

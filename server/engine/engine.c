@@ -85,6 +85,21 @@ void gs__eng_append(char *buf, size_t cap, const char *fmt, ...) {
   va_end(ap);
 }
 
+#define NAME_LIST_ENDING 32 /* " and 18446744073709551615 more" */
+
+void gs__eng_append_name(char *buf, size_t cap, const char *name, size_t *more) {
+  size_t used = strlen(buf), need = strlen(name) + (used ? 2 : 0);
+  if (*more || used + need + NAME_LIST_ENDING >= cap) {
+    (*more)++;
+    return;
+  }
+  gs__eng_append(buf, cap, "%s%s", used ? ", " : "", name);
+}
+
+void gs__eng_append_more(char *buf, size_t cap, size_t more) {
+  if (more) gs__eng_append(buf, cap, "%s%zu more", buf[0] ? " and " : "", more);
+}
+
 /* "[0,2,5-9]": ascending ranks, runs of three or more shortened. */
 void gs__eng_format_ranks(const int32_t *ranks, size_t n, char *buf, size_t cap) {
   buf[0] = 0;

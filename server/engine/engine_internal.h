@@ -100,7 +100,9 @@ typedef struct plan_template {
 #define RECENT_PLANS 32
 typedef struct recent_plan {
   uint64_t seq;
-  char names[512]; /* "a, b, c" (cut) */
+  char names[512]; /* "a, b, c": whole names, as many as fit */
+  size_t nnames;   /* names in the plan */
+  size_t nmore;    /* of them not in names */
 } recent_plan;
 
 struct gs__engine {
@@ -159,6 +161,12 @@ void gs__eng_out_event(gs__outbox *box, int level, int event, int32_t rank, cons
 /* Appends to buf (bounded, always NUL-terminated). */
 void gs__eng_append(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Name lists that end "x, y and 3 more" rather than in a cut name: appends
+ * name to the ", "-separated list in buf when it fits whole with room left
+ * for the ending, else (and after the first name that did not fit) counts it
+ * in *more; gs__eng_append_more writes the ending. */
+void gs__eng_append_name(char *buf, size_t cap, const char *name, size_t *more);
+void gs__eng_append_more(char *buf, size_t cap, size_t more);
 /* "[0,2,5-9]": ascending ranks, runs of three or more shortened. */
 void gs__eng_format_ranks(const int32_t *ranks, size_t n, char *buf, size_t cap);
 const char *gs__eng_rank_host(const gs__engine *e, int32_t r);

@@ -201,12 +201,17 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
   }
   char names[2048], running[1024] = "", text[GS__MAX_TEXT];
   pending_names(e, names, sizeof names);
-  /* Plans emitted that the lost rank had not reported finished. */
+  /* Plans emitted that the lost rank had not reported finished: whole
+   * lists while they fit, then how many names more. */
+  size_t more = 0;
   for (uint64_t seq = s->last_done_seq + 1; seq < e->next_plan_seq; seq++) {
     const recent_plan *rp = &e->recent[seq % RECENT_PLANS];
-    if (rp->seq != seq || !rp->names[0]) continue;
-    gs__eng_append(running, sizeof running, "%s%s", running[0] ? ", " : "", rp->names);
+    if (rp->seq != seq || !rp->nnames) continue;
+    size_t more_before = more;
+    if (rp->names[0]) gs__eng_append_name(running, sizeof running, rp->names, &more);
+    more = more > more_before ? more_before + rp->nnames : more + rp->nmore;
   }
+  gs__eng_append_more(running, sizeof running, more);
   snprintf(text, sizeof text,
            "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s%s%s%s. The job cannot "
            "continue without it: look at rank %d's log for why it stopped, then restart the job",

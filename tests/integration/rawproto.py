@@ -53,6 +53,13 @@ def vm_hwm_kib(pid):
     return -1
 
 
+def sanitized(pid):
+    """1 when process pid runs an AddressSanitizer build: its quarantine keeps
+    freed blocks, so peak-RSS bounds meant for real builds do not apply."""
+    with open("/proc/%d/maps" % pid) as f:
+        return "libasan" in f.read()
+
+
 def raw_rank(ch, pb, rank, size, timeout, read=True):
     """Joins rank of a world of size over channel ch and opens its Session
     with the hello. Returns (up, down): put RankMessages on the queue up
