@@ -21,7 +21,7 @@ static const struct {
     [GS__ERR_STALL] = {"GS_ERR_STALL", "stalled past the shutdown time"},
     [GS__ERR_UNSUPPORTED] = {"GS_ERR_UNSUPPORTED", "not supported"},
     [GS__ERR_INTERNAL] = {"GS_ERR_INTERNAL", "internal error (a gradsync bug)"},
-    [GS__ERR_UNAUTHENTICATED] = {"GS_ERR_UNAUTHENTICATED", "missing or wrong job token"},
+    [GS__ERR_UNAUTHENTICATED] = {"GS_ERR_UNAUTHENTICATED", "not authenticated (job token or TLS)"},
     [GS__ERR_ALREADY_JOINED] = {"GS_ERR_ALREADY_JOINED", "this rank already joined"},
 };
 

@@ -70,7 +70,7 @@ const char *gs_status_str(gs_status status) {
       "GS_ERR_STALL: stalled past the shutdown time",
       "GS_ERR_UNSUPPORTED: not supported",
       "GS_ERR_INTERNAL: internal error (a gradsync bug)",
-      "GS_ERR_UNAUTHENTICATED: missing or wrong job token",
+      "GS_ERR_UNAUTHENTICATED: not authenticated (job token or TLS)",
       "GS_ERR_ALREADY_JOINED: this rank already joined",
   };
   _Static_assert(sizeof text / sizeof *text == GS__STATUS_COUNT, "one text per status");

@@ -256,43 +256,100 @@ static grpc_status_code unary(gs__client *c, void *method, const uint8_t *req, s
 }
 
 #define JOIN_REPORT_MS 3000 /* progress lines while the coordinator is not up */
-/* Connection setup failing this long while the port accepts TCP = a TLS
- * mismatch: give up then rather than at the join timeout. */
+/* A TLS rank whose handshakes with a TLS coordinator fail this long: its
+ * certificates do not fit (waiting will not cure that). */
 #define HANDSHAKE_GIVEUP_MS 5000
+#define PROBE_MS 2000 /* the most a probe waits for its connection, then its answer */
 
-/* 1 when a TCP connection to target ("host:port", "[v6]:port") succeeds
- * within a second. */
-static int tcp_reachable(const char *target) {
+/* A connected TCP socket to target ("host:port", "[v6]:port") within
+ * timeout_ms, or -1. */
+static int connect_target(const char *target, int timeout_ms) {
   char host[256], port[32];
   const char *colon = strrchr(target, ':');
-  if (!colon) return 0;
+  if (!colon) return -1;
   size_t hl = (size_t)(colon - target);
   const char *h = target;
   if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') h++, hl -= 2;
-  if (hl == 0 || hl >= sizeof host || strlen(colon + 1) >= sizeof port) return 0;
+  if (hl == 0 || hl >= sizeof host || strlen(colon + 1) >= sizeof port) return -1;
   memcpy(host, h, hl);
   host[hl] = 0;
   snprintf(port, sizeof port, "%s", colon + 1);
   struct addrinfo hints, *ai = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host, port, &hints, &ai) != 0) return 0;
-  int ok = 0;
-  for (struct addrinfo *a = ai; a && !ok; a = a->ai_next) {
+  if (getaddrinfo(host, port, &hints, &ai) != 0) return -1;
+  int connected = -1;
+  for (struct addrinfo *a = ai; a && connected < 0; a = a->ai_next) {
     int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      ok = 1;
-    } else if (errno == EINPROGRESS) {
+    int ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!ok && errno == EINPROGRESS) {
       struct pollfd pfd = {.fd = fd, .events = POLLOUT};
       int e = 0;
       socklen_t sl = sizeof e;
-      ok = poll(&pfd, 1, 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) == 0 && !e;
+      ok = poll(&pfd, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) == 0 &&
+           !e;
     }
-    close(fd);
+    if (ok)
+      connected = fd;
+    else
+      close(fd);
   }
   freeaddrinfo(ai);
-  return ok;
+  return connected;
+}
+
+/* What listens at a target where gRPC cannot set up a connection. */
+typedef enum {
+  PEER_UNKNOWN,  /* no connection, no answer in time, or not HTTP/2 nor TLS */
+  PEER_H2_CLEAR, /* an HTTP/2 server without TLS: it sent its SETTINGS */
+  PEER_TLS,      /* a TLS server: a TLS record, or it closed on the preface */
+} peer_kind;
+
+/* Asks target directly: sends the HTTP/2 client preface and an empty
+ * SETTINGS frame in plaintext and reads the first frame header back. A gRPC
+ * server without TLS sends SETTINGS whatever it receives; a TLS server
+ * answers the non-ClientHello with an alert record or closes the connection.
+ * A busy server that has not answered within timeout_ms is PEER_UNKNOWN,
+ * so load never reads as a mismatch. */
+static peer_kind probe_peer(const char *target, int timeout_ms) {
+  static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                                "\0\0\0\x04\0\0\0\0\0"; /* + SETTINGS, empty */
+  int fd = connect_target(target, timeout_ms);
+  if (fd < 0) return PEER_UNKNOWN;
+  peer_kind kind = PEER_UNKNOWN;
+  unsigned char hdr[9];
+  size_t got = 0;
+  uint64_t end = gs__now_ms() + (uint64_t)timeout_ms;
+  if (send(fd, preface, sizeof preface - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof preface - 1)) {
+    close(fd);
+    return PEER_UNKNOWN;
+  }
+  for (;;) {
+    uint64_t now = gs__now_ms();
+    if (now >= end) break;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int pr = poll(&pfd, 1, (int)(end - now));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) break;
+    ssize_t n = recv(fd, hdr + got, sizeof hdr - got, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) { /* closed (or reset) on the preface, before a byte */
+      if (got == 0 && (n == 0 || errno == ECONNRESET)) kind = PEER_TLS;
+      break;
+    }
+    got += (size_t)n;
+    if (hdr[0] == 0x15 || hdr[0] == 0x16) { /* TLS alert or handshake record */
+      kind = PEER_TLS;
+      break;
+    }
+    if (got == sizeof hdr) {
+      if (hdr[3] == 0x04 && !(hdr[4] & 0x01)) kind = PEER_H2_CLEAR; /* SETTINGS, not ACK */
+      break;
+    }
+  }
+  close(fd);
+  return kind;
 }
 
 int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
@@ -317,29 +374,42 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
      * saying every few seconds why (refused, unreachable, unresolvable). */
     if (code != GRPC_STATUS_UNAVAILABLE || gs__now_ms() + 200 >= end) break;
     now = gs__now_ms();
-    /* Something accepts TCP connections there, but gRPC cannot set up a
-     * connection: a TLS mismatch, which waiting will not cure. */
-    if (!strstr(details, "Connection refused") && !strstr(details, "DNS") &&
-        tcp_reachable(c->target)) {
+    /* Something there, but gRPC cannot set up a connection: ask it what it
+     * speaks. A TLS mismatch is reported at once (waiting will not cure
+     * it); a TLS rank whose handshakes with a TLS coordinator keep failing
+     * has certificates that do not fit; anything undecided (a busy server)
+     * waits on. */
+    peer_kind peer = PEER_UNKNOWN;
+    int probe_ms = end > now + 200 ? (int)((end - now - 200) / 2) : 0;
+    if (probe_ms > PROBE_MS) probe_ms = PROBE_MS;
+    if (probe_ms > 0 && !strstr(details, "Connection refused") && !strstr(details, "DNS"))
+      peer = probe_peer(c->target, probe_ms);
+    const char *why = NULL;
+    if (!c->tls && peer == PEER_TLS)
+      why = "the coordinator serves TLS (gradsyncd --tls-cert) and this rank speaks plaintext; "
+            "set GRADSYNC_TLS_CA (and GRADSYNC_TLS_CERT/KEY under mTLS)";
+    else if (c->tls && peer == PEER_H2_CLEAR)
+      why = "the coordinator serves plaintext and this rank speaks TLS (GRADSYNC_TLS_CA is "
+            "set); start gradsyncd with --tls-cert/--tls-key or unset GRADSYNC_TLS_CA, "
+            "GRADSYNC_TLS_CERT and GRADSYNC_TLS_KEY";
+    if (c->tls && peer == PEER_TLS) {
       if (!handshake_fail_since) handshake_fail_since = now;
-      if (now - handshake_fail_since >= HANDSHAKE_GIVEUP_MS) {
-        free(buf);
-        snprintf(err, errlen,
-                 "reached %s, but the connection to the coordinator could not be set up (%s). "
-                 "This is a TLS mismatch: %s",
-                 c->target, details,
-                 c->tls ? "the coordinator serves plaintext, does not trust this rank's "
-                          "certificate, requires one (mTLS: set GRADSYNC_TLS_CERT and "
-                          "GRADSYNC_TLS_KEY), or its certificate does not match GRADSYNC_TLS_CA "
-                          "or the address"
-                        : "the coordinator serves TLS (gradsyncd --tls-cert) and this rank "
-                          "speaks plaintext; set GRADSYNC_TLS_CA (and GRADSYNC_TLS_CERT/KEY "
-                          "under mTLS)");
-        return GS__ERR_UNAUTHENTICATED;
-      }
+      if (now - handshake_fail_since >= HANDSHAKE_GIVEUP_MS)
+        why = "the coordinator does not trust this rank's certificate, requires one (mTLS: set "
+              "GRADSYNC_TLS_CERT and GRADSYNC_TLS_KEY), or its certificate does not match "
+              "GRADSYNC_TLS_CA or the address";
     } else {
       handshake_fail_since = 0;
     }
+    if (why) {
+      free(buf);
+      snprintf(err, errlen,
+               "reached %s, but the connection to the coordinator could not be set up (%s). "
+               "This is a TLS mismatch: %s",
+               c->target, details, why);
+      return GS__ERR_UNAUTHENTICATED;
+    }
+    now = gs__now_ms();
     if (now >= next_report) {
       GS_LOG_WARN("rank %d: waiting for the coordinator at %s for %llu s (%s); retrying for "
                   "another %llu s (GRADSYNC_JOIN_TIMEOUT_MS)",

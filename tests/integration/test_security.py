@@ -590,17 +590,21 @@ def test_tls_and_mtls():
         d, addr = start_gradsyncd(args, {"GRADSYNC_JOB_TOKEN": token})
         expect("TLS on" in output(d), "gradsyncd did not say TLS is on", d)
         # misconfigured ranks first: they must fail fast
-        bad_envs = [("plaintext", {"GRADSYNC_JOB_TOKEN": token})]
+        bad_envs = [("plaintext", {"GRADSYNC_JOB_TOKEN": token},
+                     "the coordinator serves TLS (gradsyncd --tls-cert) and this rank speaks "
+                     "plaintext; set GRADSYNC_TLS_CA")]
         if mtls:
             bad_envs.append(("no client certificate",
-                             {"GRADSYNC_JOB_TOKEN": token, "GRADSYNC_TLS_CA": c["ca.crt"]}))
-        for what, env in bad_envs:
+                             {"GRADSYNC_JOB_TOKEN": token, "GRADSYNC_TLS_CA": c["ca.crt"]},
+                             "requires one (mTLS: set GRADSYNC_TLS_CERT and GRADSYNC_TLS_KEY)"))
+        for what, env, says in bad_envs:
             t0 = time.time()
             p = start_rank(addr, 0, 2, ["ops"], env)
             code = wait_exit(p, 60)
             took = time.time() - t0
             text = output(p)
-            expect(code != 0 and "TLS" in text, "%s worker: exit %s" % (what, code), p)
+            expect(code != 0 and "This is a TLS mismatch: " in text and says in text,
+                   "%s worker: exit %s" % (what, code), p)
             expect(took < 20, "%s worker failed only after %.1f s (join timeout 30 s)" %
                    (what, took), p)
             print("tls: %s worker against %s failed after %.1f s" %
@@ -619,6 +623,19 @@ def test_tls_and_mtls():
         ranks = [start_rank(addr, r, 2, ["ops"], env) for r in range(2)]
         expect_ops_passed(ranks)
         kill_all()
+    # a TLS rank against a plaintext coordinator: as fast, saying which side is which
+    d, addr = start_gradsyncd(["--world-size", "2"], {"GRADSYNC_JOB_TOKEN": token})
+    t0 = time.time()
+    p = start_rank(addr, 0, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token,
+                                          "GRADSYNC_TLS_CA": c["ca.crt"]})
+    code = wait_exit(p, 60)
+    took = time.time() - t0
+    expect(code != 0 and "This is a TLS mismatch: the coordinator serves plaintext and this "
+           "rank speaks TLS (GRADSYNC_TLS_CA is set)" in output(p),
+           "TLS worker against plaintext: exit %s" % code, p)
+    expect(took < 20, "TLS worker against plaintext failed only after %.1f s" % took, p)
+    print("tls: TLS worker against plaintext failed after %.1f s" % took)
+    kill_all()
 
 
 TESTS = [test_token_required_everywhere, test_gradsync_run_token, test_listen_refusals,
