@@ -1,5 +1,5 @@
-/* Secrets of a job (see secret.h): OpenSSL's RAND, CRYPTO_memcmp, SHA-256
- * and HMAC behind gradsync's own names. */
+/* Secrets of a job (see secret.h): OpenSSL's RAND, CRYPTO_memcmp, SHA-256,
+ * HMAC and PEM/X.509 parsing behind gradsync's own names. */
 #include "secret.h"
 
 #include <errno.h>
@@ -7,11 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/bio.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/x509.h>
 
 #include "status.h"
 
@@ -143,4 +147,98 @@ int gs__token_generate(char out[65]) {
   gs__hex(b, sizeof b, out);
   OPENSSL_cleanse(b, sizeof b);
   return GS__OK;
+}
+
+/* OpenSSL's reason for the last failure on this thread (and its queue
+ * emptied), or "no details". */
+static const char *openssl_reason(char *buf, size_t len) {
+  unsigned long e = ERR_peek_last_error();
+  if (e)
+    ERR_error_string_n(e, buf, len);
+  else
+    snprintf(buf, len, "no details");
+  ERR_clear_error();
+  return buf;
+}
+
+/* Never prompts for a passphrase (gRPC cannot use an encrypted key). */
+static int no_passphrase(char *buf, int size, int rwflag, void *u) {
+  (void)buf, (void)size, (void)rwflag, (void)u;
+  return -1;
+}
+
+/* ASN1_TIME as "2027-01-31 12:00:00 UTC" into out. */
+static void asn1_time_text(const ASN1_TIME *t, char *out, size_t len) {
+  struct tm tm;
+  if (t && ASN1_TIME_to_tm(t, &tm) == 1)
+    strftime(out, len, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  else
+    snprintf(out, len, "(unknown)");
+}
+
+int gs__tls_pem_check(const char *cert_pem, const char *cert_file, const char *key_pem,
+                      const char *key_file, const char *ca_pem, const char *ca_file, char *about,
+                      size_t aboutlen, char *err, size_t errlen) {
+  char why[256], subject[256], expires[64];
+  int rc = GS__ERR_INVALID_ARG;
+  X509 *leaf = NULL, *ca = NULL;
+  EVP_PKEY *key = NULL;
+  ERR_clear_error();
+  BIO *b = BIO_new_mem_buf(cert_pem, -1);
+  if (b) leaf = PEM_read_bio_X509(b, NULL, no_passphrase, NULL);
+  BIO_free(b);
+  if (!leaf) {
+    snprintf(err, errlen,
+             "--tls-cert %s holds no readable certificate (OpenSSL: %s); it must start with the "
+             "server's PEM certificate (-----BEGIN CERTIFICATE-----), then any intermediates",
+             cert_file, openssl_reason(why, sizeof why));
+    goto out;
+  }
+  X509_NAME_oneline(X509_get_subject_name(leaf), subject, sizeof subject);
+  asn1_time_text(X509_get0_notAfter(leaf), expires, sizeof expires);
+  if (X509_cmp_current_time(X509_get0_notAfter(leaf)) <= 0) {
+    snprintf(err, errlen,
+             "--tls-cert %s: the certificate %s expired on %s; put a current certificate (and "
+             "its key) in place",
+             cert_file, subject, expires);
+    goto out;
+  }
+  b = BIO_new_mem_buf(key_pem, -1);
+  if (b) key = PEM_read_bio_PrivateKey(b, NULL, no_passphrase, NULL);
+  BIO_free(b);
+  if (!key) {
+    snprintf(err, errlen,
+             "--tls-key %s holds no readable private key (OpenSSL: %s); it must be an "
+             "unencrypted PEM key (openssl pkey -in KEY -out KEY.plain removes a passphrase)",
+             key_file, openssl_reason(why, sizeof why));
+    goto out;
+  }
+  if (X509_check_private_key(leaf, key) != 1) {
+    ERR_clear_error();
+    snprintf(err, errlen,
+             "--tls-key %s does not belong to the certificate in --tls-cert %s (%s): put the key "
+             "that was issued with this certificate in place",
+             key_file, cert_file, subject);
+    goto out;
+  }
+  if (ca_pem) {
+    b = BIO_new_mem_buf(ca_pem, -1);
+    if (b) ca = PEM_read_bio_X509(b, NULL, no_passphrase, NULL);
+    BIO_free(b);
+    if (!ca) {
+      snprintf(err, errlen,
+               "--tls-client-ca %s holds no readable CA certificate (OpenSSL: %s); it must hold "
+               "the PEM certificates of the CAs that sign the ranks' client certificates",
+               ca_file, openssl_reason(why, sizeof why));
+      goto out;
+    }
+  }
+  snprintf(about, aboutlen, "certificate %s, expires %s", subject, expires);
+  rc = GS__OK;
+out:
+  X509_free(leaf);
+  X509_free(ca);
+  EVP_PKEY_free(key);
+  ERR_clear_error();
+  return rc;
 }

@@ -1,5 +1,5 @@
 /* Secrets of a job: random bytes, constant-time comparison, HMAC-SHA256,
- * hex, and job tokens read from files. The one place OpenSSL's crypto
+ * hex, job tokens read from files, and TLS files checked. The one place OpenSSL's crypto
  * library is called; its errors become gradsync statuses here. Pure apart
  * from reading a token file; any thread. */
 #ifndef GS_COMMON_SECRET_H
@@ -36,6 +36,17 @@ int gs__token_read_file(const char *path, char *out, char *err, size_t errlen);
  * GS__OK, or GS__ERR_INVALID_ARG with a message naming what (e.g.
  * "GRADSYNC_TLS_CA") and the file. */
 int gs__pem_read(const char *path, const char *what, char **out, char *err, size_t errlen);
+/* Checks the PEM text of a TLS server certificate chain, its private key
+ * and (may be NULL) the client CA bundle with OpenSSL before gRPC gets
+ * them: the chain's first certificate parses and has not expired, the key
+ * parses (unencrypted) and belongs to that certificate, the CA bundle holds
+ * at least one certificate. The *_file names are for the messages only.
+ * GS__OK with a one-line description of the certificate (subject, expiry)
+ * in about; else GS__ERR_INVALID_ARG with a message in err that names the
+ * file at fault and what to do. Any thread. */
+int gs__tls_pem_check(const char *cert_pem, const char *cert_file, const char *key_pem,
+                      const char *key_file, const char *ca_pem, const char *ca_file, char *about,
+                      size_t aboutlen, char *err, size_t errlen);
 /* A fresh random token (64 hex digits) into out (65 bytes). */
 int gs__token_generate(char out[65]);
 

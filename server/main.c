@@ -40,8 +40,29 @@ enum { EXIT_JOB_FAILED = 3 };
 typedef struct stop_state {
   sigset_t set; /* the signals the loop collects */
   gs__coordinator *co;
+  gs__server *s;
+  const gs__server_opts *so;
   int grace_s;
 } stop_state;
+
+/* SIGHUP: the TLS files again; a file that fails the checks changes
+ * nothing. */
+static void reload_tls(stop_state *st) {
+  char about[512], err[1024];
+  int rc = gs__server_reload_tls(st->s, about, sizeof about, err, sizeof err);
+  if (rc == GS__ERR_UNSUPPORTED)
+    GS_LOG_WARN("received SIGHUP: nothing to reload: %s", err);
+  else if (rc)
+    GS_LOG_ERROR("received SIGHUP: the TLS files were NOT reloaded: %s. Correct the file and "
+                 "send SIGHUP again; until then new connections get the previous certificate",
+                 err);
+  else
+    GS_LOG_INFO("received SIGHUP: reloaded the TLS files (--tls-cert %s, --tls-key %s%s%s): %s; "
+                "new connections get them, open sessions keep theirs",
+                st->so->tls_cert, st->so->tls_key,
+                st->so->tls_client_ca ? ", --tls-client-ca " : "",
+                st->so->tls_client_ca ? st->so->tls_client_ca : "", about);
+}
 
 /* Polled by the event loop: a stop signal, or (one job) the job is over. */
 static int should_stop(void *arg) {
@@ -55,9 +76,7 @@ static int should_stop(void *arg) {
                   sig == SIGINT ? "SIGINT" : "SIGTERM", st->grace_s);
       return 1;
     }
-    if (sig == SIGHUP)
-      GS_LOG_WARN("received SIGHUP: ignored (TLS files are read at start only; restart "
-                  "gradsyncd to use new certificates)");
+    if (sig == SIGHUP) reload_tls(st);
   }
   return gs__coordinator_outcome(st->co) != GS__JOB_RUNNING;
 }
@@ -186,7 +205,7 @@ int main(int argc, char **argv) {
   gs__settings_describe(&cfg, GS__FOR_SERVER, line, sizeof line);
   GS_LOG_INFO("settings: %s", line);
 
-  /* Block the stop signals (and SIGHUP, reload) before gRPC starts threads
+  /* Block the stop signals (and SIGHUP, TLS reload) before gRPC starts threads
    * so they inherit the mask; the event loop collects them with
    * sigtimedwait. */
   stop_state stop = {.grace_s = (int)gs__settings_int(&cfg, GS__S_SHUTDOWN_GRACE)};
@@ -269,6 +288,8 @@ int main(int argc, char **argv) {
     GS_LOG_INFO("TLS on (%s)", so.tls_client_ca ? "mTLS: client certificates required"
                                                 : "server certificate only");
   stop.co = co;
+  stop.s = s;
+  stop.so = &so;
   gs__server_run(s, should_stop, &stop);
   rc = gs__coordinator_outcome(co) == GS__JOB_FAILED ? EXIT_JOB_FAILED : 0;
   goto out_destroy;

@@ -29,6 +29,7 @@
 #include "log.h"
 #include "secret.h"
 #include "status.h"
+#include "tls_files.h"
 
 #define MAX_METHODS 64
 #define MAX_SERVICES 16
@@ -114,6 +115,7 @@ struct gs__server {
   int shutdown_done;
   size_t live_calls;
   tag t_shutdown;
+  gs__tls_files *tls; /* NULL: plaintext */
 };
 
 static void call_request(gs__server *s, int idx);
@@ -599,45 +601,42 @@ int gs__server_add_service(gs__server *s, const gs__service *svc) {
   return GS__OK;
 }
 
-/* Server credentials: TLS (mTLS with a client CA) from PEM files, or
- * plaintext. */
-static int server_credentials(const gs__server_opts *o, grpc_server_credentials **out, char *err,
+/* Server credentials: TLS (mTLS with a client CA) from PEM files that a
+ * reload can replace (tls_files.h), or plaintext. */
+static int server_credentials(gs__server *s, grpc_server_credentials **out, char *err,
                               size_t errlen) {
   *out = NULL;
-  if (!o->tls_cert) {
+  if (!s->o.tls_cert) {
     *out = grpc_insecure_server_credentials_create();
     return GS__OK;
   }
-  char *cert = NULL, *key = NULL, *ca = NULL;
-  int rc = gs__pem_read(o->tls_cert, "--tls-cert", &cert, err, errlen);
-  if (!rc) rc = gs__pem_read(o->tls_key, "--tls-key", &key, err, errlen);
-  if (!rc && o->tls_client_ca)
-    rc = gs__pem_read(o->tls_client_ca, "--tls-client-ca", &ca, err, errlen);
-  if (!rc) {
-    grpc_ssl_pem_key_cert_pair pair = {key, cert};
-    *out = grpc_ssl_server_credentials_create_ex(
-        ca, &pair, 1,
-        ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
-    if (!*out) {
-      snprintf(err, errlen, "gRPC refused the TLS files (--tls-cert %s, --tls-key %s)", o->tls_cert,
-               o->tls_key);
-      rc = GS__ERR_INVALID_ARG;
-    }
+  char about[512];
+  int rc = gs__tls_files_create(s->o.tls_cert, s->o.tls_key, s->o.tls_client_ca, &s->tls, about,
+                                sizeof about, err, errlen);
+  if (rc) return rc;
+  *out = gs__tls_files_credentials(s->tls);
+  if (!*out) {
+    snprintf(err, errlen, "gRPC refused the TLS files (--tls-cert %s, --tls-key %s)", s->o.tls_cert,
+             s->o.tls_key);
+    return GS__ERR_INVALID_ARG;
   }
-  free(cert);
-  free(ca);
-  if (key) {
-    memset(key, 0, strlen(key));
-    free(key);
+  GS_LOG_INFO("TLS: %s (--tls-cert %s); SIGHUP reloads the TLS files", about, s->o.tls_cert);
+  return GS__OK;
+}
+
+int gs__server_reload_tls(gs__server *s, char *about, size_t aboutlen, char *err, size_t errlen) {
+  if (!s->tls) {
+    snprintf(err, errlen,
+             "gradsyncd serves without TLS (no --tls-cert/--tls-key): there are no TLS files to "
+             "reload; TLS can only be turned on by a restart");
+    return GS__ERR_UNSUPPORTED;
   }
-  return rc;
+  return gs__tls_files_reload(s->tls, about, aboutlen, err, errlen);
 }
 
 int gs__server_start(gs__server *s, char *err, size_t errlen) {
   grpc_server_credentials *creds = NULL;
-  int rc = server_credentials(&s->o, &creds, err, errlen);
+  int rc = server_credentials(s, &creds, err, errlen);
   if (rc) return rc;
   s->port = grpc_server_add_http2_port(s->server, s->listen, creds);
   grpc_server_credentials_release(creds);
@@ -755,6 +754,9 @@ void gs__server_destroy(gs__server *s) {
     }
     grpc_completion_queue_destroy(s->cq);
   }
+  /* gRPC's fetcher may be asked for a config until the listener is gone
+   * with the server. */
+  gs__tls_files_destroy(s->tls);
   free(s->listen);
   free(s->token);
   free(s);

@@ -93,6 +93,12 @@ int gs__server_create(const gs__server_opts *opts, gs__server **out, char *err, 
 int gs__server_add_service(gs__server *s, const gs__service *svc);
 /* Binds the listen address and starts serving. */
 int gs__server_start(gs__server *s, char *err, size_t errlen);
+/* Re-reads the TLS files (--tls-cert, --tls-key, --tls-client-ca): GS__OK
+ * and new connections get them (about describes the certificate), or an
+ * error in err and the previous files stay in use (GS__ERR_UNSUPPORTED: the
+ * server has no TLS). Open connections keep their certificate. Queue
+ * thread; reads three small local files. */
+int gs__server_reload_tls(gs__server *s, char *about, size_t aboutlen, char *err, size_t errlen);
 /* The bound port (0 before start). */
 int gs__server_port(const gs__server *s);
 /* Runs the event loop on the calling thread. should_stop is polled at least

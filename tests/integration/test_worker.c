@@ -539,6 +539,21 @@ static int mode_hold(gs_ctx *ctx, long ms) {
   return 0;
 }
 
+/* Like hold, but until the driver creates PATH (at most 300 s): the job
+ * stays mid-step for as long as the driver needs, however loaded the
+ * machine. */
+static int mode_hold_file(gs_ctx *ctx, const char *path) {
+  printf("hold-file: rank %d of %d joined; waiting for %s\n", g_rank, g_size, path);
+  fflush(stdout);
+  for (int waited = 0; access(path, F_OK) != 0; waited += 50) {
+    if (waited >= 300000) wu_die("hold-file: %s did not appear within 300 s", path);
+    sleep_ms(50);
+  }
+  one_allreduce(ctx, "hold/tensor");
+  printf("hold: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
+}
+
 /* ---- negotiation modes (driven by test_negotiation.c) ----------------------- */
 
 static void submitted_or_die(gs_ctx *ctx, gs_status s, const char *name, const char *call) {
@@ -1457,7 +1472,8 @@ static int mode_kv(gs_ctx *ctx) {
 
 static void usage(void) {
   fprintf(stderr, "usage: gs-test-worker ops [ROUNDS] | random-order [SEED] | mismatch |\n"
-                  "                      hold MS | join | exit-code RANK CODE | mismatch-all |\n"
+                  "                      hold MS | hold-file PATH | join | exit-code RANK CODE | "
+                  "mismatch-all |\n"
                   "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
                   "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
                   "                      join-steps STEPS | duplicate | model-diff N |\n"
@@ -1520,6 +1536,11 @@ int main(int argc, char **argv) {
     if (argc != 3) usage();
     gs_ctx *ctx = join_or_die();
     rc = mode_hold(ctx, atol(argv[2]));
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "hold-file") == 0) {
+    if (argc != 3) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_hold_file(ctx, argv[2]);
     shutdown_or_die(ctx);
   } else if (strcmp(mode, "mismatch-all") == 0) {
     gs_ctx *ctx = join_or_die();
