@@ -34,6 +34,13 @@ img_wk=localhost/gradsync-train:test-$tag
 img_bd=localhost/gradsync-build:test-$tag
 containers=()
 tmp=$(mktemp -d /tmp/gs-container.XXXXXX)
+# The host's apt archive (scripts/install-deps.sh filled it) as an overlay
+# for the image builds and the .deb's root: apt takes the packages it
+# already holds instead of downloading them again, and whatever apt writes
+# or deletes there stays in the overlay. GRADSYNC_APT_ARCHIVE= turns it off.
+archive=${GRADSYNC_APT_ARCHIVE-/var/cache/apt/archives}
+APT=()
+[ -n "$archive" ] && [ -d "$archive" ] && APT=(-v "$archive:/var/cache/apt/archives:O")
 
 say() { echo "container-test: $*"; }
 skip() {
@@ -113,7 +120,7 @@ lap "base images"
 
 # ---- 2. the images -------------------------------------------------------------------
 build_image() {
-  "${P[@]}" build --format docker --pull=never "${RUN[@]}" \
+  "${P[@]}" build --format docker --pull=never "${RUN[@]}" "${APT[@]}" \
     -f "$src/docker/Dockerfile" "$@" "$src" >"$tmp/build.log" 2>&1 || {
     tail -40 "$tmp/build.log"
     fail "podman build $* failed"
@@ -136,7 +143,7 @@ mkdir -p "$tmp/deb"
 "${P[@]}" rm -f "gs-debx-$tag" >/dev/null
 ls "$tmp"/deb/gradsync_*.deb >/dev/null 2>&1 || fail "the build stage made no gradsync_*.deb"
 containers+=("gs-deb-$tag")
-"${P[@]}" run --name "gs-deb-$tag" "${RUN[@]}" -v "$tmp/deb:/deb:ro" docker.io/library/debian:12-slim \
+"${P[@]}" run --name "gs-deb-$tag" "${RUN[@]}" "${APT[@]}" -v "$tmp/deb:/deb:ro" docker.io/library/debian:12-slim \
   sh -ec 'apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends /deb/gradsync_*.deb >/dev/null
     gradsyncd --help >/dev/null
