@@ -117,9 +117,13 @@ int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, siz
       gs__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0),
       gs__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20),
       /* A coordinator that is not up yet is found within 2 s of starting
-       * (gRPC's default backoff grows to 120 s). */
+       * (gRPC's default backoff grows to 120 s). Not
+       * GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC 1.51 takes it as the
+       * shortest time a connection attempt may take (default 20 s), and at
+       * 250 ms a TLS handshake with a busy coordinator (many ranks joining,
+       * a loaded host, valgrind) was cut off on every attempt until
+       * GRADSYNC_JOIN_TIMEOUT_MS ran out ("tcp handshaker shutdown"). */
       gs__int_arg(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250),
-      gs__int_arg(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250),
       gs__int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000),
   };
   grpc_channel_args ca = {sizeof args / sizeof *args, args};
