@@ -5,8 +5,10 @@
  * across several chunks) for 2, 3 and 4 local ranks, and broadcast from
  * every root, checked element by element against a reference computed here
  * (inputs are small integers, so every summation order gives the same
- * exact result). Hierarchical: 2 "hosts" of ranks (threads), each host its
- * own segment, the leaders joined by a real TCP ring on 127.0.0.1.
+ * exact result), each plain and with a postscale finished inside the
+ * reduction (allreduce_scaled). Hierarchical: 2 "hosts" of ranks
+ * (threads), each host its own segment, the leaders joined by a real TCP
+ * ring on 127.0.0.1 (also in deterministic mode).
  * Faults (forked ranks, real processes): abort wakes a waiter; a peer that
  * never comes times out naming it; kill -9 of a rank mid-job makes its
  * peer fail within a bounded time naming it; kill -9 of the leader right
@@ -159,6 +161,7 @@ typedef struct tjob {
   int nhosts; /* 1, or 2: ranks [0, size/2) and [size/2, size) */
   char seg[2][128];
   int leader_port_key; /* distinct kv prefix per job */
+  int deterministic;   /* the leaders' ring reduces in rank order */
   atomic_int failures;
   char first_failure[1024];
   pthread_mutex_t mu;
@@ -254,7 +257,8 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
                             .connect_timeout_ms = HANG_GUARD_MS,
                             .io_timeout_ms = HANG_GUARD_MS,
                             .kv = {NULL, kv_set, kv_get},
-                            .ring_key = k_key};
+                            .ring_key = k_key,
+                            .deterministic = j->deterministic};
     gs__backend *leaders = NULL;
     if (gs__tcp_ring_create(&ro, &leaders, err, errlen) != GS__OK) {
       gs__backend_destroy(b);
@@ -286,29 +290,41 @@ static void *correctness_rank(void *arg) {
   }
   size_t maxn = 1u << 20; /* > the largest size_of, and the broadcasts' bytes */
   char *buf = malloc(maxn * 8), *want = malloc(maxn * 8);
-  for (int dt = 0; dt < GS__DTYPE_COUNT; dt++)
-    for (int op = 0; op < GS__ADASUM; op++)
-      for (int k = 0; k < NSIZES; k++) {
-        size_t n = size_of(k, (gs__dtype)dt), es = gs__dtype_size((gs__dtype)dt);
-        for (size_t i = 0; i < n; i++) {
-          set_val(buf, (gs__dtype)dt, i, input((gs__dtype)dt, (gs__reduce_op)op, t->rank, i));
-          expect_val(want, (gs__dtype)dt, (gs__reduce_op)op, j->size, i);
-        }
-        int rc = b->v->allreduce(b, n ? buf : NULL, n, (gs__dtype)dt, (gs__reduce_op)op, err,
-                                 sizeof err);
-        if (rc) {
-          record(j, "rank %d: allreduce %s %s n=%zu failed: %s", t->rank,
-                 gs__dtype_name((gs__dtype)dt), gs__reduce_op_name((gs__reduce_op)op), n, err);
-          goto out;
-        }
-        for (size_t i = 0; i < n; i++)
-          if (memcmp(buf + i * es, want + i * es, es)) {
-            record(j, "rank %d of %d (%d hosts): allreduce %s %s n=%zu: element %zu differs",
-                   t->rank, j->size, j->nhosts, gs__dtype_name((gs__dtype)dt),
-                   gs__reduce_op_name((gs__reduce_op)op), n, i);
+  /* plain, then with a postscale applied inside the reduction
+   * (allreduce_scaled): the reference is the exact reduction, divided for
+   * an average, then gs__scale's arithmetic (16-bit floats rounded before
+   * the factor, integers truncated) */
+  for (int scaled = 0; scaled < 2; scaled++)
+    for (int dt = 0; dt < GS__DTYPE_COUNT; dt++)
+      for (int op = 0; op < GS__ADASUM; op++)
+        for (int k = 0; k < NSIZES; k++) {
+          size_t n = size_of(k, (gs__dtype)dt), es = gs__dtype_size((gs__dtype)dt);
+          double factor = scaled ? 0.37 : 1.0;
+          for (size_t i = 0; i < n; i++) {
+            set_val(buf, (gs__dtype)dt, i, input((gs__dtype)dt, (gs__reduce_op)op, t->rank, i));
+            expect_val(want, (gs__dtype)dt, (gs__reduce_op)op, j->size, i);
+          }
+          if (scaled) gs__scale(want, n, (gs__dtype)dt, factor);
+          int rc = scaled ? b->v->allreduce_scaled(b, n ? buf : NULL, n, (gs__dtype)dt,
+                                                   (gs__reduce_op)op, factor, err, sizeof err)
+                          : b->v->allreduce(b, n ? buf : NULL, n, (gs__dtype)dt, (gs__reduce_op)op,
+                                            err, sizeof err);
+          if (rc) {
+            record(j, "rank %d: allreduce%s %s %s n=%zu failed: %s", t->rank,
+                   scaled ? "_scaled" : "", gs__dtype_name((gs__dtype)dt),
+                   gs__reduce_op_name((gs__reduce_op)op), n, err);
             goto out;
           }
-      }
+          for (size_t i = 0; i < n; i++)
+            if (memcmp(buf + i * es, want + i * es, es)) {
+              record(j,
+                     "rank %d of %d (%d hosts): allreduce%s %s %s n=%zu: element %zu differs "
+                     "from the reference",
+                     t->rank, j->size, j->nhosts, scaled ? "_scaled (postscale 0.37)" : "",
+                     gs__dtype_name((gs__dtype)dt), gs__reduce_op_name((gs__reduce_op)op), n, i);
+              goto out;
+            }
+        }
   /* broadcast from every root, odd lengths across chunks */
   size_t lens[] = {1, 4099, (1u << 19) + 17};
   for (int root = 0; root < j->size; root++)
@@ -335,7 +351,7 @@ out:
   return NULL;
 }
 
-static void run_threads(int size, int nhosts) {
+static void run_threads_det(int size, int nhosts, int deterministic) {
   static int job_no;
   tjob j;
   memset(&j, 0, sizeof j);
@@ -343,6 +359,7 @@ static void run_threads(int size, int nhosts) {
   j.size = size;
   j.nhosts = nhosts;
   j.leader_port_key = job_no++;
+  j.deterministic = deterministic;
   for (int h = 0; h < nhosts; h++) seg_name(j.seg[h], sizeof j.seg[h]);
   pthread_t th[8];
   trank tr[8];
@@ -354,6 +371,10 @@ static void run_threads(int size, int nhosts) {
   if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
   for (int h = 0; h < nhosts; h++) assert_false(seg_exists(j.seg[h]));
   pthread_mutex_destroy(&j.mu);
+}
+
+static void run_threads(int size, int nhosts) {
+  run_threads_det(size, nhosts, 0);
 }
 
 static void test_every_dtype_op_2(void **state) {
@@ -375,6 +396,13 @@ static void test_every_dtype_op_4(void **state) {
 static void test_hierarchical_2x2(void **state) {
   (void)state;
   run_threads(4, 2);
+}
+
+/* the leaders' ring in deterministic mode (its own finish path, float32
+ * workspace into 16-bit results) */
+static void test_hierarchical_2x2_deterministic(void **state) {
+  (void)state;
+  run_threads_det(4, 2, 1);
 }
 
 static void test_hierarchical_2x1(void **state) {
@@ -594,6 +622,7 @@ int main(void) {
       cmocka_unit_test(test_every_dtype_op_4),
       cmocka_unit_test(test_hierarchical_2x2),
       cmocka_unit_test(test_hierarchical_2x1),
+      cmocka_unit_test(test_hierarchical_2x2_deterministic),
       cmocka_unit_test(test_kill9_peer),
       cmocka_unit_test(test_kill9_leader_before_attach),
       cmocka_unit_test(test_peer_never_attaches),

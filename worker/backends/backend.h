@@ -257,6 +257,18 @@ void gs__host_free(void *p);
  * Returns when both neighbours are connected, or fails after
  * connect_timeout_ms naming the rank(s) not reached. size 1 needs no peer. */
 int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *err, size_t errlen);
+/* The ring's allreduce with its finish given explicitly, for the leaders'
+ * step of the hierarchical transport (whose average divides by the job's
+ * size, not the ring's): work (count elements of work_dt) is reduced with
+ * op (SUM, MIN, MAX, PRODUCT: not AVERAGE), each owned block divided by
+ * divisor (>= 1) and multiplied by factor in the last reduce-scatter step
+ * and written to out (out_dt), where the allgather runs. out_dt ==
+ * work_dt (out may be work), or work_dt float32 and out_dt float16/
+ * bfloat16 (rounded once there; out distinct from work). Deterministic
+ * rings reduce in rank order as always. b must be a tcp ring backend. */
+int gs__tcp_ring_allreduce_into(gs__backend *b, void *work, gs__dtype work_dt, void *out,
+                                gs__dtype out_dt, size_t count, gs__reduce_op op, int divisor,
+                                double factor, char *err, size_t errlen);
 int gs__nccl_create(const gs__nccl_opts *opts, gs__backend **out, char *err, size_t errlen);
 /* NCCL rendezvous (nccl.c): rank 0 makes a unique id and stores it under
  * "<prefix>nccl/id"; the others wait for it up to timeout_ms. id receives

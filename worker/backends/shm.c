@@ -163,9 +163,10 @@ static char *result(shm *s, int b) {
 }
 
 /* Start of local rank i's slice of a chunk of n elements: cut in equal
- * parts rounded to 16 elements, so that slices never share a cache line. */
+ * parts rounded to 32 elements, so that slices never share a cache line
+ * (the result of a 16-bit reduction has 2-byte elements). */
 static size_t slice_off(size_t n, int L, int i) {
-  size_t per = round_up((n + (size_t)L - 1) / (size_t)L, 16), o = per * (size_t)i;
+  size_t per = round_up((n + (size_t)L - 1) / (size_t)L, 32), o = per * (size_t)i;
   return o < n ? o : n;
 }
 
@@ -315,12 +316,15 @@ static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *
 /* ---- the two phases ------------------------------------------------------- */
 
 /* Reduces count elements of in (in_dt) over the local ranks, in wire dtype
- * wdt (in_dt, or float32 for 16-bit floats), with rop; divides by divisor
- * (> 1) in the slice pass; writes the result to out (out_dt) unless out is
- * NULL (a non-leader of a hierarchical reduce). in and out may alias. */
+ * wdt (in_dt, or float32 for 16-bit floats), with rop; finishes in the
+ * slice pass (divides by divisor >= 1, multiplies by factor, rounds to
+ * out_dt: the result slot holds out_dt values, so the copy out is a plain
+ * copy); writes the result to out (out_dt: wdt, or the 16-bit dtype of a
+ * float32 wdt) unless out is NULL (a non-leader of a hierarchical reduce).
+ * in and out may alias. */
 static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_dt, void *out,
                         gs__dtype out_dt, size_t count, gs__dtype wdt, gs__reduce_op rop,
-                        int divisor, char *err, size_t errlen) {
+                        int divisor, double factor, char *err, size_t errlen) {
   size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
   size_t per_chunk = s->chunk / wes;
   int L = s->nlocal, me = s->me, rc;
@@ -341,8 +345,8 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
         if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
         const void *src[GS__SHM_MAX_LOCAL];
         for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
-        gs__reduce_many((char *)out + off * oes, out_dt, src, (size_t)L, wdt, n, rop,
-                        divisor > 1 ? divisor : 1, 1.0);
+        gs__reduce_many((char *)out + off * oes, out_dt, src, (size_t)L, wdt, n, rop, divisor,
+                        factor);
       }
       post(s, F_DONE, g + 1); /* the slot is free once every rank is done */
       s->g = g + 1;
@@ -353,13 +357,13 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
     if (hi > lo) {
       const void *src[GS__SHM_MAX_LOCAL];
       for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + lo * wes;
-      gs__reduce_many(result(s, b) + lo * wes, wdt, src, (size_t)L, wdt, hi - lo, rop,
-                      divisor > 1 ? divisor : 1, 1.0);
+      gs__reduce_many(result(s, b) + lo * oes, out_dt, src, (size_t)L, wdt, hi - lo, rop, divisor,
+                      factor);
     }
     post(s, F_REDUCED, g + 1);
     if (out) {
       if ((rc = wait_for(s, F_REDUCED, g + 1, 0, L - 1, what, err, errlen))) return rc;
-      convert((char *)out + off * oes, out_dt, result(s, b), wdt, n);
+      memcpy((char *)out + off * oes, result(s, b), n * oes);
     }
     post(s, F_DONE, g + 1);
     s->g = g + 1;
@@ -438,9 +442,12 @@ static int leaders_step(shm *s, int rc, const char *what, char *err, size_t errl
               s->rank, s->host_index, what, detail);
 }
 
-static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
-                            char *err, size_t errlen) {
-  shm *s = (shm *)b;
+/* Allreduce finished inside the reduction: the average's division and the
+ * postscale are applied (and 16-bit floats rounded) to each slice as it is
+ * reduced -- on one host in the shm slice pass, across hosts in the
+ * leaders' ring's last reduce-scatter step -- never in a pass of its own. */
+static int allreduce(shm *s, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                     double postscale, char *err, size_t errlen) {
   int rc = check_usable(s, "allreduce", err, errlen);
   if (rc == GS__OK) rc = gs__host_reduce_args("shm", "allreduce", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
@@ -448,18 +455,24 @@ static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype d
     snprintf(err, errlen, "shm: allreduce: count %zu is too large", count);
     return GS__ERR_INVALID_ARG;
   }
-  if (count == 0 || s->size == 1) return GS__OK;
+  if (count == 0) return GS__OK;
   if (!buf) {
     snprintf(err, errlen, "shm: allreduce: buf is NULL with count %zu", count);
     return GS__ERR_INVALID_ARG;
   }
+  if (s->size == 1) { /* AVERAGE over 1 rank: identity; the postscale still applies */
+    gs__scale(buf, count, dt, postscale);
+    return GS__OK;
+  }
   gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  int divisor = op == GS__AVERAGE ? s->size : 1;
   gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
   if (s->nhosts == 1)
-    return reduce_phase(s, "allreduce", buf, dt, buf, dt, count, wdt, rop,
-                        op == GS__AVERAGE ? s->size : 0, err, errlen);
+    return reduce_phase(s, "allreduce", buf, dt, buf, dt, count, wdt, rop, divisor, postscale, err,
+                        errlen);
 
-  /* hierarchical: host reduce to the leader, leaders' ring, host broadcast */
+  /* hierarchical: host reduce to the leader (in wdt), the leaders' ring
+   * (finishing into buf, in dt), host broadcast of buf (in dt) */
   int leader = s->me == 0;
   void *hb = buf; /* the leader's host sum, in the wire dtype */
   if (leader && wdt != dt && !(hb = workspace(s, count, err, errlen))) {
@@ -467,21 +480,30 @@ static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype d
     return fail(s, GS__ERR_NO_MEMORY, err, errlen, "%s", err);
   }
   if (s->nlocal > 1) {
-    rc = reduce_phase(s, "allreduce", buf, dt, leader ? hb : NULL, wdt, count, wdt, rop, 0, err,
-                      errlen);
+    rc = reduce_phase(s, "allreduce", buf, dt, leader ? hb : NULL, wdt, count, wdt, rop, 1, 1.0,
+                      err, errlen);
     if (rc) return rc;
   } else {
     convert(hb, wdt, buf, dt, count);
   }
   if (leader) {
-    rc = s->leaders->v->allreduce(s->leaders, hb, count, wdt, rop, err, errlen);
+    rc = gs__tcp_ring_allreduce_into(s->leaders, hb, wdt, buf, dt, count, rop, divisor, postscale,
+                                     err, errlen);
     if ((rc = leaders_step(s, rc, "allreduce", err, errlen))) return rc;
-    if (op == GS__AVERAGE) gs__divide(hb, count, wdt, s->size);
   }
   if (s->nlocal > 1)
-    return bcast_phase(s, "allreduce", 0, hb, wdt, buf, dt, count, wdt, err, errlen);
-  convert(buf, dt, hb, wdt, count);
+    return bcast_phase(s, "allreduce", 0, buf, dt, buf, dt, count, dt, err, errlen);
   return GS__OK;
+}
+
+static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                            char *err, size_t errlen) {
+  return allreduce((shm *)b, buf, count, dt, op, 1.0, err, errlen);
+}
+
+static int shm_allreduce_scaled_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
+                                   gs__reduce_op op, double postscale, char *err, size_t errlen) {
+  return allreduce((shm *)b, buf, count, dt, op, postscale, err, errlen);
 }
 
 static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, char *err,
@@ -603,6 +625,7 @@ static const gs__backend_vtbl k_vtbl = {
     .mem_alloc = gs__host_alloc,
     .mem_free = gs__host_free,
     .allreduce = shm_allreduce_vt,
+    .allreduce_scaled = shm_allreduce_scaled_vt,
     .allgatherv = shm_allgatherv_vt,
     .broadcast = shm_broadcast_vt,
     .reducescatter = shm_reducescatter_vt,

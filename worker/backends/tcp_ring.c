@@ -1122,9 +1122,10 @@ static finishing finishing_of(const ring *r, gs__reduce_op op, double postscale)
 }
 
 static int det_reduce(ring *r, const char *what, char *buf, const size_t *offs, gs__dtype dt,
-                      gs__reduce_op op, finishing fin, char *err, size_t errlen);
-static int det_allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
-                         finishing fin, char *err, size_t errlen);
+                      gs__reduce_op op, finishing fin, char *out, gs__dtype out_dt, char *err,
+                      size_t errlen);
+static int det_allreduce(ring *r, char *buf, gs__dtype dt, char *out, gs__dtype out_dt,
+                         size_t count, gs__reduce_op op, finishing fin, char *err, size_t errlen);
 
 /* Ring allreduce over count elements: the reduce-scatter runs on rs (in
  * rs_dt, reduced natively), the block this rank owns is finished as its
@@ -1193,7 +1194,7 @@ static int allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_
   }
   gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
   finishing fin = finishing_of(r, op, postscale);
-  if (r->deterministic) return det_allreduce(r, buf, count, dt, rop, fin, err, errlen);
+  if (r->deterministic) return det_allreduce(r, buf, dt, buf, dt, count, rop, fin, err, errlen);
   if (!is_half(dt)) return ring_allreduce(r, buf, dt, buf, dt, count, rop, fin, err, errlen);
   /* 16-bit floats: reduce in float32 and round once at the end, so the
    * result does not depend on how many partial sums were rounded. */
@@ -1211,6 +1212,40 @@ static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype 
 static int ring_allreduce_scaled_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
                                     gs__reduce_op op, double postscale, char *err, size_t errlen) {
   return allreduce((ring *)b, buf, count, dt, op, postscale, err, errlen);
+}
+
+int gs__tcp_ring_allreduce_into(gs__backend *b, void *work, gs__dtype work_dt, void *out,
+                                gs__dtype out_dt, size_t count, gs__reduce_op op, int divisor,
+                                double factor, char *err, size_t errlen) {
+  if (!b || b->v != &k_vtbl) {
+    snprintf(err, errlen, "tcp ring: allreduce_into called on a %s backend (a gradsync bug)",
+             b ? b->v->name : "NULL");
+    return GS__ERR_INTERNAL;
+  }
+  ring *r = (ring *)b;
+  int rc = check_usable(r, "allreduce", err, errlen);
+  if (rc == GS__OK) rc = gs__host_reduce_args("tcp ring", "allreduce", work_dt, op, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (op == GS__AVERAGE || divisor < 1 ||
+      !(work_dt == out_dt || (work_dt == GS__FLOAT32 && is_half(out_dt))) ||
+      (work == out && work_dt != out_dt) || count > SIZE_MAX / 8 || (count && (!work || !out))) {
+    snprintf(err, errlen,
+             "tcp ring: allreduce_into: invalid arguments (op %s, divisor %d, %s into %s, count "
+             "%zu; a gradsync bug)",
+             gs__reduce_op_name(op), divisor, gs__dtype_name(work_dt), gs__dtype_name(out_dt),
+             count);
+    return GS__ERR_INTERNAL;
+  }
+  if (count == 0) return GS__OK;
+  finishing fin = {divisor, factor};
+  if (r->size == 1) { /* nothing to exchange: the finish alone */
+    const void *src = work;
+    gs__reduce_many(out, out_dt, &src, 1, work_dt, count, op, divisor, factor);
+    return GS__OK;
+  }
+  if (r->deterministic)
+    return det_allreduce(r, work, work_dt, out, out_dt, count, op, fin, err, errlen);
+  return ring_allreduce(r, work, work_dt, out, out_dt, count, op, fin, err, errlen);
 }
 
 /* The reduce-scatter half of the ring, with rank r ending up owning block r
@@ -1275,7 +1310,8 @@ static int ring_reducescatter_vt(gs__backend *b, void *buf, const size_t *counts
   finishing fin = finishing_of(r, op, 1.0);
   size_t es = gs__dtype_size(dt);
   char *own = (char *)buf + offs[r->rank] * es;
-  if (r->deterministic) return det_reduce(r, "reducescatter", buf, offs, dt, rop, fin, err, errlen);
+  if (r->deterministic)
+    return det_reduce(r, "reducescatter", buf, offs, dt, rop, fin, buf, dt, err, errlen);
   if (!is_half(dt)) return ring_reducescatter(r, buf, offs, dt, rop, fin, NULL, dt, err, errlen);
   float *w = workspace(r, total, "reducescatter", err, errlen);
   if (!w) return GS__ERR_NO_MEMORY;
@@ -1425,10 +1461,12 @@ static char *det_scratch(ring *r, size_t bytes, const char *what, char *err, siz
 }
 
 /* Reduces buf (elements offs[0..n], the same on every rank) so that this
- * rank's block offs[rank]..offs[rank+1] holds the finished reduction over
- * ranks in rank order; the other blocks are left as they were. */
+ * rank's block offs[rank]..offs[rank+1] of out (out_dt: dt, or a 16-bit
+ * float for a float32 buf) holds the finished reduction over ranks in rank
+ * order; the other blocks are left as they were. */
 static int det_reduce(ring *r, const char *what, char *buf, const size_t *offs, gs__dtype dt,
-                      gs__reduce_op op, finishing fin, char *err, size_t errlen) {
+                      gs__reduce_op op, finishing fin, char *out, gs__dtype out_dt, char *err,
+                      size_t errlen) {
   int n = r->size, me = r->rank, status = GS__ERR_NO_MEMORY;
   size_t es = gs__dtype_size(dt), nown = offs[me + 1] - offs[me], ob = nown * es;
   uint64_t *m = malloc((size_t)n * (size_t)n * sizeof *m);
@@ -1454,7 +1492,8 @@ static int det_reduce(ring *r, const char *what, char *buf, const size_t *offs, 
   if (status != GS__OK) goto out_free;
   char *own = buf + offs[me] * es;
   for (int q = 0; q < n; q++) srcs[q] = q == me ? own : tmp + roff[q];
-  gs__reduce_many(own, dt, srcs, (size_t)n, dt, nown, op, fin.divisor, fin.factor);
+  gs__reduce_many(out + offs[me] * gs__dtype_size(out_dt), out_dt, srcs, (size_t)n, dt, nown, op,
+                  fin.divisor, fin.factor);
 out_free:
   free(m);
   free(soff);
@@ -1465,10 +1504,12 @@ out_free:
   return status;
 }
 
-static int det_allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
-                         finishing fin, char *err, size_t errlen) {
+/* buf (dt) is reduced in rank order, finished into out (out_dt; may be
+ * buf when the dtypes are equal) and gathered there. */
+static int det_allreduce(ring *r, char *buf, gs__dtype dt, char *out, gs__dtype out_dt,
+                         size_t count, gs__reduce_op op, finishing fin, char *err, size_t errlen) {
   int n = r->size;
-  size_t es = gs__dtype_size(dt);
+  size_t es = gs__dtype_size(out_dt);
   size_t *offs = malloc(((size_t)n + 1) * sizeof *offs), *bytes = malloc((size_t)n * sizeof *bytes);
   int status = GS__ERR_NO_MEMORY;
   if (!offs || !bytes) {
@@ -1477,10 +1518,11 @@ static int det_allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__red
   }
   for (int c = 0; c <= n; c++) offs[c] = chunk_off(count, n, c);
   for (int c = 0; c < n; c++) bytes[c] = (offs[c + 1] - offs[c]) * es;
-  status = det_reduce(r, "allreduce (deterministic)", buf, offs, dt, op, fin, err, errlen);
+  status =
+      det_reduce(r, "allreduce (deterministic)", buf, offs, dt, op, fin, out, out_dt, err, errlen);
   if (status == GS__OK)
-    status = gather(r, "allreduce (deterministic)", (char *)buf + offs[r->rank] * es, buf, bytes,
-                    err, errlen);
+    status =
+        gather(r, "allreduce (deterministic)", out + offs[r->rank] * es, out, bytes, err, errlen);
 out_free:
   free(offs);
   free(bytes);
