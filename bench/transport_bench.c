@@ -2,14 +2,18 @@
  * the coordinator (the "data plane alone" rows of bench/transport.sh).
  *
  *   gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] [--reps R]
+ *                      [--chunk B] [--one-shot B] [--op sum|average] [--tag T]
  *
  * Forks N ranks on this host. shm: the shared-memory transport of one host
  * (gs__shm_create). tcp: the TCP ring on 127.0.0.1, its rendezvous through
  * files in a private temporary directory. Each rank runs, per size, warm-up
- * calls then R in-place float32 SUM allreduces, each after a barrier (a
- * 4-byte allreduce), timing each; the parent prints, per size, the median
- * over calls of the slowest rank's time as
+ * calls then R in-place float32 SUM (or AVERAGE) allreduces, each after a
+ * barrier (a 4-byte allreduce), timing each; the parent prints, per size,
+ * the median over calls of the slowest rank's time as
  *   RESULT impl=gs-<transport>-direct np=N bytes=B median_us=T busbw_gbs=G
+ * --chunk and --one-shot set the shm transport's slot size and one-
+ * rendezvous limit (gs__shm_opts; 0 = the library's defaults); --tag T
+ * appends "-T" to impl.
  * Not a test: timings are never pass/fail. */
 #include <errno.h>
 #include <signal.h>
@@ -90,8 +94,10 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-  const char *transport = "shm";
+  const char *transport = "shm", *tag = NULL;
   int np = 2, reps = 20, nsizes = 0;
+  size_t chunk = 0, one_shot = 0;
+  gs__reduce_op op = GS__SUM;
   size_t sizes[MAX_SIZES];
   const char *size_list = "4096,65536,1048576,16777216,67108864";
   for (int i = 1; i < argc; i++) {
@@ -103,9 +109,17 @@ int main(int argc, char **argv) {
       reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--sizes") && i + 1 < argc)
       size_list = argv[++i];
+    else if (!strcmp(argv[i], "--chunk") && i + 1 < argc)
+      chunk = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--one-shot") && i + 1 < argc)
+      one_shot = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--tag") && i + 1 < argc)
+      tag = argv[++i];
+    else if (!strcmp(argv[i], "--op") && i + 1 < argc)
+      op = !strcmp(argv[++i], "average") ? GS__AVERAGE : GS__SUM;
     else {
       fprintf(stderr, "usage: gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] "
-                      "[--reps R]\n");
+                      "[--reps R] [--chunk B] [--one-shot B] [--op sum|average] [--tag T]\n");
       return 2;
     }
   }
@@ -157,6 +171,8 @@ int main(int argc, char **argv) {
                         .host_index = 0,
                         .nhosts = 1,
                         .segment = seg,
+                        .chunk_bytes = chunk,
+                        .one_shot_bytes = one_shot,
                         .connect_timeout_ms = 30000,
                         .io_timeout_ms = 60000};
       rc = gs__backend_create(GS__BACKEND_SHM, &o, &b, err, sizeof err);
@@ -175,7 +191,7 @@ int main(int argc, char **argv) {
       for (int it = -3; it < reps; it++) {
         double t0 = 0;
         if (b->v->allreduce(b, &bar, 1, GS__FLOAT32, GS__SUM, err, sizeof err) ||
-            (t0 = now_us(), b->v->allreduce(b, buf, n, GS__FLOAT32, GS__SUM, err, sizeof err))) {
+            (t0 = now_us(), b->v->allreduce(b, buf, n, GS__FLOAT32, op, err, sizeof err))) {
           fprintf(stderr, "rank %d: %s\n", r, err);
           _exit(1);
         }
@@ -212,8 +228,9 @@ int main(int argc, char **argv) {
     }
     qsort(med, (size_t)reps, sizeof med[0], cmp_double);
     double m = reps % 2 ? med[reps / 2] : (med[reps / 2 - 1] + med[reps / 2]) / 2;
-    printf("RESULT impl=gs-%s-direct np=%d bytes=%zu median_us=%.1f busbw_gbs=%.2f\n", transport,
-           np, sizes[k], m, m > 0 ? 2.0 * (np - 1) / np * (double)sizes[k] / m / 1e3 : 0);
+    printf("RESULT impl=gs-%s-direct%s%s np=%d bytes=%zu median_us=%.1f busbw_gbs=%.2f\n",
+           transport, tag ? "-" : "", tag ? tag : "", np, sizes[k], m,
+           m > 0 ? 2.0 * (np - 1) / np * (double)sizes[k] / m / 1e3 : 0);
   }
   return 0;
 }

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +54,14 @@ static int seg_exists(const char *name) {
   char path[256];
   snprintf(path, sizeof path, "/dev/shm%s", name);
   return access(path, F_OK) == 0;
+}
+
+/* The segment's size, or -1 when it does not exist. */
+static long long seg_bytes_now(const char *name) {
+  char path[256];
+  struct stat st;
+  snprintf(path, sizeof path, "/dev/shm%s", name);
+  return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
 static int64_t now_ms(void) {
@@ -162,6 +171,7 @@ typedef struct tjob {
   char seg[2][128];
   int leader_port_key; /* distinct kv prefix per job */
   int deterministic;   /* the leaders' ring reduces in rank order */
+  size_t one_shot;     /* gs__shm_opts.one_shot_bytes (0 = the default) */
   atomic_int failures;
   char first_failure[1024];
   pthread_mutex_t mu;
@@ -243,6 +253,7 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
                     .host_of = host_of,
                     .segment = j->seg[host],
                     .chunk_bytes = TEST_CHUNK,
+                    .one_shot_bytes = j->one_shot,
                     .connect_timeout_ms = HANG_GUARD_MS,
                     .io_timeout_ms = HANG_GUARD_MS};
   gs__backend *b = NULL;
@@ -351,7 +362,7 @@ out:
   return NULL;
 }
 
-static void run_threads_det(int size, int nhosts, int deterministic) {
+static void run_job(int size, int nhosts, int deterministic, size_t one_shot) {
   static int job_no;
   tjob j;
   memset(&j, 0, sizeof j);
@@ -360,6 +371,7 @@ static void run_threads_det(int size, int nhosts, int deterministic) {
   j.nhosts = nhosts;
   j.leader_port_key = job_no++;
   j.deterministic = deterministic;
+  j.one_shot = one_shot;
   for (int h = 0; h < nhosts; h++) seg_name(j.seg[h], sizeof j.seg[h]);
   pthread_t th[8];
   trank tr[8];
@@ -373,13 +385,34 @@ static void run_threads_det(int size, int nhosts, int deterministic) {
   pthread_mutex_destroy(&j.mu);
 }
 
+/* One rendezvous up to 32 KiB: the small sizes take the one-shot path,
+ * the large ones (across chunks) the sliced one. */
+#define SMALL_ONE_SHOT (32 * 1024)
+
 static void run_threads(int size, int nhosts) {
-  run_threads_det(size, nhosts, 0);
+  run_job(size, nhosts, 0, SMALL_ONE_SHOT);
 }
 
 static void test_every_dtype_op_2(void **state) {
   (void)state;
   run_threads(2, 1);
+}
+
+/* The defaults: with 2 local ranks every size (across chunks too) takes
+ * one rendezvous; with 3, up to 256 KiB. */
+static void test_every_dtype_op_2_defaults(void **state) {
+  (void)state;
+  run_job(2, 1, 0, 0);
+}
+
+static void test_every_dtype_op_3_defaults(void **state) {
+  (void)state;
+  run_job(3, 1, 0, 0);
+}
+
+static void test_hierarchical_2x2_defaults(void **state) {
+  (void)state;
+  run_job(4, 2, 0, 0);
 }
 
 static void test_every_dtype_op_3(void **state) {
@@ -402,7 +435,7 @@ static void test_hierarchical_2x2(void **state) {
  * workspace into 16-bit results) */
 static void test_hierarchical_2x2_deterministic(void **state) {
   (void)state;
-  run_threads_det(4, 2, 1);
+  run_job(4, 2, 1, SMALL_ONE_SHOT);
 }
 
 static void test_hierarchical_2x1(void **state) {
@@ -491,9 +524,11 @@ static void test_kill9_leader_before_attach(void **state) {
   seg_name(seg, sizeof seg);
   pid_t leader = fork_rank(0, 2, seg, 0);
   int64_t t0 = now_ms();
-  while (!seg_exists(seg) && now_ms() - t0 < HANG_GUARD_MS) usleep(1000);
-  assert_true(seg_exists(seg));
-  usleep(50000); /* sized and initialised */
+  /* created and sized (posix_fallocate sets the size once the pages are
+   * reserved: slow under load), then a moment to initialise the header */
+  while (seg_bytes_now(seg) <= 0 && now_ms() - t0 < HANG_GUARD_MS) usleep(1000);
+  assert_true(seg_bytes_now(seg) > 0);
+  usleep(50000);
   kill_wait(leader);
   assert_true(seg_exists(seg)); /* what kill -9 alone would leave behind */
   gs__backend *b = make_local(1, 2, seg, HANG_GUARD_MS, HANG_GUARD_MS, err, sizeof err);
@@ -618,11 +653,14 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_dtype_op_2),
+      cmocka_unit_test(test_every_dtype_op_2_defaults),
       cmocka_unit_test(test_every_dtype_op_3),
+      cmocka_unit_test(test_every_dtype_op_3_defaults),
       cmocka_unit_test(test_every_dtype_op_4),
       cmocka_unit_test(test_hierarchical_2x2),
       cmocka_unit_test(test_hierarchical_2x1),
       cmocka_unit_test(test_hierarchical_2x2_deterministic),
+      cmocka_unit_test(test_hierarchical_2x2_defaults),
       cmocka_unit_test(test_kill9_peer),
       cmocka_unit_test(test_kill9_leader_before_attach),
       cmocka_unit_test(test_peer_never_attaches),

@@ -173,6 +173,10 @@ typedef struct gs__shm_opts {
   const char *segment;
   size_t chunk_bytes;     /* one rank's slot: 0 = 1 MiB; else 4 KiB..64 MiB, a
                              multiple of 64 (the same on every local rank) */
+  size_t one_shot_bytes;  /* collectives of up to this many bytes (wire dtype)
+                             take one rendezvous, every rank reducing each
+                             whole chunk itself; 0 = the default; the same
+                             on every local rank */
   int connect_timeout_ms; /* every local rank mapped the segment */
   int io_timeout_ms;      /* longest wait for a local peer in a collective */
 } gs__shm_opts;

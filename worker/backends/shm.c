@@ -59,18 +59,27 @@
 #include "status.h"
 
 #define SHM_MAGIC 0x4753484du /* "GSHM" */
-#define SHM_VERSION 1u
-#define NBUF 2                      /* buffers a fast rank may run ahead into */
-#define CHUNK_BYTES (1024u * 1024u) /* default of one rank's slot of one buffer */
+#define SHM_VERSION 2u
+#define NBUF 2 /* buffers a fast rank may run ahead into */
+/* Defaults of one rank's slot of one buffer and of the one-rendezvous
+ * limit, chosen by bench/transport.sh (docs/benchmarks.md): with 2 local
+ * ranks one rendezvous per chunk is cheaper at every size (each rank reads
+ * 2 slots and writes its result once, against half a reduce plus a second
+ * rendezvous and a copy out of the shared result slot), and 256 KiB slots
+ * keep a chunk in cache between its copy in and its reduction; with more
+ * ranks every rank reading every slot costs more than the second
+ * rendezvous above 256 KiB. */
+#define CHUNK_BYTES (1024u * 1024u)
+#define CHUNK_BYTES_2 (256u * 1024u)
 #define LINE 64
 #define MSG_BYTES 512 /* per local rank: why it failed */
 #define SPIN_PAUSE 256
 #define SPIN_YIELD 64
-#define SLEEP_MS 5                   /* one futex sleep; abort and failures wake it earlier */
-#define LIVENESS_MS 100              /* how often a waiter checks its peers' pids */
-#define ID_BYTES 256                 /* host identity record exchanged at start */
-#define ONE_SHOT_BYTES (32u * 1024u) /* up to this, every rank reduces the whole chunk */
-#define GS__SHM_MAX_LOCAL 1024       /* ranks per host (one reduce pass reads them all) */
+#define SLEEP_MS 5                    /* one futex sleep; abort and failures wake it earlier */
+#define LIVENESS_MS 100               /* how often a waiter checks its peers' pids */
+#define ID_BYTES 256                  /* host identity record exchanged at start */
+#define ONE_SHOT_BYTES (256u * 1024u) /* up to this, every rank reduces the whole chunk */
+#define GS__SHM_MAX_LOCAL 1024        /* ranks per host (one reduce pass reads them all) */
 
 enum { F_POSTED = 0, F_REDUCED = 1, F_DONE = 2 };
 enum { FAIL_DIED = 1, FAIL_TIMEOUT = 2, FAIL_ERROR = 3 };
@@ -84,6 +93,7 @@ typedef struct shm_ctl { /* one cache line per local rank, written by it only */
 typedef struct shm_hdr {
   uint32_t magic, version, nlocal, chunk_bytes;
   uint64_t bytes;            /* the whole segment */
+  uint64_t one_shot_bytes;   /* every local rank must use the same */
   _Atomic uint32_t ready;    /* the leader finished initialising */
   _Atomic uint32_t attached; /* ranks that mapped the segment */
   _Atomic uint32_t bell;     /* futex word: bumped on every state change */
@@ -99,7 +109,8 @@ typedef struct shm {
   int *local_ranks;
   int *host_of; /* size entries: host index of every rank (NULL = one host) */
   int io_timeout_ms;
-  size_t chunk; /* bytes of one slot */
+  size_t chunk;          /* bytes of one slot */
+  size_t one_shot_bytes; /* collectives up to this take one rendezvous */
   char name[128];
   int unlinked;
   char *map; /* the segment (NULL when alone on the host) */
@@ -331,7 +342,7 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
   /* Small collectives in one shot: every rank that wants the result
    * reduces the whole chunk itself (same sources, same order: the same
    * bits), which saves the second rendezvous of all local ranks. */
-  int one_shot = count * wes <= ONE_SHOT_BYTES;
+  int one_shot = count * wes <= s->one_shot_bytes;
   for (size_t off = 0; off < count; off += per_chunk) {
     size_t n = count - off < per_chunk ? count - off : per_chunk;
     uint64_t g = s->g;
@@ -759,6 +770,7 @@ static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) 
     s->hdr->nlocal = (uint32_t)s->nlocal;
     s->hdr->chunk_bytes = (uint32_t)s->chunk;
     s->hdr->bytes = bytes;
+    s->hdr->one_shot_bytes = s->one_shot_bytes;
     atomic_store(&s->ctl[0].pid, (int32_t)getpid());
     atomic_store(&s->ctl[0].rank, s->rank);
     atomic_store(&s->hdr->attached, 1);
@@ -775,7 +787,8 @@ static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) 
       sched_yield();
     }
     if (s->hdr->magic != SHM_MAGIC || s->hdr->version != SHM_VERSION ||
-        s->hdr->nlocal != (uint32_t)s->nlocal || s->hdr->chunk_bytes != (uint32_t)s->chunk) {
+        s->hdr->nlocal != (uint32_t)s->nlocal || s->hdr->chunk_bytes != (uint32_t)s->chunk ||
+        s->hdr->one_shot_bytes != s->one_shot_bytes) {
       unlink_name(s);
       snprintf(err, errlen,
                "shm: rank %d: the shared-memory segment %s has another layout (version %u, %u "
@@ -834,7 +847,10 @@ int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t e
   s->host_index = o->host_index;
   s->nhosts = o->nhosts;
   s->io_timeout_ms = o->io_timeout_ms;
-  s->chunk = o->chunk_bytes ? o->chunk_bytes : CHUNK_BYTES;
+  s->chunk = o->chunk_bytes ? o->chunk_bytes : o->nlocal == 2 ? CHUNK_BYTES_2 : CHUNK_BYTES;
+  s->one_shot_bytes = o->one_shot_bytes ? o->one_shot_bytes
+                      : o->nlocal == 2  ? SIZE_MAX
+                                        : ONE_SHOT_BYTES;
   memcpy(s->local_ranks, o->local_ranks, (size_t)o->nlocal * sizeof(int));
   if (o->nhosts > 1) {
     if (!o->host_of || !(s->host_of = malloc((size_t)o->size * sizeof(int)))) {
