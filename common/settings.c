@@ -166,9 +166,11 @@ static const gs__setting table[GS__S_COUNT] = {
     [GS__S_SHUTDOWN_GRACE] = {"shutdown_grace_s", "--shutdown-grace-s", "GRADSYNC_SHUTDOWN_GRACE_S",
                               NULL, GS__T_INT, "10", NULL, 0, 3600, NULL, GS__FOR_SERVER, "S",
                               "On SIGTERM/SIGINT every rank is told the coordinator is going "
-                              "away; calls still open after S seconds are cancelled and "
-                              "gradsyncd exits 0. Also bounds how long a failed job's ranks "
-                              "get to close their sessions."},
+                              "away, then gradsyncd drains with its port open (health "
+                              "NOT_SERVING, new ranks refused) for S seconds less 2 (half of S "
+                              "under 4; a second signal ends it), closes, cancels calls still "
+                              "open after S seconds and exits 0. Also bounds how long a failed "
+                              "job's ranks get to close their sessions."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},

@@ -116,13 +116,18 @@ static void reply_encoded(gs__call *c, uint8_t *buf, size_t len, int rc) {
 
 /* ---- Join --------------------------------------------------------------- */
 
+/* Join and Session while shutdown drains (the listener is still open). */
+static const char k_refuse_shutdown[] =
+    "gradsyncd is shutting down (SIGTERM/SIGINT) and takes no new ranks; the job it served has "
+    "ended: start the job again with a new coordinator";
+
 static void on_join(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   const uint8_t *buf;
   size_t len;
   char err[GS__MAX_TEXT];
   if (gs__server_shutting_down(co->srv)) {
-    gs__call_fail(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
+    gs__call_fail(c, GRPC_STATUS_UNAVAILABLE, k_refuse_shutdown);
     return;
   }
   if (co->over != GS__JOB_RUNNING) {
@@ -466,7 +471,7 @@ static void check_job(gs__coordinator *co, uint64_t now);
 static void on_session_open(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   if (gs__server_shutting_down(co->srv)) {
-    gs__call_finish(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
+    gs__call_finish(c, GRPC_STATUS_UNAVAILABLE, k_refuse_shutdown);
     return;
   }
   session *ss = calloc(1, sizeof *ss);
@@ -628,10 +633,20 @@ gs__job_outcome gs__coordinator_outcome(const gs__coordinator *c) {
   return c->done;
 }
 
+int gs__coordinator_job_over(const gs__coordinator *c) {
+  return c->over != GS__JOB_RUNNING || c->done != GS__JOB_RUNNING;
+}
+
 /* ---- service ------------------------------------------------------------ */
 
 static void coordinator_tick(void *arg, uint64_t now) {
   gs__coordinator *co = arg;
+  if (gs__server_shutting_down(co->srv)) {
+    /* The drain: the sessions are closed and the job is over; the engine,
+     * not told of it, must not judge the ranks (silent, stalled) now. */
+    expire_waiters(co, now, 1);
+    return;
+  }
   gs__engine_tick(co->engine, now, &co->box);
   flush_outbox(co);
   expire_waiters(co, now, gs__server_shutting_down(co->srv));

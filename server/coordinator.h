@@ -62,6 +62,10 @@ int gs__coordinator_sessions(const gs__coordinator *c);
  * GS__JOB_RUNNING. With serve_forever always GS__JOB_RUNNING (each job that
  * ends is followed by a fresh one). Queue thread, or after the server ran. */
 gs__job_outcome gs__coordinator_outcome(const gs__coordinator *c);
+/* 1 when the current job is over (every rank left, or it was aborted),
+ * also while its sessions are still closing; 0 while it runs or before
+ * it started. Queue thread. */
+int gs__coordinator_job_over(const gs__coordinator *c);
 /* Frees it, after the server is destroyed. NULL is a no-op. */
 void gs__coordinator_destroy(gs__coordinator *c);
 

@@ -48,6 +48,7 @@ struct gs__diagnostics {
   uint64_t next_seq;
   gs__diag_event recent[RECENT_EVENTS]; /* ring, by seq */
   watcher *watchers;
+  int closed; /* the listener is closing: new watches end after the history */
   uint64_t watchers_dropped;
   gs__method methods[M_COUNT];
   gs__service service;
@@ -201,6 +202,7 @@ static void on_watch(void *arg, gs__call *c) {
   uint64_t first = d->next_seq > RECENT_EVENTS ? d->next_seq - RECENT_EVENTS + 1 : 1;
   for (uint64_t s = first; s <= d->next_seq; s++)
     if (send_event(d, w, &d->recent[(s - 1) % RECENT_EVENTS])) break;
+  if (d->closed) gs__call_finish(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
 }
 
 static void on_watch_close(void *arg, gs__call *c, int cancelled) {
@@ -215,8 +217,11 @@ static void on_watch_close(void *arg, gs__call *c, int cancelled) {
   free(w);
 }
 
-static void diagnostics_shutdown(void *arg) {
+/* The listener closes (after the shutdown's drain, during which event
+ * watchers keep their streams and see the job's last events). */
+static void diagnostics_close(void *arg) {
   gs__diagnostics *d = arg;
+  d->closed = 1;
   for (watcher *w = d->watchers; w; w = w->next)
     gs__call_finish(w->call, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
 }
@@ -430,7 +435,7 @@ int gs__diagnostics_create(const gs__diagnostics_opts *o, gs__coordinator *co,
                              .methods = d->methods,
                              .n_methods = M_COUNT,
                              .svc = d,
-                             .shutdown = diagnostics_shutdown};
+                             .close = diagnostics_close};
   gs__coordinator_set_event_sink(co, on_event, d);
   *out = d;
   return GS__OK;

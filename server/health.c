@@ -1,7 +1,8 @@
 /* grpc.health.v1.Health: Check (unary) and Watch (server stream). One status
  * for every service the server offers: they live and die together in one
- * process. Watchers get the current status at once and every change after;
- * their streams end when the server shuts down. Queue thread only. */
+ * process. Watchers get the current status at once and every change after:
+ * NOT_SERVING when shutdown begins; their streams stay open through the
+ * drain and end (UNAVAILABLE) when the listener closes. Queue thread only. */
 #include "health.h"
 
 #include <stdlib.h>
@@ -23,6 +24,7 @@ struct gs__health {
   char **names;
   size_t n;
   int serving;
+  int closed; /* the listener is closing: watches end at once */
   watcher *watchers;
   gs__method methods[2];
   gs__service service;
@@ -96,7 +98,7 @@ static void on_watch(void *arg, gs__call *c) {
   h->watchers = w;
   gs__call_set_data(c, w);
   send_status(c, status_of(h, w->known));
-  if (!h->serving) gs__call_finish(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
+  if (h->closed) gs__call_finish(c, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
 }
 
 static void on_watch_close(void *arg, gs__call *c, int cancelled) {
@@ -118,9 +120,15 @@ void gs__health_set_serving(gs__health *h, int serving) {
     if (w->known) send_status(w->call, status_of(h, 1));
 }
 
+/* Shutdown begins: NOT_SERVING for every name, told to every watcher;
+ * the listener stays open for the drain, so probes see it too. */
 static void health_shutdown(void *arg) {
+  gs__health_set_serving(arg, 0);
+}
+
+static void health_close(void *arg) {
   gs__health *h = arg;
-  gs__health_set_serving(h, 0);
+  h->closed = 1;
   for (watcher *w = h->watchers; w; w = w->next)
     gs__call_finish(w->call, GRPC_STATUS_UNAVAILABLE, "gradsyncd is shutting down");
 }
@@ -150,7 +158,8 @@ int gs__health_create(const char *const *names, size_t n, gs__health **out) {
                              .methods = h->methods,
                              .n_methods = 2,
                              .svc = h,
-                             .shutdown = health_shutdown};
+                             .shutdown = health_shutdown,
+                             .close = health_close};
   *out = h;
   return GS__OK;
 out_oom:

@@ -43,6 +43,7 @@ typedef struct stop_state {
   gs__server *s;
   const gs__server_opts *so;
   int grace_s;
+  int stopping; /* a stop signal came: the server is shutting down */
 } stop_state;
 
 /* SIGHUP: the TLS files again; a file that fails the checks changes
@@ -64,21 +65,33 @@ static void reload_tls(stop_state *st) {
                 st->so->tls_client_ca ? st->so->tls_client_ca : "", about);
 }
 
-/* Polled by the event loop: a stop signal, or (one job) the job is over. */
-static int should_stop(void *arg) {
+/* Polled by the event loop, also while shutting down: a stop signal (the
+ * first drains, a second ends the drain), or (one job) the job is over. */
+static gs__stop should_stop(void *arg) {
   stop_state *st = arg;
   struct timespec zero = {0, 0};
   int sig;
   while ((sig = sigtimedwait(&st->set, NULL, &zero)) > 0) {
+    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    if ((sig == SIGINT || sig == SIGTERM) && st->stopping) {
+      GS_LOG_INFO("received %s again: closing now", name);
+      return GS__STOP_NOW;
+    }
     if (sig == SIGINT || sig == SIGTERM) {
+      st->stopping = 1;
+      if (gs__coordinator_job_over(st->co)) {
+        /* Nothing to drain: the job ended and its sessions are closing. */
+        GS_LOG_INFO("received %s: the job is already over; exiting", name);
+        return GS__STOP_NOW;
+      }
       GS_LOG_INFO("received %s: telling every rank the coordinator is going away; exiting "
                   "within %d s",
-                  sig == SIGINT ? "SIGINT" : "SIGTERM", st->grace_s);
-      return 1;
+                  name, st->grace_s);
+      return GS__STOP_DRAIN;
     }
     if (sig == SIGHUP) reload_tls(st);
   }
-  return gs__coordinator_outcome(st->co) != GS__JOB_RUNNING;
+  return gs__coordinator_outcome(st->co) != GS__JOB_RUNNING ? GS__STOP_NOW : GS__RUN_ON;
 }
 
 /* The job token, TLS files and listen address together: refuses what

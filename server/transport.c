@@ -46,6 +46,9 @@
  * deadlocks are judged. */
 #define LATE_TICK_MS 500
 #define CATCH_UP_MS 1000
+/* Of the shutdown grace: kept for closing after the drain (see
+ * gs__server_run). */
+#define CLOSE_RESERVE_MS 2000
 
 typedef enum { T_NEW, T_UNARY, T_START, T_RECV, T_SEND, T_STATUS, T_CLOSE, T_SHUTDOWN } tag_kind;
 
@@ -111,7 +114,8 @@ struct gs__server {
   size_t n_services;
   int started;
   int port;
-  int shutting_down;
+  int shutting_down; /* shutdown began (the drain, then closing) */
+  int closing;       /* the listener is closing: no more calls are requested */
   int shutdown_done;
   size_t live_calls;
   tag t_shutdown;
@@ -419,7 +423,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
       call_free(c);
       return;
     }
-    if (!s->shutting_down) call_request(s, c->idx);
+    if (!s->closing) call_request(s, c->idx); /* also while draining */
     on_new_call(c);
     break;
   case T_UNARY:
@@ -674,54 +678,91 @@ static void tick_all(gs__server *s) {
     if (s->services[i]->tick) s->services[i]->tick(s->services[i]->svc, now);
 }
 
-int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg) {
-  uint64_t period = DEFAULT_TICK_MS;
-  for (size_t i = 0; i < s->n_services; i++)
-    if (s->services[i]->tick && s->services[i]->tick_ms && s->services[i]->tick_ms < period)
-      period = s->services[i]->tick_ms;
-  uint64_t next_tick = gs__now_ms() + period;
-  int caught_up = 0;
-  while (!should_stop(arg)) {
-    uint64_t now = gs__now_ms();
-    if (now >= next_tick && now - next_tick > LATE_TICK_MS && !caught_up) {
-      /* The events already in the queue (below) are not all there is: the
-       * peers' messages of the pause are still in the sockets, and only a
-       * wait with a deadline reads them. A rank silent through our own
-       * pause is not a silent rank. */
-      GS_LOG_INFO("the event loop did not run for %.1f s; reading what the ranks sent meanwhile "
-                  "before checking liveness",
-                  (double)(now - next_tick + period) / 1000.0);
-      next_tick = now + CATCH_UP_MS;
-      caught_up = 1;
-      continue;
-    }
-    if (now >= next_tick) {
-      caught_up = 0;
-      /* Read what already waits in the queue first: after a long pass the
-       * ranks' heartbeats are there, and a tick before them would take
-       * healthy ranks for silent ones. Bounded, so that a flood cannot
-       * starve the tick. */
-      for (int k = 0; k < MAX_EVENTS_BEFORE_TICK; k++) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
-        if (ev.type != GRPC_OP_COMPLETE) break;
-        on_event(s, ev.tag, ev.success);
-      }
-      tick_all(s);
-      next_tick = gs__now_ms() + period;
-      continue;
-    }
-    /* At most one period per wait, also while catching up: a stop request
-     * (SIGTERM) is seen within a period. */
-    uint64_t wait = next_tick - now;
-    drain(s, (int)(wait < period ? wait : period));
+/* The event loop's timing (gs__server_run). */
+typedef struct loop {
+  uint64_t period, next_tick;
+  int caught_up;
+} loop;
+
+/* One pass of the event loop: a tick when it is due, else a wait of at
+ * most one period for events. */
+static void loop_once(gs__server *s, loop *l) {
+  uint64_t now = gs__now_ms();
+  if (now >= l->next_tick && now - l->next_tick > LATE_TICK_MS && !l->caught_up) {
+    /* The events already in the queue (below) are not all there is: the
+     * peers' messages of the pause are still in the sockets, and only a
+     * wait with a deadline reads them. A rank silent through our own
+     * pause is not a silent rank. */
+    GS_LOG_INFO("the event loop did not run for %.1f s; reading what the ranks sent meanwhile "
+                "before checking liveness",
+                (double)(now - l->next_tick + l->period) / 1000.0);
+    l->next_tick = now + CATCH_UP_MS;
+    l->caught_up = 1;
+    return;
   }
+  if (now >= l->next_tick) {
+    l->caught_up = 0;
+    /* Read what already waits in the queue first: after a long pass the
+     * ranks' heartbeats are there, and a tick before them would take
+     * healthy ranks for silent ones. Bounded, so that a flood cannot
+     * starve the tick. */
+    for (int k = 0; k < MAX_EVENTS_BEFORE_TICK; k++) {
+      grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+      if (ev.type != GRPC_OP_COMPLETE) break;
+      on_event(s, ev.tag, ev.success);
+    }
+    tick_all(s);
+    l->next_tick = gs__now_ms() + l->period;
+    return;
+  }
+  /* At most one period per wait, also while catching up: a stop request
+   * (SIGTERM) is seen within a period. */
+  uint64_t wait = l->next_tick - now;
+  drain(s, (int)(wait < l->period ? wait : l->period));
+}
+
+int gs__server_run(gs__server *s, gs__stop (*should_stop)(void *arg), void *arg) {
+  loop l = {.period = DEFAULT_TICK_MS};
+  for (size_t i = 0; i < s->n_services; i++)
+    if (s->services[i]->tick && s->services[i]->tick_ms && s->services[i]->tick_ms < l.period)
+      l.period = s->services[i]->tick_ms;
+  l.next_tick = gs__now_ms() + l.period;
+  gs__stop stop;
+  while ((stop = should_stop(arg)) == GS__RUN_ON) loop_once(s, &l);
+
+  /* Shutdown begins: the services stop taking work and end what runs. */
+  uint64_t grace = (uint64_t)(s->o.shutdown_grace_ms > 0 ? s->o.shutdown_grace_ms : 0);
+  uint64_t grace_end = gs__now_ms() + (grace ? grace : 2000);
   s->shutting_down = 1;
   for (size_t i = 0; i < s->n_services; i++)
     if (s->services[i]->shutdown) s->services[i]->shutdown(s->services[i]->svc);
   tick_all(s);
+
+  /* The drain: the listener stays open, so that a health probe gets
+   * NOT_SERVING and a rank that comes now is told that the coordinator is
+   * shutting down, rather than finding the port closed; closing keeps
+   * CLOSE_RESERVE_MS of the grace (half of a shorter one). */
+  uint64_t reserve = grace / 2 < CLOSE_RESERVE_MS ? grace / 2 : CLOSE_RESERVE_MS;
+  uint64_t drain_end = gs__now_ms() + (grace - reserve);
+  if (stop == GS__STOP_DRAIN && grace > reserve) {
+    GS_LOG_INFO("draining for %.1f s: health NOT_SERVING, new ranks refused; the listener closes "
+                "after that (or at once on a second SIGTERM/SIGINT)",
+                (double)(grace - reserve) / 1000.0);
+    while (gs__now_ms() < drain_end) {
+      if (should_stop(arg) == GS__STOP_NOW) {
+        GS_LOG_INFO("ending the drain now");
+        break;
+      }
+      loop_once(s, &l);
+    }
+  }
+
+  /* Close: the last streams end, the listener closes, what is still open
+   * at the end of the grace is cancelled. */
+  s->closing = 1;
+  for (size_t i = 0; i < s->n_services; i++)
+    if (s->services[i]->close) s->services[i]->close(s->services[i]->svc);
   grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
-  uint64_t grace_end =
-      gs__now_ms() + (uint64_t)(s->o.shutdown_grace_ms > 0 ? s->o.shutdown_grace_ms : 2000);
   int cancelled = 0;
   while (!s->shutdown_done || s->live_calls > 0) {
     if (!cancelled && gs__now_ms() >= grace_end) {
@@ -741,6 +782,9 @@ void gs__server_destroy(gs__server *s) {
       s->shutting_down = 1;
       for (size_t i = 0; s->started && i < s->n_services; i++)
         if (s->services[i]->shutdown) s->services[i]->shutdown(s->services[i]->svc);
+      s->closing = 1;
+      for (size_t i = 0; s->started && i < s->n_services; i++)
+        if (s->services[i]->close) s->services[i]->close(s->services[i]->svc);
       grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
       grpc_server_cancel_all_calls(s->server);
       while (!s->shutdown_done || s->live_calls > 0) drain(s, 50);

@@ -71,9 +71,14 @@ typedef struct gs__service {
    * begins. */
   void (*tick)(void *svc, uint64_t now_ms);
   uint32_t tick_ms;
-  /* The server stops taking work (may be NULL): end streams, answer
-   * waiting calls. Called once, on the queue thread. */
+  /* Shutdown begins (may be NULL): stop taking work, end the work in
+   * progress (sessions, waiting calls). The listener stays open through
+   * the drain (see gs__server_run): calls keep arriving and are answered
+   * (health: NOT_SERVING). Called once, on the queue thread. */
   void (*shutdown)(void *svc);
+  /* The drain is over and the listener closes (may be NULL): end every
+   * stream still open (watchers). Called once, after shutdown. */
+  void (*close)(void *svc);
 } gs__service;
 
 typedef struct gs__server_opts {
@@ -101,12 +106,27 @@ int gs__server_start(gs__server *s, char *err, size_t errlen);
 int gs__server_reload_tls(gs__server *s, char *about, size_t aboutlen, char *err, size_t errlen);
 /* The bound port (0 before start). */
 int gs__server_port(const gs__server *s);
+/* What should_stop (gs__server_run) answers. */
+typedef enum gs__stop {
+  GS__RUN_ON = 0,     /* keep serving */
+  GS__STOP_DRAIN = 1, /* shut down gracefully: drain, then close */
+  GS__STOP_NOW = 2,   /* shut down without a drain (or end the drain now) */
+} gs__stop;
 /* Runs the event loop on the calling thread. should_stop is polled at least
- * every 50 ms; once it returns non-zero the services' shutdown hooks run,
- * the server stops accepting calls and gs__server_run returns 0 when every
- * call is gone (after the grace period calls are cancelled). */
-int gs__server_run(gs__server *s, int (*should_stop)(void *arg), void *arg);
-/* 1 once shutdown began. */
+ * every 50 ms, also while shutting down.
+ *
+ * Shutdown, on GS__STOP_DRAIN: the services' shutdown hooks run (the
+ * coordinator ends the sessions, health turns NOT_SERVING), and for the
+ * drain the listener stays open: new calls are accepted and answered
+ * (health probes see NOT_SERVING, Join is refused as shutting down). The
+ * drain lasts the grace period (shutdown_grace_ms) less the time kept for
+ * closing, 2 s (half the grace when it is under 4 s), and ends early when
+ * should_stop answers GS__STOP_NOW. Then the services' close hooks run,
+ * the listener closes, calls still open at the end of the grace are
+ * cancelled, and gs__server_run returns 0 once every call is gone. On
+ * GS__STOP_NOW there is no drain. */
+int gs__server_run(gs__server *s, gs__stop (*should_stop)(void *arg), void *arg);
+/* 1 once shutdown began (also during the drain). */
 int gs__server_shutting_down(const gs__server *s);
 /* Frees everything (calls grpc_shutdown). NULL is a no-op. */
 void gs__server_destroy(gs__server *s);

@@ -426,7 +426,12 @@ int gs__client_join(gs__client *c, const gs__join_request *req, int timeout_ms,
   free(buf);
   if (code != GRPC_STATUS_OK) {
     rc = status_of(code);
-    if (rc == GS__ERR_COORDINATOR_LOST)
+    if (code == GRPC_STATUS_UNAVAILABLE && strstr(details, "gradsyncd is shutting down"))
+      snprintf(err, errlen,
+               "the coordinator at %s is shutting down and took no new ranks within %d ms "
+               "(GRADSYNC_JOIN_TIMEOUT_MS): %s",
+               c->target, timeout_ms, details);
+    else if (rc == GS__ERR_COORDINATOR_LOST)
       snprintf(err, errlen,
                "cannot reach the coordinator at %s within %d ms (%s: %s); check that gradsyncd "
                "is running and GRADSYNC_COORDINATOR is right",

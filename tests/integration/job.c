@@ -93,6 +93,9 @@ void job_expect_lines(const proc *p, const char *const *expect, int rank, int si
 
 void job_stop_coordinator(job *j) {
   proc_signal(j->coord, SIGTERM);
+  /* Not logged when it had exited by itself already (one job, over). */
+  if (proc_wait_for_output(j->coord, "received SIGTERM", proc_guard_left_ms()) == 0)
+    proc_signal(j->coord, SIGTERM);
   job_expect_exit(j->coord, 0);
 }
 

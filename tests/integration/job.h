@@ -56,7 +56,10 @@ void job_expect_no_output(const proc *p, const char *needle, int ignore_case);
  * replaced by rank and size: job_expect_output(p, text). */
 void job_expect_lines(const proc *p, const char *const *expect, int rank, int size);
 
-/* SIGTERM to j's gradsyncd, which must then exit 0. */
+/* SIGTERM to j's gradsyncd and, once it logged it, a second SIGTERM,
+ * which ends the shutdown's drain at once (test_lifecycle covers the
+ * drain itself); gradsyncd must then exit 0 (also when it had exited by
+ * itself before). */
 void job_stop_coordinator(job *j);
 
 /* One job per coordinator: j's gradsyncd, whose job failed, must exit by

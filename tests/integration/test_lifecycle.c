@@ -3,7 +3,8 @@
  * test_fault), --serve-forever (a fresh job, next epoch, after each),
  * SIGTERM in the middle of a job (every rank fails with
  * GS_ERR_COORDINATOR_LOST saying the coordinator was shut down, gradsyncd
- * exits 0), and the refusal of a next job's rank that comes too early. */
+ * drains with its port open, refusing new ranks, and exits 0), and the refusal of a next job's rank
+ * that comes too early. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -84,6 +85,10 @@ static void test_sigterm_mid_job(void **state) {
   job_expect_exit(j.coord, 0);
   job_expect_output(j.coord, "received SIGTERM: telling every rank the coordinator is going "
                              "away; exiting within 5 s");
+  /* The listener stayed open for the grace less 2 s, then closed by itself. */
+  job_expect_output(j.coord, "draining for 3.0 s: health NOT_SERVING, new ranks refused");
+  job_expect_no_output(j.coord, "ending the drain now", 0);
+  job_expect_output(j.coord, "level=info prog=\"gradsyncd\" msg=\"stopped\"");
   char want[512];
   snprintf(want, sizeof want,
            "lost the coordinator at %s: it was shut down while the job ran (UNAVAILABLE: "
@@ -94,6 +99,43 @@ static void test_sigterm_mid_job(void **state) {
     job_expect_output(j.ranks[r], "' failed: GS_ERR_COORDINATOR_LOST: ");
     job_expect_output(j.ranks[r], want);
   }
+}
+
+/* The drain after SIGTERM (a long grace, so that it lasts): the ranks of
+ * the job fail at once, gradsyncd keeps its port open, and a rank that
+ * comes now is refused with the reason (the coordinator is shutting
+ * down), not a closed port; a second SIGTERM ends the drain at once. The
+ * health probes of the drain: test_ops (a python3-grpcio client). */
+static void test_sigterm_drain(void **state) {
+  (void)state;
+  char *cargs[] = {"--shutdown-grace-s", "120", NULL};
+  char *hold[] = {"hold", "600000", NULL};
+  job j;
+  job_start_coordinator(&j, 2, cargs);
+  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, hold, NULL);
+  wait_for_output(j.coord, "all 2 ranks connected: world ready");
+  proc_signal(j.coord, SIGTERM);
+  wait_for_output(j.coord, "draining for 118.0 s: health NOT_SERVING, new ranks refused; the "
+                           "listener closes after that (or at once on a second SIGTERM/SIGINT)");
+  char *join[] = {"join", NULL};
+  char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=2000", NULL};
+  proc *late = job_start_rank(&j, 0, worker_path, join, env);
+  snprintf(late->label, sizeof late->label, "rank 0 (during the drain)");
+  job_expect_exit(late, 3);
+  char want[512];
+  snprintf(want, sizeof want,
+           "the coordinator at %s is shutting down and took no new ranks within 2000 ms "
+           "(GRADSYNC_JOIN_TIMEOUT_MS): gradsyncd is shutting down (SIGTERM/SIGINT) and takes no "
+           "new ranks; the job it served has ended: start the job again with a new coordinator",
+           j.addr);
+  job_expect_output(late, want);
+  /* Still draining: the second SIGTERM is answered (logged) below. */
+  job_expect_no_output(j.coord, "msg=\"stopped\"", 0);
+  proc_signal(j.coord, SIGTERM);
+  job_expect_exit(j.coord, 0);
+  job_expect_output(j.coord, "received SIGTERM again: closing now");
+  job_expect_output(j.coord, "ending the drain now");
+  /* The ranks sleep before their op: killed by the teardown. */
 }
 
 /* Rank 0 of the job left; a process that wants to be rank 0 of the next job
@@ -131,6 +173,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_one_job_then_exit, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_serve_forever, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigterm_mid_job, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_sigterm_drain, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_next_job_too_early, setup, job_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

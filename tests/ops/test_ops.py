@@ -89,7 +89,8 @@ try:
         sys.exit(77)
 
     # ---- a job whose rank 1 has not submitted (it sleeps before its op) ----
-    d, addr = gradsyncd("--token", TOKEN, "--stall-warning-s", "1")
+    # A long grace: the drain after SIGTERM (below) outlasts the probes.
+    d, addr = gradsyncd("--token", TOKEN, "--stall-warning-s", "1", "--shutdown-grace-s", "120")
     w0 = worker(addr, 0, 0)
     w1 = worker(addr, 1, 600000)  # stopped before submitting: killed below
 
@@ -210,16 +211,67 @@ try:
           and "\n1 (" in stall[0]["message"],
           "WatchEvents delivered world-ready and the stall naming rank 1: %s" % kinds[:8])
 
-    # Health/Watch sees NOT_SERVING when gradsyncd shuts down
+    # SIGTERM: gradsyncd drains with its port open. Health/Watch sees
+    # NOT_SERVING on its open stream; Health/Check probes (python3-grpcio,
+    # gradsyncctl) get NOT_SERVING rather than a refused connection; Join and
+    # Session are refused as shutting down; a second SIGTERM ends the drain.
     hw = start([PY, os.path.join(HERE, "grpc_client.py"), addr, "", "health-watch", ""],
                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = hw.stdout.readline()  # the watch is up: it got the current status
     d.send_signal(signal.SIGTERM)
-    out, _ = hw.communicate(timeout=60)
-    out = first + out
-    check(out.split()[:2] == ["SERVING", "NOT_SERVING"], "Health/Watch: SERVING, then NOT_SERVING on SIGTERM: %r" % out)
+    second = hw.stdout.readline()
+    check([first.strip(), second.strip()] == ["SERVING", "NOT_SERVING"],
+          "Health/Watch: SERVING, then NOT_SERVING on SIGTERM: %r" % [first, second])
+    out0, _ = w0.communicate(timeout=60)
+    check(w0.returncode != 0 and "it was shut down while the job ran" in out0,
+          "the waiting rank is told the coordinator was shut down: " + out0[-300:])
+    for name in ("", "gradsync.v1.Coordinator", "gradsync.v1.Diagnostics", "grpc.health.v1.Health"):
+        r = client(addr, "", "health", name)
+        check(r.stdout.strip() == "NOT_SERVING",
+              "during the drain Health/Check %r: NOT_SERVING: %r" % (name, r.stdout + r.stderr[-200:]))
+    r = client(addr, "", "health", "no.such.Service")
+    check(r.stdout.strip() == "NOT_FOUND", "during the drain an unknown service: NOT_FOUND")
+    r = ctl(addr, "health", token="")
+    check(r.returncode == 3 and r.stdout.strip() == "NOT_SERVING",
+          "during the drain gradsyncctl health: NOT_SERVING, exit 3: %r" % [r.returncode, r.stdout])
+    import grpc
+    sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+    import rawproto
+    pb = rawproto.load_messages(os.path.join(HERE, "..", ".."))
+    ch = grpc.insecure_channel(addr)
+    auth = (("authorization", "Bearer " + TOKEN),)
+    refusal = "gradsyncd is shutting down (SIGTERM/SIGINT) and takes no new ranks"
+    try:
+        ch.unary_unary("/gradsync.v1.Coordinator/Join",
+                       request_serializer=pb.JoinRequest.SerializeToString,
+                       response_deserializer=pb.JoinResponse.FromString)(
+            pb.JoinRequest(rank=0, size=2, local_rank=0, local_size=2, host="late", pid=1,
+                           version="0.1.0"), metadata=auth, timeout=10)
+        check(False, "during the drain Join is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAVAILABLE and refusal in e.details(),
+              "during the drain Join: UNAVAILABLE %r" % e.details())
+    try:
+        list(ch.stream_stream("/gradsync.v1.Coordinator/Session",
+                              request_serializer=pb.RankMessage.SerializeToString,
+                              response_deserializer=pb.PlanMessage.FromString)(
+            iter([pb.RankMessage(hello=pb.SessionHello(rank=0, epoch=1, secret=b"x"))]),
+            metadata=auth, timeout=10))
+        check(False, "during the drain Session is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAVAILABLE and refusal in e.details(),
+              "during the drain Session: UNAVAILABLE %r" % e.details())
+    ch.close()
+    check(d.poll() is None, "gradsyncd still drains (--shutdown-grace-s 120)")
+    d.send_signal(signal.SIGTERM)  # the second: closes now
     d.wait(timeout=60)
-    w0.wait(timeout=60)
+    check(d.returncode == 0, "after a second SIGTERM gradsyncd exits 0: %r" % d.returncode)
+    out, _ = hw.communicate(timeout=60)
+    check(out.split() == ["UNAVAILABLE"],
+          "Health/Watch ends (UNAVAILABLE) when the listener closes: %r" % out)
+    log = open(LOG).read()
+    check("draining for 118.0 s: health NOT_SERVING" in log and "received SIGTERM again: closing now" in log,
+          "gradsyncd logged the drain and its early end")
     w1.kill()
     w1.wait(timeout=60)
     r = ctl(addr, "health", token="")
