@@ -15,9 +15,11 @@
 #     networking (free ports): both workers exit 0, the HEALTHCHECK turns
 #     healthy while the job runs (when the image has one), the coordinator
 #     container exits 0 after the job;
-#  5. SIGTERM mid-job (`podman stop`): the coordinator container exits 0
-#     within its grace period and every worker fails with
-#     GS_ERR_COORDINATOR_LOST saying the coordinator was shut down.
+#  5. SIGTERM mid-job (`podman stop`): while the coordinator drains,
+#     gradsyncctl health (from the host) gets NOT_SERVING; the coordinator
+#     container exits 0 within its grace period (by its log's clock) and
+#     every worker fails with GS_ERR_COORDINATOR_LOST saying the
+#     coordinator was shut down.
 # Prints what each step cost and the total. Exit 0 pass, 1 fail, 77 skip
 # (not root, podman/runc/debootstrap missing, podman cannot run a
 # container here, or BUILD_DIR is a sanitizer build: CI runs it once, with
@@ -227,18 +229,32 @@ done
 wait_log "gs-t0-$tag" "step 20/1000000" 120
 stop_t=$SECONDS
 # podman stop sends the image's STOPSIGNAL, then SIGKILL after -t seconds.
-"${P[@]}" stop -t $((grace + 5)) "$co" >/dev/null
+"${P[@]}" stop -t $((grace + 5)) "$co" >/dev/null &
+stop_pid=$!
+# The drain: the port stays open and health answers NOT_SERVING.
+wait_log "$co" "draining for $((grace - 2)).0 s: health NOT_SERVING" 30
+probe=$("$build/bin/gradsyncctl" --addr "127.0.0.1:$port" --timeout-s 4 health 2>&1) && prc=0 || prc=$?
+[ "$prc" = 3 ] && [ "$probe" = NOT_SERVING ] ||
+  fail "gradsyncctl health during the drain: exit $prc, '$probe' (expected NOT_SERVING, exit 3)"
+wait "$stop_pid" || fail "podman stop failed"
 took=$((SECONDS - stop_t))
 rc=$("${P[@]}" inspect -f '{{.State.ExitCode}}' "$co")
 [ "$rc" = 0 ] || fail "the coordinator container exited with $rc on SIGTERM, expected 0"
-[ "$took" -le "$grace" ] || fail "the coordinator took $took s to stop, more than its grace of $grace s"
 expect_log "$co" "received SIGTERM"
+# Within the grace, by gradsyncd's own clock (podman's stop adds its own time).
+stamp() {
+  "${P[@]}" logs "$co" 2>&1 | sed -n "s/^time=\([^ ]*\) .*$1.*/\1/p" | head -1
+}
+t_sig=$(stamp 'received SIGTERM') t_end=$(stamp 'msg="stopped"')
+[ -n "$t_sig" ] && [ -n "$t_end" ] || fail "no 'received SIGTERM' / 'stopped' log lines"
+ms=$(($(date -d "$t_end" +%s%3N) - $(date -d "$t_sig" +%s%3N)))
+[ "$ms" -le $((grace * 1000)) ] || fail "gradsyncd took $ms ms from SIGTERM to exit, more than its grace of $grace s"
 for r in 0 1; do
   rc=$(wait_exit "gs-t$r-$tag" $((grace + 20)))
   [ "$rc" = 1 ] || fail "worker $r exited with $rc after the coordinator's SIGTERM, expected 1"
   expect_log "gs-t$r-$tag" "failed: GS_ERR_COORDINATOR_LOST: "
   expect_log "gs-t$r-$tag" "it was shut down while the job ran"
 done
-lap "SIGTERM mid-job: coordinator exit 0 in ${took} s, workers GS_ERR_COORDINATOR_LOST"
+lap "SIGTERM mid-job: health NOT_SERVING during the drain, gradsyncd exit 0 $ms ms after the signal (podman stop: ${took} s), workers GS_ERR_COORDINATOR_LOST"
 
 say "PASS in $((SECONDS - t0)) s"
