@@ -68,6 +68,12 @@ gpr_timespec gs__deadline_ms(int64_t ms) {
   return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
 }
 
+gpr_timespec gs__deadline_us(int64_t us) {
+  if (us < 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  if (us == 0) return gpr_inf_past(GPR_CLOCK_MONOTONIC);
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_micros(us, GPR_TIMESPAN));
+}
+
 grpc_arg gs__int_arg(const char *key, int value) {
   grpc_arg a;
   memset(&a, 0, sizeof a);

@@ -24,6 +24,11 @@ int gs__md_get(const grpc_metadata_array *md, const char *key, char *out, size_t
 int gs__md_view(const grpc_metadata_array *md, const char *key, const char **val, size_t *len);
 /* A monotonic deadline ms milliseconds from now (ms < 0: infinite). */
 gpr_timespec gs__deadline_ms(int64_t ms);
+/* A monotonic deadline us microseconds from now: us < 0 is infinite, and
+ * us == 0 is gpr_inf_past, so a wait with it only takes what is ready (a
+ * deadline of "now" sleeps about a millisecond: gRPC core keeps deadlines
+ * in whole milliseconds, rounded up). */
+gpr_timespec gs__deadline_us(int64_t us);
 /* An integer channel argument (key is a GRPC_ARG_* constant). */
 grpc_arg gs__int_arg(const char *key, int value);
 /* Routes gRPC core's own log lines through gs__log (call before

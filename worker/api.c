@@ -351,13 +351,14 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
     uint64_t now = gs__now_ms();
     gs__plan_msg m;
     int got = 0;
-    int rc = gs__client_session_poll(ctx->client, now < deadline_ms ? (int)(deadline_ms - now) : 0,
+    int rc = gs__client_session_poll(ctx->client,
+                                     now < deadline_ms ? (int64_t)(deadline_ms - now) * 1000 : 0,
                                      &m, &got, err, sizeof err);
     if (rc) {
       st = gs__set_error((gs_status)rc, "gs_init (rank %d): %s", ctx->rank, err);
       break;
     }
-    if (!got && gs__now_ms() >= deadline_ms) {
+    if (got == GS__POLL_NOTHING && gs__now_ms() >= deadline_ms) {
       char missing[1024] = "", joined[2048] = "";
       size_t used = 0;
       for (size_t i = 0; i < last.nmissing && used < sizeof missing - 16; i++)
@@ -387,7 +388,7 @@ static gs_status wait_world(gs_ctx *ctx, uint64_t deadline_ms, int timeout_ms) {
                          joined[0] ? joined : "none", gone_note, ctx->size);
       break;
     }
-    if (!got) continue;
+    if (got != GS__POLL_MESSAGE) continue;
     if (m.kind == GS__MSG_WORLD) {
       int ready = m.world.ready;
       gs__world_status_free(&last);
@@ -696,7 +697,9 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
     goto out_free_ctx;
   }
   ctx->exec_started = 1;
+  ctx->comm_running = 1; /* before any other thread can see ctx */
   if (pthread_create(&ctx->thread, NULL, gs__background_main, ctx) != 0) {
+    ctx->comm_running = 0;
     st = gs__set_error(GS_ERR_NO_MEMORY, "gs_init (rank %d): cannot start the comm thread: %s",
                        r.rank, strerror(errno));
     goto out_stop_exec;
@@ -729,7 +732,9 @@ gs_status gs_shutdown(gs_ctx *ctx) {
   pthread_mutex_lock(&ctx->mu);
   ctx->stop = 1;
   pthread_cond_broadcast(&ctx->cv);
+  int kick = gs__comm_wake_locked(ctx, 0);
   pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
   if (ctx->thread_started) pthread_join(ctx->thread, NULL); /* it stops the exec thread */
   if (ctx->exec_started) pthread_join(ctx->exec_thread, NULL);
   /* The threads have ended: fail what is left (the first failure wins). */
@@ -787,7 +792,9 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
       ctx->sub_head = h;
     ctx->sub_tail = h;
   }
+  int kick = !st && gs__comm_wake_locked(ctx, 1);
   pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
   return st;
 }
 
@@ -1083,7 +1090,9 @@ gs_status gs_register_local(gs_ctx *ctx, const char *name) {
       HASH_ADD_STR(ctx->locals, name, l);
     }
   }
+  int kick = !st && gs__comm_wake_locked(ctx, 0);
   pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
   return st;
 }
 
@@ -1101,7 +1110,9 @@ gs_status gs_unregister_local(gs_ctx *ctx, const char *name) {
       free(l);
     }
   }
+  int kick = !st && gs__comm_wake_locked(ctx, 0);
   pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
   return st;
 }
 
@@ -1444,13 +1455,19 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
   gs_status st = GS_ERR_TIMEOUT;
   pthread_mutex_lock(&ctx->mu);
   uint64_t now = gs__now_ms();
+  int kick = 0;
   if (!passive) {
     for (size_t i = 0; i < n; i++) {
-      gs__handle_waited_locked(ctx, hs[i], now);
+      kick |= gs__handle_waited_locked(ctx, hs[i], now);
       hs[i]->nwaiting++;
     }
     self.next = ctx->waiters;
     ctx->waiters = &self;
+  }
+  if (kick) { /* no thread other than this one ends the context meanwhile */
+    pthread_mutex_unlock(&ctx->mu);
+    gs__comm_kick(ctx);
+    pthread_mutex_lock(&ctx->mu);
   }
   for (;;) {
     size_t i = 0;
@@ -1504,8 +1521,9 @@ gs_status gs_test(gs_handle *h, int *done) {
      * is pending its context is alive. */
     gs_ctx *ctx = h->ctx;
     pthread_mutex_lock(&ctx->mu);
-    gs__handle_waited_locked(ctx, h, gs__now_ms());
+    int kick = gs__handle_waited_locked(ctx, h, gs__now_ms());
     pthread_mutex_unlock(&ctx->mu);
+    if (kick) gs__comm_kick(ctx);
   }
   return GS_OK;
 }

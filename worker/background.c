@@ -1,9 +1,14 @@
-/* The worker's comm thread: every cycle it receives what the coordinator
- * sent (plans go to the exec thread's queue; aborts fail the job and abort
- * the backend, interrupting a running collective), then sends the ops
- * submitted since the last cycle, the numbers of the plans executed, the
- * tensor names application threads are blocked on when that set changes,
- * and a heartbeat when one is due.
+/* The worker's comm thread: it sleeps on the session's completion queue
+ * until something happens (a message from the coordinator, a finished
+ * send, a kick from a thread that has work for it, or its own next due
+ * time: a heartbeat or a change of the blocked-on set). It receives what
+ * the coordinator sent (plans go to the exec thread's queue; aborts fail
+ * the job and abort the backend, interrupting a running collective), then,
+ * when no message is in flight, sends in one message the ops submitted
+ * since, the numbers of the plans executed, the tensor names application
+ * threads are blocked on when that set changed, and a heartbeat when one is
+ * due. While a message is in flight, work accumulates and goes out together
+ * when it completes (Nagle's rule): no clock on the critical path.
  *
  * Owns the client session; touches handles, the submission queue, the
  * waiter list and the plan queue only under ctx->mu. */
@@ -39,16 +44,36 @@ void gs__handle_unref(struct gs_handle *h) {
   }
 }
 
-void gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
-  if (atomic_load_explicit(&h->done, memory_order_relaxed)) return;
+int gs__comm_wake_locked(gs_ctx *ctx, int requests) {
+  if (!ctx->comm_running || ctx->kicked || ctx->comm_send_busy) return 0;
+  if (requests && ctx->comm_req_held) return 0; /* they go with the answer */
+  ctx->kicked = 1;
+  return 1;
+}
+
+void gs__comm_kick(gs_ctx *ctx) {
+  gs__client_session_kick(ctx->client);
+}
+
+int gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
+  if (atomic_load_explicit(&h->done, memory_order_relaxed)) return 0;
+  int kick = 0;
   if (!h->wait_since_ms) {
     h->wait_since_ms = now ? now : 1;
     h->wprev = NULL;
     h->wnext = ctx->waited;
     if (ctx->waited) ctx->waited->wprev = h;
     ctx->waited = h;
+    /* This op may count as blocked from wait_since + the grace: make sure
+     * the comm thread looks by then. */
+    if (!h->planned && ctx->comm_next_ms > h->wait_since_ms + BLOCKED_GRACE_MS &&
+        ctx->comm_running && !ctx->kicked) {
+      ctx->kicked = 1;
+      kick = 1;
+    }
   }
   h->wait_last_ms = now;
+  return kick;
 }
 
 /* Caller holds ctx->mu. */
@@ -87,7 +112,9 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
   HASH_ITER(hh, ctx->inflight, h, tmp) complete_locked(ctx, h, ctx->fatal, ctx->fatal_msg);
   pthread_cond_broadcast(&ctx->cv); /* waits, and the exec thread awaiting a verdict */
   pthread_cond_broadcast(&ctx->exec_cv);
+  int kick = gs__comm_wake_locked(ctx, 0); /* the comm thread ends the session */
   pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
 }
 
 /* The job is over for this rank: fail everything and interrupt the data
@@ -245,9 +272,15 @@ static int cmp_name(const void *a, const void *b) {
   return strcmp((const char *)a, (const char *)b);
 }
 
+static void earliest(uint64_t *next, uint64_t t) {
+  if (t < *next) *next = t;
+}
+
 /* Collects the names this rank's threads are blocked on into m (sorted,
- * deduplicated) when the set differs from the last one reported. */
-static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m) {
+ * deduplicated) when the set differs from the last one reported. Lowers
+ * *next to the earliest time the set can change without anything else
+ * happening (a wait passing its grace period, a polled op going stale). */
+static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m, uint64_t *next) {
   char(*names)[GS__MAX_NAME + 1] = NULL;
   size_t n = 0;
   pthread_mutex_lock(&ctx->mu);
@@ -255,13 +288,19 @@ static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m) {
    * planned (a wait on any of several ends when one is) and each has been
    * waited on since the grace period, counted from the op's first wait. */
   for (gs__waiter *w = ctx->waiters; w; w = w->next) {
-    int blocked = 1;
-    for (size_t i = 0; i < w->n && blocked; i++) {
+    int blocked = 1, settled = 0;
+    uint64_t latest = 0;
+    for (size_t i = 0; i < w->n && !settled; i++) {
       const struct gs_handle *h = w->hs[i];
-      if (atomic_load_explicit(&h->done, memory_order_relaxed) || h->planned || !h->wait_since_ms ||
-          h->wait_since_ms > now || now - h->wait_since_ms < BLOCKED_GRACE_MS)
+      if (atomic_load_explicit(&h->done, memory_order_relaxed) || h->planned || !h->wait_since_ms) {
         blocked = 0;
+        settled = 1; /* changes only with a plan or a completion */
+      } else if (h->wait_since_ms > now || now - h->wait_since_ms < BLOCKED_GRACE_MS) {
+        blocked = 0;
+      }
+      if (h->wait_since_ms > latest) latest = h->wait_since_ms;
     }
+    if (!blocked && !settled) earliest(next, latest + BLOCKED_GRACE_MS);
     for (size_t i = 0; blocked && i < w->n && n < GS__MAX_BLOCKED; i++) {
       if (!names && !(names = malloc(GS__MAX_BLOCKED * sizeof *names))) break;
       memcpy(names[n++], w->hs[i]->req.name, sizeof names[0]);
@@ -270,10 +309,13 @@ static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m) {
   /* Ops no thread waits on right now but that one waited on or tested
    * recently: between two timed waits, or polled with gs_test. */
   for (const struct gs_handle *h = ctx->waited; h && n < GS__MAX_BLOCKED; h = h->wnext) {
-    if (h->nwaiting || h->planned || h->wait_since_ms > now ||
-        now - h->wait_since_ms < BLOCKED_GRACE_MS ||
-        (h->wait_last_ms < now && now - h->wait_last_ms > BLOCKED_RECENT_MS))
+    if (h->nwaiting || h->planned) continue;
+    if (h->wait_since_ms > now || now - h->wait_since_ms < BLOCKED_GRACE_MS) {
+      earliest(next, h->wait_since_ms + BLOCKED_GRACE_MS);
       continue;
+    }
+    if (h->wait_last_ms < now && now - h->wait_last_ms > BLOCKED_RECENT_MS) continue;
+    earliest(next, h->wait_last_ms + BLOCKED_RECENT_MS + 1);
     if (!names && !(names = malloc(GS__MAX_BLOCKED * sizeof *names))) break;
     memcpy(names[n++], h->req.name, sizeof names[0]);
   }
@@ -299,16 +341,43 @@ static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m) {
   m->nblocked = u;
 }
 
-/* Sends the ops submitted since the last cycle in one message, together
+/* Sends the ops submitted since the last message in one message, together
  * with the executed plans, the blocked-on names when they changed and a
- * heartbeat when one is due. */
-static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
+ * heartbeat when one is due (nothing when there is nothing to say).
+ *
+ * Batching (Nagle's rule): requests go out at once when no request message
+ * is unanswered; while one is (sent, and nothing came back from the
+ * coordinator since), new requests wait for the answer, at most one cycle
+ * time, or ride along with a message that goes out for another reason. The
+ * first gradient of a burst thus costs one round trip and the rest follow
+ * in one message, without a clock on the critical path. *next receives
+ * when to come back on its own: the next heartbeat, the end of the hold, or
+ * sooner when the blocked-on set can change. */
+static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size_t errlen) {
   gs__rank_msg m;
   memset(&m, 0, sizeof m);
-  uint64_t now = gs__now_ms();
+  uint64_t now = gs__now_ms(), now_us = gs__now_us();
+  uint32_t hb = ctx->join.config.heartbeat_ms ? ctx->join.config.heartbeat_ms : 1000;
+  *next = UINT64_MAX;
+  blocked_update(ctx, now, &m, next);
+  m.heartbeat = now - ctx->last_send_ms >= hb;
+  if (stopping) {
+    m.has_leave = 1;
+    snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
+  }
+  int hold = ctx->req_unanswered && now_us < ctx->req_hold_until_us;
   pthread_mutex_lock(&ctx->mu);
-  struct gs_handle *list = ctx->sub_head;
-  ctx->sub_head = ctx->sub_tail = NULL;
+  if (m.blocked_update || m.heartbeat || m.has_leave || ctx->ndone || ctx->nreg || ctx->nunreg)
+    hold = 0; /* a message goes out anyway: the requests ride along */
+  struct gs_handle *list = NULL;
+  if (hold) {
+    /* Submissions made while held wait for this wake-up, not a kick. */
+    earliest(next, (ctx->req_hold_until_us + 999) / 1000);
+  } else {
+    list = ctx->sub_head;
+    ctx->sub_head = ctx->sub_tail = NULL;
+  }
+  ctx->comm_req_held = hold; /* new submissions need no kick while held */
   size_t n = 0;
   for (struct gs_handle *h = list; h; h = h->next_submit) n++;
   if (n) {
@@ -338,72 +407,98 @@ static int send_cycle(gs_ctx *ctx, int stopping, char *err, size_t errlen) {
   ctx->reg = ctx->unreg = NULL;
   ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
   pthread_mutex_unlock(&ctx->mu);
+  int rc = GS__OK;
   if (list && (!m.requests || !m.cached)) {
     snprintf(err, errlen, "out of memory batching requests");
-    free(m.done_plans);
-    return GS__ERR_NO_MEMORY;
+    rc = GS__ERR_NO_MEMORY;
+    goto out_free;
   }
-  blocked_update(ctx, now, &m);
-  uint32_t hb = ctx->join.config.heartbeat_ms ? ctx->join.config.heartbeat_ms : 1000;
-  m.heartbeat = now - ctx->last_send_ms >= hb;
-  if (stopping) {
-    m.has_leave = 1;
-    snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
-  }
-  int rc = GS__OK;
   if (m.nrequests || m.ncached || m.ndone || m.heartbeat || m.has_leave || m.blocked_update ||
       m.nreg || m.nunreg) {
     size_t bytes = 0;
     rc = gs__client_session_send(ctx->client, &m, &bytes, err, errlen);
     ctx->last_send_ms = now;
+    if (m.nrequests || m.ncached) {
+      ctx->req_unanswered = 1;
+      ctx->req_hold_until_us =
+          now_us + (ctx->join.config.cycle_time_us ? ctx->join.config.cycle_time_us : 1000);
+    }
     pthread_mutex_lock(&ctx->mu);
+    ctx->comm_send_busy = 1; /* until the comm thread sees the send complete */
     ctx->stats.requests_sent += m.nrequests + m.ncached;
     ctx->stats.bytes_to_coordinator += bytes;
     ctx->stats.messages_to_coordinator++;
     pthread_mutex_unlock(&ctx->mu);
   }
+  earliest(next, ctx->last_send_ms + hb);
+out_free:
   gs__rank_msg_free(&m);
   return rc;
 }
 
+/* Bounds a sleep while a message is in flight (its completion wakes the
+ * thread; this only caps the wait if it never came). */
+#define SEND_WAIT_MS 1000
+
 void *gs__background_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
-  int cycle_ms = (int)((ctx->join.config.cycle_time_us + 999) / 1000);
-  if (cycle_ms < 1) cycle_ms = 1;
   int over = 0;
+  int64_t wait_us = 0; /* first pass: only what is ready */
+  uint64_t next_ms = 0;
   while (!over) {
-    /* 1. Receive: wait up to one cycle for the first message, then take
-     * whatever else is ready. */
-    int wait = cycle_ms;
+    /* 1. Sleep until something happens or comes due, then take whatever
+     * else is ready without sleeping. */
     for (;;) {
       gs__plan_msg m;
-      int got = 0;
-      int rc = gs__client_session_poll(ctx->client, wait, &m, &got, err, sizeof err);
+      int got = GS__POLL_NOTHING;
+      int rc = gs__client_session_poll(ctx->client, wait_us, &m, &got, err, sizeof err);
       if (rc) {
         fail_job(ctx, (gs_status)rc, err);
         over = 1;
         break;
       }
-      if (!got) break;
+      if (got == GS__POLL_NOTHING) break;
+      wait_us = 0;
+      if (got != GS__POLL_MESSAGE) continue;
+      ctx->req_unanswered = 0; /* the coordinator answered: held requests may go */
       over = on_message(ctx, &m);
       gs__plan_msg_free(&m);
       if (over) break;
-      wait = 0;
     }
     if (over) break;
-    /* 2. Send this cycle's part. */
+    /* 2. Say what there is to say, unless a message is still in flight:
+     * then it goes out when that one completes. A consumed kick is cleared
+     * before the queues are read, so that work arriving from now on kicks
+     * again. */
+    int idle = gs__client_session_idle(ctx->client);
+    unsigned kicks = gs__client_session_kicks_taken(ctx->client);
     pthread_mutex_lock(&ctx->mu);
+    if (kicks) ctx->kicked = 0;
+    ctx->comm_send_busy = !idle;
     int stopping = ctx->stop;
     int failed = ctx->fatal != GS_OK;
     pthread_mutex_unlock(&ctx->mu);
     if (failed) break; /* e.g. the data plane failed on the exec thread */
-    if (send_cycle(ctx, stopping, err, sizeof err) != GS__OK) {
-      fail_job(ctx, GS_ERR_COORDINATOR_LOST, err);
-      break;
+    if (idle) {
+      if (send_cycle(ctx, stopping, &next_ms, err, sizeof err) != GS__OK) {
+        fail_job(ctx, GS_ERR_COORDINATOR_LOST, err);
+        break;
+      }
+      if (stopping) break;
+      pthread_mutex_lock(&ctx->mu);
+      ctx->comm_next_ms = next_ms;
+      pthread_mutex_unlock(&ctx->mu);
     }
-    if (stopping) break;
+    /* 3. Until when to sleep: the finished send or a kick wakes it sooner. */
+    uint64_t now_us = gs__now_us(), due_us = next_ms * 1000;
+    if (!gs__client_session_idle(ctx->client) && due_us <= now_us)
+      due_us = now_us + (uint64_t)SEND_WAIT_MS * 1000;
+    wait_us = due_us > now_us ? (int64_t)(due_us - now_us) : 0;
   }
+  pthread_mutex_lock(&ctx->mu);
+  ctx->comm_running = 0;
+  pthread_mutex_unlock(&ctx->mu);
   /* Leave (bounded): flush the leave message, half-close, wait for the
    * coordinator to end the stream. Then let the exec thread finish the plans
    * it has and stop. */

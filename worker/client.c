@@ -27,7 +27,7 @@
 #include "secret.h"
 #include "status.h"
 
-typedef enum { C_START, C_RECV, C_SEND, C_STATUS, C_CLOSE } ctag_kind;
+typedef enum { C_START, C_RECV, C_SEND, C_STATUS, C_CLOSE, C_KICK } ctag_kind;
 
 typedef struct ctag {
   ctag_kind kind;
@@ -48,7 +48,8 @@ struct gs__client {
   /* the session (one thread at a time) */
   grpc_completion_queue *cq;
   grpc_call *call;
-  ctag t_start, t_recv, t_send, t_status;
+  ctag t_start, t_recv, t_send, t_status, t_kick;
+  unsigned kicks; /* kicks consumed, not yet taken */
   grpc_metadata_array init_md, trail;
   grpc_status_code status;
   grpc_slice details;
@@ -147,6 +148,7 @@ int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, siz
   c->t_recv = (ctag){C_RECV};
   c->t_send = (ctag){C_SEND};
   c->t_status = (ctag){C_STATUS};
+  c->t_kick = (ctag){C_KICK};
   c->details = grpc_empty_slice();
   grpc_metadata_array_init(&c->init_md);
   grpc_metadata_array_init(&c->trail);
@@ -629,7 +631,7 @@ int gs__client_session_send(gs__client *c, const gs__rank_msg *m, size_t *bytes,
 }
 
 int gs__client_session_idle(const gs__client *c) {
-  return !c->send_busy;
+  return !c->send_busy && !c->q_head;
 }
 
 static int lost(gs__client *c, char *err, size_t errlen) {
@@ -657,32 +659,59 @@ static int lost(gs__client *c, char *err, size_t errlen) {
   return GS__ERR_COORDINATOR_LOST;
 }
 
-int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, int *got, char *err,
-                            size_t errlen) {
-  *got = 0;
-  gpr_timespec deadline = gs__deadline_ms(timeout_ms > 0 ? timeout_ms : 0);
+void gs__client_session_kick(gs__client *c) {
+  /* C core 1.51 has no public alarm: a connectivity watch whose deadline has
+   * passed completes at once with its tag, which wakes the queue's owner. */
+  grpc_connectivity_state st = grpc_channel_check_connectivity_state(c->ch, 0);
+  grpc_channel_watch_connectivity_state(c->ch, st, gpr_inf_past(GPR_CLOCK_MONOTONIC), c->cq,
+                                        &c->t_kick);
+}
+
+unsigned gs__client_session_kicks_taken(gs__client *c) {
+  unsigned k = c->kicks;
+  c->kicks = 0;
+  return k;
+}
+
+/* A send completed: start the next queued one. */
+static void send_done(gs__client *c, int success) {
+  if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
+  c->send_bb = NULL;
+  c->send_busy = 0;
+  if (!c->q_head) return;
+  send_node *n = c->q_head;
+  c->q_head = n->next;
+  if (!c->q_head) c->q_tail = NULL;
+  grpc_byte_buffer *bb = n->bb;
+  free(n);
+  if (success)
+    send_now(c, bb);
+  else if (bb)
+    grpc_byte_buffer_destroy(bb);
+}
+
+int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg, int *got,
+                            char *err, size_t errlen) {
+  *got = GS__POLL_NOTHING;
+  gpr_timespec deadline = gs__deadline_us(timeout_us);
   for (;;) {
     if (c->ended) return lost(c, err, errlen);
     grpc_event ev = grpc_completion_queue_next(c->cq, deadline, NULL);
     if (ev.type != GRPC_OP_COMPLETE) return GS__OK; /* timeout */
     ctag *t = ev.tag;
+    if (t->kind == C_KICK) {
+      c->kicks++;
+      *got = GS__POLL_EVENT;
+      return GS__OK;
+    }
     c->pending--;
     switch (t->kind) {
     case C_START:
       break;
     case C_SEND:
-      if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
-      c->send_bb = NULL;
-      c->send_busy = 0;
-      if (ev.success && c->q_head) {
-        send_node *n = c->q_head;
-        c->q_head = n->next;
-        if (!c->q_head) c->q_tail = NULL;
-        grpc_byte_buffer *bb = n->bb;
-        free(n);
-        send_now(c, bb);
-      }
-      break;
+      send_done(c, ev.success);
+      *got = GS__POLL_EVENT;
+      return GS__OK;
     case C_RECV:
       c->recv_armed = 0;
       if (ev.success && c->recv_bb) {
@@ -704,7 +733,7 @@ int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, in
                    derr);
           return GS__ERR_INTERNAL;
         }
-        *got = 1;
+        *got = GS__POLL_MESSAGE;
         return GS__OK;
       }
       /* End of the server's messages: the status follows. Wait for it
@@ -715,6 +744,7 @@ int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, in
       c->ended = 1;
       return lost(c, err, errlen);
     case C_CLOSE:
+    case C_KICK:
       break;
     }
   }
@@ -738,22 +768,10 @@ void gs__client_session_close(gs__client *c, int timeout_ms) {
       continue;
     }
     ctag *t = ev.tag;
+    if (t->kind == C_KICK) continue; /* not counted in pending */
     c->pending--;
     if (t->kind == C_SEND) {
-      if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
-      c->send_bb = NULL;
-      c->send_busy = 0;
-      if (c->q_head) {
-        send_node *n = c->q_head;
-        c->q_head = n->next;
-        if (!c->q_head) c->q_tail = NULL;
-        grpc_byte_buffer *bb = n->bb;
-        free(n);
-        if (ev.success)
-          send_now(c, bb);
-        else if (bb)
-          grpc_byte_buffer_destroy(bb);
-      }
+      send_done(c, ev.success);
     } else if (t->kind == C_RECV) {
       c->recv_armed = 0;
       if (c->recv_bb) {

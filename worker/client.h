@@ -54,14 +54,31 @@ int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *e
  * be NULL) receives its encoded size. */
 int gs__client_session_send(gs__client *c, const gs__rank_msg *m, size_t *bytes, char *err,
                             size_t errlen);
-/* Runs the stream's events for up to timeout_ms (0 = only what is ready),
- * returning as soon as one message arrives (*got = 1, *msg filled: free it
- * with gs__plan_msg_free). GS__ERR_COORDINATOR_LOST with a message once the
- * stream has ended. */
-int gs__client_session_poll(gs__client *c, int timeout_ms, gs__plan_msg *msg, int *got, char *err,
-                            size_t errlen);
-/* 1 while nothing queued waits to be sent. */
+/* What gs__client_session_poll saw. */
+enum {
+  GS__POLL_NOTHING = 0, /* the timeout passed with nothing to report */
+  GS__POLL_MESSAGE = 1, /* *msg holds a message from the coordinator */
+  GS__POLL_EVENT = 2    /* a send completed or a kick arrived: look for work */
+};
+/* Runs the stream's events for up to timeout_us microseconds (0 = only what
+ * is ready, without sleeping; < 0 = no limit), returning at the first thing
+ * the caller may act on: a message (*got = GS__POLL_MESSAGE, *msg filled:
+ * free it with gs__plan_msg_free), a completed send or a kick
+ * (GS__POLL_EVENT). GS__ERR_COORDINATOR_LOST with a message once the
+ * stream has ended. Session thread only. */
+int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg, int *got,
+                            char *err, size_t errlen);
+/* 1 while no message is in flight or queued. Session thread only. */
 int gs__client_session_idle(const gs__client *c);
+/* Makes the session thread's poll return (GS__POLL_EVENT) soon: an
+ * operation that completes at once is tagged on the session's queue. Any
+ * thread, while the session is open (after gs__client_session_open, before
+ * gs__client_destroy). Each kick completes exactly once; the caller bounds
+ * how many are outstanding. */
+void gs__client_session_kick(gs__client *c);
+/* How many kicks the polls consumed since the last call (and resets the
+ * count). Session thread only. */
+unsigned gs__client_session_kicks_taken(gs__client *c);
 /* Half-closes the stream and waits up to timeout_ms for its end, then
  * cancels it. */
 void gs__client_session_close(gs__client *c, int timeout_ms);

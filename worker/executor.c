@@ -680,8 +680,12 @@ void *gs__executor_main(void *arg) {
     pthread_mutex_lock(&ctx->mu);
     remember_done(ctx, n->plan.seq);
     ctx->stats.plans_executed++;
+    int kick = gs__comm_wake_locked(ctx, 0); /* report it (or with the next message) */
+    pthread_mutex_unlock(&ctx->mu);
+    if (kick) gs__comm_kick(ctx);
     gs__plan_free(&n->plan);
     free(n);
+    pthread_mutex_lock(&ctx->mu);
   }
   pthread_mutex_unlock(&ctx->mu);
   return NULL;

@@ -128,12 +128,26 @@ struct gs_ctx {
   char (*reg)[GS__MAX_NAME + 1], (*unreg)[GS__MAX_NAME + 1];
   size_t nreg, nunreg, reg_cap, unreg_cap;
 
+  /* Waking the comm thread (under mu). It sleeps on the session's queue
+   * until a message, a finished send, a kick or its own next due time
+   * (comm_next_ms: a heartbeat or a change of the blocked-on set). Work for
+   * it (a submission, a finished plan, a registration, stop, a failure)
+   * kicks it only when it is idle: comm_running, no kick outstanding
+   * (kicked) and no message in flight (comm_send_busy); while one is in
+   * flight, work accumulates and goes out in one message when it completes
+   * (Nagle's rule, not a clock). Submissions also need no kick while the
+   * comm thread holds requests back for the coordinator's answer to the
+   * last request message (comm_req_held; see send_cycle). */
+  int comm_running, kicked, comm_send_busy, comm_req_held;
+  uint64_t comm_next_ms;
   /* comm thread (background.c): the session */
   pthread_t thread;
   int thread_started;
   gs__client *client;
   uint64_t last_send_ms;
-  uint64_t blocked_sig; /* the blocked-on set last reported */
+  int req_unanswered;         /* a request message went out, nothing came back since */
+  uint64_t req_hold_until_us; /* held requests go out by then at the latest */
+  uint64_t blocked_sig;       /* the blocked-on set last reported */
   gs__wcache *cache_by_name, *cache_by_id;
   gs__wtemplate *templates;
   /* exec thread (executor.c): the backend */
@@ -150,8 +164,18 @@ struct gs_ctx {
 void gs__ctx_abort_backends(gs_ctx *ctx);
 
 /* background.c: an application thread waits on or tests pending op h at
- * now (caller holds ctx->mu): starts its blocked-since on the first time. */
-void gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now);
+ * now (caller holds ctx->mu): starts its blocked-since on the first time.
+ * Returns 1 when the caller must call gs__comm_kick after unlocking (the
+ * comm thread would not look at the blocked-on set in time otherwise). */
+int gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now);
+/* background.c: there is new work for the comm thread (caller holds
+ * ctx->mu): requests (1) or anything else (0). Returns 1 when the caller
+ * must call gs__comm_kick after unlocking: the comm thread is idle, no kick
+ * is outstanding and it does not hold requests anyway. */
+int gs__comm_wake_locked(gs_ctx *ctx, int requests);
+/* Kicks the comm thread awake (any thread, without ctx->mu; only after
+ * gs__comm_wake_locked or gs__handle_waited_locked returned 1). */
+void gs__comm_kick(gs_ctx *ctx);
 
 /* background.c: the comm thread */
 void *gs__background_main(void *arg);

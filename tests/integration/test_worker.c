@@ -571,12 +571,13 @@ static gs_stats stats_now(const gs_ctx *ctx) {
 
 /* One line of counter deltas b - a, parsed by the driver. */
 static void print_stats(const char *prefix, const gs_stats *a, const gs_stats *b) {
-  printf("%s: collectives=%llu tensors=%llu fused=%llu requests=%llu hits=%llu\n", prefix,
-         (unsigned long long)(b->collectives - a->collectives),
+  printf("%s: collectives=%llu tensors=%llu fused=%llu requests=%llu hits=%llu messages=%llu\n",
+         prefix, (unsigned long long)(b->collectives - a->collectives),
          (unsigned long long)(b->tensors - a->tensors),
          (unsigned long long)(b->fused_collectives - a->fused_collectives),
          (unsigned long long)(b->requests_sent - a->requests_sent),
-         (unsigned long long)(b->cache_hits - a->cache_hits));
+         (unsigned long long)(b->cache_hits - a->cache_hits),
+         (unsigned long long)(b->messages_to_coordinator - a->messages_to_coordinator));
 }
 
 static void check_f32(const char *name, const float *got, const float *want, size_t n) {
