@@ -355,8 +355,8 @@ static session *session_of_rank(gs__coordinator *co, int32_t rank) {
   return NULL;
 }
 
-static void session_send(gs__coordinator *co, session *ss, const uint8_t *buf, size_t len) {
-  if (gs__call_send(ss->call, buf, len) != -2 || ss->rank < 0 || ss->cut_off ||
+static void session_send(gs__coordinator *co, session *ss, const gs__msg_bytes *m) {
+  if (gs__call_send_shared(ss->call, m) != -2 || ss->rank < 0 || ss->cut_off ||
       gs__server_shutting_down(co->srv))
     return;
   GS_LOG_ERROR("rank %d is not reading its session stream (its send queue overflowed); cutting "
@@ -428,16 +428,22 @@ static void flush_outbox(gs__coordinator *co) {
       GS_LOG_ERROR("internal: could not encode a message of kind %d", o->msg.kind);
       continue;
     }
+    /* Encoded once; every stream's send shares these bytes. */
+    gs__msg_bytes *mb = gs__msg_bytes_wrap(buf, len);
+    if (!mb) {
+      GS_LOG_ERROR("out of memory sending a message of kind %d", o->msg.kind);
+      continue;
+    }
     if (o->kind == GS__OUT_TO_RANK) {
       session *ss = session_of_rank(co, o->rank);
-      if (ss) session_send(co, ss, buf, len);
+      if (ss) session_send(co, ss, mb);
     } else {
       for (session *ss = co->sessions, *next; ss; ss = next) {
         next = ss->next;
-        if (ss->rank >= 0) session_send(co, ss, buf, len);
+        if (ss->rank >= 0) session_send(co, ss, mb);
       }
     }
-    free(buf);
+    gs__msg_bytes_release(mb);
   }
   gs__outbox_clear(&co->box);
   /* Sessions cut off above are lost ranks: tell the engine now that the

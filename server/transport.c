@@ -294,12 +294,43 @@ static void stream_send_now(gs__call *c, grpc_byte_buffer *bb) {
   start_batch(c, &op, 1, &c->t_send);
 }
 
+struct gs__msg_bytes {
+  grpc_slice s; /* owns the bytes; each byte buffer made from it holds a ref */
+};
+
+gs__msg_bytes *gs__msg_bytes_wrap(uint8_t *buf, size_t len) {
+  gs__msg_bytes *m = malloc(sizeof *m);
+  if (!m) {
+    free(buf);
+    return NULL;
+  }
+  m->s = grpc_slice_new(buf, len, free);
+  return m;
+}
+
+void gs__msg_bytes_release(gs__msg_bytes *m) {
+  if (!m) return;
+  grpc_slice_unref(m->s);
+  free(m);
+}
+
+static int call_send_bb(gs__call *c, grpc_byte_buffer *bb, size_t len);
+
 /* Only one SEND_MESSAGE may be in flight per call; the rest wait in a queue
  * whose size is bounded: a peer that stops reading is cut off rather than
  * growing the coordinator's memory. */
 int gs__call_send(gs__call *c, const uint8_t *buf, size_t len) {
   if (c->closed || c->finishing) return -1;
-  grpc_byte_buffer *bb = gs__bb_from_bytes(buf, len);
+  return call_send_bb(c, gs__bb_from_bytes(buf, len), len);
+}
+
+int gs__call_send_shared(gs__call *c, const gs__msg_bytes *m) {
+  if (c->closed || c->finishing) return -1;
+  grpc_slice s = m->s; /* the byte buffer takes its own reference */
+  return call_send_bb(c, grpc_raw_byte_buffer_create(&s, 1), GRPC_SLICE_LENGTH(m->s));
+}
+
+static int call_send_bb(gs__call *c, grpc_byte_buffer *bb, size_t len) {
   if (!c->send_busy) {
     stream_send_now(c, bb);
     return 0;
@@ -451,16 +482,32 @@ static void on_event(gs__server *s, tag *t, int ok) {
     }
     if (ok && c->recv_bb) {
       c->got_first = 1;
-      uint8_t *buf;
-      size_t len;
-      int rc = gs__bb_to_bytes(c->recv_bb, &buf, &len);
-      grpc_byte_buffer_destroy(c->recv_bb);
-      c->recv_bb = NULL;
+      uint8_t *buf = NULL;
+      size_t len = 0;
+      int rc = 0, copied = 0;
+      grpc_byte_buffer *bb = c->recv_bb;
+      if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+          bb->data.raw.slice_buffer.count == 1) {
+        /* One uncompressed slice (every small message): read it in place,
+         * no copy and no allocation per message. Through a pointer to the
+         * byte buffer's own slice: a slice of a few bytes keeps them inline
+         * in the struct, so a copy of the struct would leave buf pointing
+         * into a local that ends with this block. */
+        const grpc_slice *sl = &bb->data.raw.slice_buffer.slices[0];
+        buf = GRPC_SLICE_START_PTR(*sl);
+        len = GRPC_SLICE_LENGTH(*sl);
+      } else {
+        rc = gs__bb_to_bytes(bb, &buf, &len);
+        copied = 1;
+      }
       if (rc == 0) {
         const method_slot *ms = &s->methods[c->idx];
         if (c->opened && !c->finishing) ms->m->on_message(ms->svc->svc, c, buf, len);
-        free(buf);
-      } else {
+        if (copied) free(buf);
+      }
+      grpc_byte_buffer_destroy(bb);
+      c->recv_bb = NULL;
+      if (rc != 0) {
         gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading a message");
       }
       if (!c->closed && !c->finishing) stream_arm_recv(c);

@@ -158,6 +158,16 @@ void gs__call_watch_close(gs__call *c);
  * is finishing or closed (message dropped); -2 when its queue overflowed
  * (the call is ended with RESOURCE_EXHAUSTED, the message dropped). */
 int gs__call_send(gs__call *c, const uint8_t *buf, size_t len);
+/* One message for many streams (a plan for every rank): the bytes are
+ * encoded once and every stream's send shares them, uncopied. Queue thread
+ * only. gs__msg_bytes_wrap takes ownership of buf (malloc'd; freed when the
+ * last send that shares it is done); NULL when out of memory (buf freed). */
+typedef struct gs__msg_bytes gs__msg_bytes;
+gs__msg_bytes *gs__msg_bytes_wrap(uint8_t *buf, size_t len);
+/* Drops the caller's reference (sends still queued keep theirs). NULL-safe. */
+void gs__msg_bytes_release(gs__msg_bytes *m);
+/* gs__call_send of a shared message: the same results, no copy. */
+int gs__call_send_shared(gs__call *c, const gs__msg_bytes *m);
 /* Streaming: ends the call with code once the queued messages are sent.
  * Later calls are no-ops. */
 void gs__call_finish(gs__call *c, grpc_status_code code, const char *msg);
