@@ -34,8 +34,9 @@ static const gs__setting table[GS__S_COUNT] = {
     [GS__S_CYCLE_TIME] = {"cycle_time_ms", "--cycle-time-ms", "GRADSYNC_CYCLE_TIME",
                           "HOROVOD_CYCLE_TIME", GS__T_MILLI, "1", NULL, 0, 60000 * 1000LL, NULL,
                           GS__FOR_SERVER, "MS",
-                          "Worker batching period in milliseconds (fractions allowed, e.g. 0.5), "
-                          "imposed on every rank; the window policy's emission period.",
+                          "Longest a worker holds submissions back while its last request message "
+                          "is unanswered (batching; fractions allowed, e.g. 0.5), imposed on "
+                          "every rank; the window policy's emission period.",
                           "--cycle-time-ms", 0, "MS"},
     [GS__S_FUSION_THRESHOLD] = {"fusion_threshold", "--fusion-threshold",
                                 "GRADSYNC_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", GS__T_INT,
