@@ -137,7 +137,19 @@ struct gs_ctx {
    * flight, work accumulates and goes out in one message when it completes
    * (Nagle's rule, not a clock). Submissions also need no kick while the
    * comm thread holds requests back for the coordinator's answer to the
-   * last request message (comm_req_held; see send_cycle). */
+   * last request message (comm_req_held; see send_cycle).
+   *
+   * Why no wake-up is lost: work is queued and the flags are read under mu,
+   * and the comm thread reads the queues under mu after it last cleared a
+   * flag, so work queued after that read always finds one of: kicked = 1
+   * (one kick is outstanding: set only by the thread that then kicks,
+   * cleared only after the comm thread consumed a kick and before it reads
+   * the queues again; at most one is ever outstanding), comm_send_busy = 1
+   * (the send's completion wakes it; cleared only when it saw the send
+   * complete, again before reading the queues), comm_req_held = 1 (only
+   * requests; it sleeps at most until the hold ends), or comm_running = 0
+   * (the thread is ending: stop or failure). Besides, no sleep outlasts
+   * the next heartbeat (or one second while a send is in flight). */
   int comm_running, kicked, comm_send_busy, comm_req_held;
   uint64_t comm_next_ms;
   /* comm thread (background.c): the session */
