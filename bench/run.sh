@@ -2,8 +2,14 @@
 # bench/run.sh — gradsync's side-by-side benchmark comparisons (docs/benchmarks.md).
 #
 #   bench/run.sh [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
+#                [--no-control | --control-only]
 #   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
 #     (the data plane next to OpenMPI: see "data plane" below)
+#
+# Without --dataplane it then runs bench/control.sh (the control plane beside
+# OpenMPI, the Horovod-style MPI negotiation peer and the rank simulator;
+# its own options: bench/control.sh --help) unless --no-control;
+# --control-only runs only that.
 #
 # Runs every configuration of every comparison once per round, rounds
 # interleaved (so that drift on a shared machine hits all configurations
@@ -27,6 +33,7 @@ out=""
 quick=0
 dataplane=0
 workloads=${GRADSYNC_WORKLOADS:-$root/../shared/workloads}
+control=1
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,10 +44,24 @@ while [ $# -gt 0 ]; do
   --workloads) workloads=$2; shift 2 ;;
   --quick) quick=1; rounds=1; shift ;;
   --dataplane) dataplane=1; shift ;;
-  -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --no-control) control=0; shift ;;
+  --control-only) control=2; shift ;;
+  -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+
+# control_plane: bench/control.sh with this run's build, np and round count.
+control_plane() {
+  local q=()
+  [ "$quick" = 1 ] && q=(--quick)
+  GRADSYNC_WORKLOADS=$workloads "$here/control.sh" --build "$build" --np "$nps" --rounds "$rounds" \
+    "${q[@]}"
+}
+if [ "$control" = 2 ]; then
+  control_plane
+  exit $?
+fi
 
 run=$build/bin/gradsync-run
 bin=$build/bin/gradsync-bench
@@ -444,3 +465,5 @@ for np in $nps; do
 done
 echo
 echo "run.sh: done in $(($(date +%s) - start)) s" >&2
+[ "$control" = 1 ] && control_plane
+exit 0

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# bench/control.sh — the control plane beside its peers (issue 14;
+# docs/benchmarks.md "Control plane"). bench/run.sh runs it after its own
+# tables (or alone: bench/run.sh --control-only).
+#
+#   bench/control.sh [--build DIR] [--rounds R] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
+#                    [--out FILE] [--plots DIR] [--quick]
+#
+# In every round, side by side (rounds interleaved, medians over rounds):
+# - a lone allreduce of 4 B .. 1 MiB: gradsync end to end (gradsync-run +
+#   gradsync-bench --raw-allreduce) vs OpenMPI's MPI_Allreduce over TCP
+#   (--mca btl tcp,self) — the latency-vs-size curve;
+# - gs_barrier (the barrier before every gradsync-bench step);
+# - the ResNet-50 control-only step: its 161 tensors at 4 B each (--scale
+#   1e9), cache warm, the 161 submission calls included, vs the Horovod-style
+#   negotiation over OpenMPI (bench/mpi_negotiation.c) on the same list,
+#   cache on (bit-vector allreduce) and off (gather + bcast), negotiation
+#   only and with the fused tiny allreduces executed;
+# - the rank simulator (gradsync-rank-sim) at each N: per-step negotiation
+#   latency of the ResNet-50 list, cache on and off, beside the floor round
+#   of the same run; the coordinator's CPU per step and peak RSS.
+# Raw RESULT lines go to --out; tables to stdout; with gnuplot, SVG plots of
+# latency vs message size and negotiation vs N go to --plots (default: a
+# temporary directory, printed).
+#
+# Needs: a Release build (cmake -S . -B build-bench -G Ninja
+# -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench), OpenMPI
+# (openmpi-bin, libopenmpi-dev: scripts/install-deps.sh) for the MPI peer,
+# gnuplot (gnuplot-nox) for the plots. Timings are never pass/fail.
+# shellcheck disable=SC2086
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=${GRADSYNC_BUILD:-$root/build-bench}
+rounds=3
+nps="2 4"
+simn="8 64 256 1024"
+out=""
+plots=""
+quick=0
+workloads=${GRADSYNC_WORKLOADS:-$root/../shared/workloads}
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --build) build=$2; shift 2 ;;
+  --rounds) rounds=$2; shift 2 ;;
+  --np) nps=$2; shift 2 ;;
+  --sim-ranks) simn=$2; shift 2 ;;
+  --out) out=$2; shift 2 ;;
+  --plots) plots=$2; shift 2 ;;
+  --workloads) workloads=$2; shift 2 ;;
+  --quick) quick=1; rounds=1; simn="8 64"; shift ;;
+  -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+bin=$build/bin
+for f in gradsync-run gradsync-bench gradsyncd gradsync-rank-sim; do
+  [ -x "$bin/$f" ] || { echo "control.sh: $bin/$f not found; build first:" \
+    "cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench" >&2; exit 1; }
+done
+resnet=$workloads/resnet50.txt
+[ -r "$resnet" ] || { echo "control.sh: workload $resnet not found (--workloads DIR)" >&2; exit 1; }
+mpi=0
+if [ -x "$bin/mpi-negotiation" ] && command -v mpirun >/dev/null; then
+  mpi=1
+else
+  echo "control.sh: no MPI peer ($bin/mpi-negotiation or mpirun missing: install openmpi-bin" \
+    "libopenmpi-dev and rebuild); its rows are skipped" >&2
+fi
+[ -n "$out" ] || out=$(mktemp /tmp/gradsync-control.XXXXXX)
+: >"$out"
+mpirun_=(mpirun --oversubscribe --mca btl tcp,self)
+[ "$(id -u)" = 0 ] && mpirun_+=(--allow-run-as-root)
+sizes="4 64 1024 16384 65536 262144 1048576"
+[ "$quick" = 1 ] && sizes="4 65536"
+start=$(date +%s)
+
+# rec CASE ROUND NP COMMAND...: runs it, keeps its RESULT line.
+rec() {
+  local c=$1 r=$2 np=$3
+  shift 3
+  local line
+  line=$("$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)
+  if [ -z "$line" ]; then
+    echo "control.sh: $c (np=$np round $r) failed; its stderr:" >&2
+    tail -3 "$out.err" >&2
+    return
+  fi
+  echo "CASE $c round=$r np=$np $line" >>"$out"
+}
+
+gs() { # NP BENCH-ARGS...: gradsync-bench under gradsync-run
+  local np=$1
+  shift
+  "$bin/gradsync-run" -np "$np" --timeout 150 "$bin/gradsync-bench" "$@"
+}
+mp() { # NP ARGS...: the MPI peer
+  local np=$1
+  shift
+  "${mpirun_[@]}" -np "$np" "$bin/mpi-negotiation" "$@"
+}
+
+for r in $(seq 1 "$rounds"); do
+  echo "control.sh: round $r/$rounds ($(($(date +%s) - start)) s so far)" >&2
+  for np in $nps; do
+    for b in $sizes; do
+      rec "lat.gs.$b" "$r" "$np" gs "$np" --raw-allreduce "$b" --steps 200 --warmup 10
+      [ "$mpi" = 1 ] && rec "lat.mpi.$b" "$r" "$np" mp "$np" --allreduce-bytes "$b" --steps 200 --warmup 10
+    done
+    rec ctl.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
+    if [ "$mpi" = 1 ]; then
+      rec ctl.mpi.cached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5
+      rec ctl.mpi.cached.exec "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 --execute \
+        --scale 1e9
+      rec ctl.mpi.uncached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 --cache 0
+    fi
+    # batching with 100 us "backward" gaps (ResNet-50 / 32, as pol.a2 in run.sh)
+    rec gap.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 32 --gap-us 100 --steps 12 --warmup 2
+  done
+  for n in $simn; do
+    for c in 1 0; do
+      rec "sim.$n.c$c" "$r" 1 "$bin/gradsync-rank-sim" --ranks "$n" --workload "$resnet" --cache "$c" \
+        --steps $([ "$n" -ge 256 ] && echo 10 || echo 30) --warmup 2
+    done
+  done
+done
+rm -f "$out.err"
+
+# ---- report -------------------------------------------------------------------
+# med CASE KEY NP: median over rounds of KEY in the CASE lines.
+med() {
+  awk -v c="$1" -v k="$2" -v np="$3" '
+    $1 == "CASE" && $2 == c && $4 == "np=" np {
+      for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) a[n++] = kv[2] + 0 }
+    }
+    END {
+      if (!n) { print "nan"; exit }
+      for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2
+    }' "$out"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+us() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.0f", a * 1000 }'; }
+
+echo
+echo "gradsync control plane — $(nproc) CPUs, loopback, rounds=$rounds, load average $(cut -d' ' -f1-3 /proc/loadavg)," \
+  "$(date -u +%Y-%m-%dT%H:%MZ), raw lines: $out"
+echo
+echo "Lone allreduce, median µs (gradsync end to end; OpenMPI MPI_Allreduce over TCP):"
+echo
+echo "| bytes | np | gradsync µs | OpenMPI tcp µs | ratio |"
+echo "|---|---|---|---|---|"
+for np in $nps; do
+  for b in $sizes; do
+    g=$(med "lat.gs.$b" step_ms "$np") m=$(med "lat.mpi.$b" step_ms "$np")
+    echo "| $b | $np | $(us "$g") | $(us "$m") | $(ratio "$g" "$m") |"
+  done
+done
+echo
+echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"
+echo
+echo "| np | gradsync step | gs_barrier | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for np in $nps; do
+  g=$(med ctl.gs step_ms "$np") bar=$(med ctl.gs barrier_ms "$np")
+  mc=$(med ctl.mpi.cached step_ms "$np") me=$(med ctl.mpi.cached.exec step_ms "$np")
+  mu=$(med ctl.mpi.uncached step_ms "$np")
+  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") |"
+done
+echo
+echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"
+echo
+echo "| np | step ms | crit ms | collectives | tensors/op | messages up/step |"
+echo "|---|---|---|---|---|---|"
+for np in $nps; do
+  echo "| $np | $(med gap.gs step_ms "$np") | $(med gap.gs crit_ms "$np") | $(med gap.gs collectives "$np") | $(med gap.gs tensors_per_op "$np") | $(med gap.gs up_msgs "$np") |"
+done
+echo
+echo "Rank simulator (one process, N sessions, ResNet-50 list), medians:"
+echo
+echo "| N | cache | floor ms | step ms | step p99 | step / floor | coordinator CPU ms/step | CPU µs/rank/step | peak RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for n in $simn; do
+  for c in 1 0; do
+    k="sim.$n.c$c"
+    echo "| $n | $([ $c = 1 ] && echo on || echo off) | $(med $k floor_ms 1) | $(med $k step_ms 1) | $(med $k step_p99 1) | $(med $k step_over_floor 1) | $(med $k coord_cpu_ms_per_step 1) | $(med $k coord_cpu_us_per_rank_step 1) | $(awk -v k="$(med $k coord_peak_rss_kib 1)" 'BEGIN { if (k == "nan") print "n/a"; else printf "%.1f", k / 1024 }') |"
+  done
+done
+
+# ---- plots ----------------------------------------------------------------------
+if command -v gnuplot >/dev/null; then
+  [ -n "$plots" ] || plots=$(mktemp -d /tmp/gradsync-plots.XXXXXX)
+  mkdir -p "$plots"
+  for np in $nps; do
+    for b in $sizes; do
+      echo "$b $(us "$(med "lat.gs.$b" step_ms "$np")") $(us "$(med "lat.mpi.$b" step_ms "$np")")"
+    done >"$plots/lat.np$np.dat"
+  done
+  for n in $simn; do
+    echo "$n $(med "sim.$n.c1" floor_ms 1) $(med "sim.$n.c1" step_ms 1) $(med "sim.$n.c0" step_ms 1)"
+  done >"$plots/sim.dat"
+  lat_plot="" sep=""
+  for np in $nps; do
+    lat_plot="$lat_plot$sep'$plots/lat.np$np.dat' u 1:2 w lp t 'gradsync np=$np', '$plots/lat.np$np.dat' u 1:3 w lp t 'OpenMPI tcp np=$np'"
+    sep=", "
+  done
+  gnuplot <<EOF
+set terminal svg size 720,440 dynamic font 'sans,12'
+set output '$plots/latency_vs_size.svg'
+set title 'Lone allreduce latency vs message size (median, loopback, 2 vCPU)'
+set logscale xy
+set xlabel 'message bytes'
+set ylabel 'µs'
+set key top left
+set grid
+plot $lat_plot
+set output '$plots/negotiation_vs_ranks.svg'
+set title 'ResNet-50 negotiation vs simulated ranks (median per step)'
+set xlabel 'ranks (N)'
+set ylabel 'ms'
+plot '$plots/sim.dat' u 1:2 w lp t 'floor: everyone sends, coordinator answers everyone', '' u 1:3 w lp t 'step, cache on', '' u 1:4 w lp t 'step, cache off'
+EOF
+  echo
+  echo "control.sh: plots in $plots (latency_vs_size.svg, negotiation_vs_ranks.svg)" >&2
+else
+  echo "control.sh: gnuplot not found (apt-get install gnuplot-nox): no plots" >&2
+fi
+echo "control.sh: done in $(($(date +%s) - start)) s" >&2
