@@ -603,7 +603,7 @@ static void heartbeats(sim *s) {
     have = 1;
   }
   for (int i = 0; i < s->joined; i++)
-    if (now - s->r[i].last_send_ms > 500) send_slice(&s->r[i], hb);
+    if (now - s->r[i].last_send_ms > 900) send_slice(&s->r[i], hb);
 }
 
 /* Runs events until done(s) or the timeout; 0 or -1. */
