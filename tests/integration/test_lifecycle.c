@@ -60,7 +60,7 @@ static void test_serve_forever(void **state) {
   char *args[] = {"--serve-forever", NULL};
   job j;
   job_start_coordinator(&j, 2, args);
-  job_expect_output(j.coord, "job after job (--serve-forever)");
+  wait_for_output(j.coord, "job after job (--serve-forever)"); /* printed after "listening" */
   run_train_job(&j, "20");
   wait_for_output(j.coord, "ready for the next job (epoch 2)");
   job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
