@@ -97,6 +97,39 @@ static int data_plane_error(gs_ctx *ctx, const char *name, int fused, int rc, ch
   return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
 }
 
+/* A fused allreduce over the members' own buffers (backend allreduce_segs):
+ * segments in the order of the shared layout, alignment gaps and the
+ * members of a rank that joined as zeros. GS__ERR_UNSUPPORTED when the
+ * response or the backend needs the packed path (nothing happened then). */
+static int run_segments(gs__backend *b, const gs__response *r, struct gs_handle *const *hs,
+                        const uint64_t *offs, uint64_t total, char *err, size_t errlen) {
+  size_t n = r->ntensors, esize = gs__dtype_size(r->dtype), nseg = 0;
+  if (r->prescale != 1.0) return GS__ERR_UNSUPPORTED;
+  for (size_t i = 0; i < n; i++)
+    if (hs[i] && hs[i]->compress) return GS__ERR_UNSUPPORTED;
+  gs__seg *sg = calloc(2 * n + 1, sizeof *sg);
+  if (!sg) {
+    snprintf(err, errlen, "out of memory running a collective of %zu tensors", n);
+    return GS__ERR_NO_MEMORY;
+  }
+  uint64_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    const gs__plan_tensor *t = &r->tensors[i];
+    size_t elems = (size_t)(gs__tensor_bytes(r->dtype, t->shape, t->ndim) / esize);
+    if (hs[i] && hs[i]->count != elems) { /* cannot happen after validation; pack then */
+      free(sg);
+      return GS__ERR_UNSUPPORTED;
+    }
+    if (offs[i] > at) sg[nseg++] = (gs__seg){NULL, NULL, (size_t)(offs[i] - at) / esize};
+    sg[nseg++] = hs[i] ? (gs__seg){hs[i]->send, hs[i]->recv, elems} : (gs__seg){NULL, NULL, elems};
+    at = offs[i] + (uint64_t)elems * esize;
+  }
+  if (total > at) sg[nseg++] = (gs__seg){NULL, NULL, (size_t)(total - at) / esize};
+  int rc = b->v->allreduce_segs(b, sg, nseg, r->dtype, r->reduce_op, r->postscale, err, errlen);
+  free(sg);
+  return rc;
+}
+
 /* Runs one allreduce response: a lone unscaled tensor in place in its recv
  * buffer; otherwise packed (with prescale, as one batch) into the backend's
  * fusion staging at the offsets of the shared layout, reduced once, and
@@ -161,6 +194,16 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   size_t count = (size_t)(total / esize), ncp = 0;
   if ((rc = begin(b, hs, n, err, errlen))) goto out_fail;
   void *buf;
+  if (packed && b->v->allreduce_segs) {
+    /* Reduce straight from and into the tensors' own buffers (shm): no
+     * pack or unpack pass. Not with a prescale or compression (the pack
+     * applies those); a backend instance that cannot (hierarchical) says
+     * so before doing anything, and the fused buffer is packed instead. */
+    rc = run_segments(b, r, hs, offs, total, err, errlen);
+    if (rc == GS__OK) goto out_done;
+    if (rc != GS__ERR_UNSUPPORTED) goto out_fail;
+    rc = GS__OK;
+  }
   if (!packed && hs[0] && !hs[0]->compress) {
     struct gs_handle *h = hs[0];
     if (h->send != h->recv && h->count) {
@@ -208,6 +251,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
                              hs[i]->compress ? GS__FLOAT32 : r->dtype,
                              unpack_scale};
   if (ncp && (rc = b->v->copy(b, cp, ncp, err, errlen))) goto out_fail;
+out_done:
   if ((rc = finish(b, err, errlen))) goto out_fail;
   add_stats(ctx, b, n - (size_t)missing); /* before the completions, so waiters see them */
   for (size_t i = 0; i < n; i++)

@@ -336,6 +336,60 @@ static void *correctness_rank(void *arg) {
               goto out;
             }
         }
+  /* allreduce_segs: the members' own buffers, across chunks, with an
+   * in-place member, an empty one, padding (NULL source and destination)
+   * between and after; hierarchical transports decline */
+  for (int scaled = 0; scaled < 2; scaled++)
+    for (int dt = 0; dt < GS__DTYPE_COUNT; dt++)
+      for (int op = 0; op < GS__ADASUM; op++) {
+        gs__dtype d = (gs__dtype)dt;
+        size_t n = size_of(NSIZES - 1, d), es = gs__dtype_size(d);
+        double factor = scaled ? 0.37 : 1.0;
+        char *res = malloc(n * es);
+        for (size_t i = 0; i < n; i++) {
+          set_val(buf, d, i, input(d, (gs__reduce_op)op, t->rank, i));
+          expect_val(want, d, (gs__reduce_op)op, j->size, i);
+        }
+        if (scaled) gs__scale(want, n, d, factor);
+        gs__seg sg[] = {{buf, buf, 7},
+                        {buf + 7 * es, res + 7 * es, 0},
+                        {NULL, NULL, 3},
+                        {buf + 10 * es, res + 10 * es, 1000},
+                        {buf + 1010 * es, res + 1010 * es, n - 1015},
+                        {NULL, NULL, 5}};
+        int rc = b->v->allreduce_segs(b, sg, 6, d, (gs__reduce_op)op, factor, err, sizeof err);
+        if (j->nhosts > 1) {
+          free(res);
+          if (rc != GS__ERR_UNSUPPORTED) {
+            record(j,
+                   "rank %d: allreduce_segs on a hierarchical transport returned %d, not "
+                   "GS__ERR_UNSUPPORTED",
+                   t->rank, rc);
+            goto out;
+          }
+          continue;
+        }
+        if (rc) {
+          free(res);
+          record(j, "rank %d: allreduce_segs %s %s failed: %s", t->rank, gs__dtype_name(d),
+                 gs__reduce_op_name((gs__reduce_op)op), err);
+          goto out;
+        }
+        for (size_t i = 0; i < n - 5; i++) {
+          if (i >= 7 && i < 10) continue; /* padding */
+          const char *got = i < 7 ? buf + i * es : res + i * es;
+          if (memcmp(got, want + i * es, es)) {
+            record(j,
+                   "rank %d of %d: allreduce_segs%s %s %s n=%zu: element %zu differs from the "
+                   "reference",
+                   t->rank, j->size, scaled ? " (postscale 0.37)" : "", gs__dtype_name(d),
+                   gs__reduce_op_name((gs__reduce_op)op), n, i);
+            free(res);
+            goto out;
+          }
+        }
+        free(res);
+      }
   /* broadcast from every root, odd lengths across chunks */
   size_t lens[] = {1, 4099, (1u << 19) + 17};
   for (int root = 0; root < j->size; root++)

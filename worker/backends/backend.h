@@ -40,6 +40,13 @@ typedef struct gs__copy {
   double scale; /* 1.0 = none */
 } gs__copy;
 
+/* One member of a segmented allreduce (allreduce_segs). */
+typedef struct gs__seg {
+  const void *src; /* count elements, or NULL for zeros */
+  void *dst;       /* count elements of the result, or NULL */
+  size_t count;
+} gs__seg;
+
 /* Collectives are enqueued in order: a host backend (tcp) runs each one
  * before it returns; a device backend (nccl) enqueues it on its own stream
  * and only finish() tells that everything enqueued since begin() is done.
@@ -79,6 +86,17 @@ typedef struct gs__backend_vtbl {
    * NULL: the executor scales while it unpacks. */
   int (*allreduce_scaled)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
                           double postscale, char *err, size_t errlen);
+  /* Optional: allreduce_scaled over the tensors' own buffers instead of a
+   * packed one. The collective's count elements (the sum of the segments'
+   * counts, the same segment counts on every rank) are read from each
+   * segment's src (NULL: zeros, for padding or a rank that joined) and the
+   * result written to its dst (NULL: not wanted), so no pack or unpack
+   * pass is needed. GS__ERR_UNSUPPORTED, before anything happened and on
+   * every rank alike, when this backend instance cannot (the caller then
+   * packs). Segment buffers must not overlap each other, except a
+   * segment's src may equal its own dst. */
+  int (*allreduce_segs)(gs__backend *b, const struct gs__seg *segs, size_t nseg, gs__dtype dt,
+                        gs__reduce_op op, double postscale, char *err, size_t errlen);
   /* recv receives the concatenation in rank order of every rank's block;
    * rank r's block is bytes[r] bytes long; send is this rank's block
    * (bytes[rank] bytes) and may alias recv at this rank's offset. */

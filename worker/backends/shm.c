@@ -507,6 +507,121 @@ static int allreduce(shm *s, void *buf, size_t count, gs__dtype dt, gs__reduce_o
   return GS__OK;
 }
 
+/* The pieces of chunk [off, off + n) of a segmented collective: segment
+ * k covers elements start[k]..start[k+1]; *k0 is advanced to the first
+ * segment that can overlap the chunk (chunks come in order). */
+typedef struct seg_view {
+  const gs__seg *segs;
+  size_t nseg, *start, k0;
+} seg_view;
+
+#define FOR_PIECES(v, off, n, k, lo, hi)                                                           \
+  for (size_t k = (v)->k0, lo, hi; k < (v)->nseg && (v)->start[k] < (off) + (n); k++)              \
+    if ((lo = (v)->start[k] > (off) ? (v)->start[k] : (off)),                                      \
+        (hi = (v)->start[k + 1] < (off) + (n) ? (v)->start[k + 1] : (off) + (n)), hi > lo)
+
+/* reduce_phase over the tensors' own buffers on one host: each chunk is
+ * gathered from the segments' sources into this rank's slot (converting
+ * 16-bit floats to float32, zeros for NULL sources), reduced and finished
+ * as reduce_phase does, and scattered into the segments' destinations (the
+ * one-shot path reduces straight into them). */
+static int reduce_segs_phase(shm *s, seg_view *v, size_t count, gs__dtype dt, gs__dtype wdt,
+                             gs__reduce_op rop, int divisor, double factor, char *err,
+                             size_t errlen) {
+  const char *what = "allreduce";
+  size_t wes = gs__dtype_size(wdt), es = gs__dtype_size(dt);
+  size_t per_chunk = s->chunk / wes;
+  int L = s->nlocal, me = s->me, rc;
+  int one_shot = count * wes <= s->one_shot_bytes;
+  const void *src[GS__SHM_MAX_LOCAL];
+  for (size_t off = 0; off < count; off += per_chunk) {
+    size_t n = count - off < per_chunk ? count - off : per_chunk;
+    while (v->k0 < v->nseg && v->start[v->k0 + 1] <= off) v->k0++;
+    uint64_t g = s->g;
+    int b = (int)(g % NBUF);
+    if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, what, err, errlen)))
+      return rc;
+    char *mine = slot(s, b, me);
+    FOR_PIECES(v, off, n, k, lo, hi) {
+      const gs__seg *sg = &v->segs[k];
+      if (sg->src)
+        convert(mine + (lo - off) * wes, wdt, (const char *)sg->src + (lo - v->start[k]) * es, dt,
+                hi - lo);
+      else
+        memset(mine + (lo - off) * wes, 0, (hi - lo) * wes); /* 0.0 in every dtype */
+    }
+    post(s, F_POSTED, g + 1);
+    if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+    if (one_shot) {
+      FOR_PIECES(v, off, n, k, lo, hi) {
+        const gs__seg *sg = &v->segs[k];
+        if (!sg->dst) continue;
+        for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + (lo - off) * wes;
+        gs__reduce_many((char *)sg->dst + (lo - v->start[k]) * es, dt, src, (size_t)L, wdt, hi - lo,
+                        rop, divisor, factor);
+      }
+      post(s, F_DONE, g + 1);
+      s->g = g + 1;
+      continue;
+    }
+    size_t slo = slice_off(n, L, me), shi = slice_off(n, L, me + 1);
+    if (shi > slo) {
+      for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + slo * wes;
+      gs__reduce_many(result(s, b) + slo * es, dt, src, (size_t)L, wdt, shi - slo, rop, divisor,
+                      factor);
+    }
+    post(s, F_REDUCED, g + 1);
+    if ((rc = wait_for(s, F_REDUCED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+    FOR_PIECES(v, off, n, k, lo, hi) {
+      const gs__seg *sg = &v->segs[k];
+      if (sg->dst)
+        memcpy((char *)sg->dst + (lo - v->start[k]) * es, result(s, b) + (lo - off) * es,
+               (hi - lo) * es);
+    }
+    post(s, F_DONE, g + 1);
+    s->g = g + 1;
+  }
+  return GS__OK;
+}
+
+static int shm_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t nseg, gs__dtype dt,
+                                 gs__reduce_op op, double postscale, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  if (s->nhosts > 1 || s->nlocal < 2) { /* the same answer on every rank */
+    snprintf(err, errlen, "shm: segmented allreduce runs on one host only");
+    return GS__ERR_UNSUPPORTED;
+  }
+  int rc = check_usable(s, "allreduce", err, errlen);
+  if (rc == GS__OK) rc = gs__host_reduce_args("shm", "allreduce", dt, op, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (nseg && !segs) {
+    snprintf(err, errlen, "shm: allreduce: segs is NULL with %zu segments", nseg);
+    return GS__ERR_INVALID_ARG;
+  }
+  seg_view v = {segs, nseg, malloc((nseg + 1) * sizeof(size_t)), 0};
+  if (!v.start) {
+    snprintf(err, errlen, "shm: allreduce: out of memory for %zu segments", nseg);
+    return GS__ERR_NO_MEMORY;
+  }
+  size_t count = 0;
+  v.start[0] = 0;
+  for (size_t k = 0; k < nseg; k++) {
+    if (segs[k].count > SIZE_MAX / 8 - count) {
+      free(v.start);
+      snprintf(err, errlen, "shm: allreduce: %zu segments of too many elements", nseg);
+      return GS__ERR_INVALID_ARG;
+    }
+    count += segs[k].count;
+    v.start[k + 1] = count;
+  }
+  gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
+  rc = count ? reduce_segs_phase(s, &v, count, dt, wdt, op == GS__AVERAGE ? GS__SUM : op,
+                                 op == GS__AVERAGE ? s->size : 1, postscale, err, errlen)
+             : GS__OK;
+  free(v.start);
+  return rc;
+}
+
 static int shm_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
                             char *err, size_t errlen) {
   return allreduce((shm *)b, buf, count, dt, op, 1.0, err, errlen);
@@ -637,6 +752,7 @@ static const gs__backend_vtbl k_vtbl = {
     .mem_free = gs__host_free,
     .allreduce = shm_allreduce_vt,
     .allreduce_scaled = shm_allreduce_scaled_vt,
+    .allreduce_segs = shm_allreduce_segs_vt,
     .allgatherv = shm_allgatherv_vt,
     .broadcast = shm_broadcast_vt,
     .reducescatter = shm_reducescatter_vt,
