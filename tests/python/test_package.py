@@ -120,7 +120,8 @@ def test_nccl_built_tells_the_truth():
     ldd = subprocess.run(["ldd", LIB], stdout=subprocess.PIPE, text=True, timeout=60).stdout
     m = re.search(r"libnccl\.so\S* => (\S+)", ldd)
     p = py("import gradsync.torch as hvd; print(hvd.nccl_built(), hvd.cuda_built(), "
-           "hvd.gloo_built(), hvd.mpi_built())", {"PYTHONPATH": os.path.join(REPO, "python")})
+           "hvd.gloo_built(), hvd.mpi_built())",
+           {"PYTHONPATH": os.path.join(REPO, "python"), "GRADSYNC_LIB": LIB})  # the library ldd read
     assert p.returncode == 0, p.stdout
     nccl, cuda, gloo, mpi = p.stdout.split()[-4:]
     assert (gloo, mpi) == ("False", "False")
