@@ -67,13 +67,13 @@ static const gs__setting table[GS__S_COUNT] = {
                               GS__FOR_SERVER, "N",
                               "Response cache entries (LRU); 0 turns the cache off.",
                               "--cache-capacity", 0, "N"},
-    [GS__S_STALL_WARNING] = {"stall_warning_s", "--stall-warning-s",
-                             "GRADSYNC_STALL_CHECK_TIME_SECONDS",
-                             "HOROVOD_STALL_CHECK_TIME_SECONDS", GS__T_INT, "60", NULL, 0, 86400,
-                             NULL, GS__FOR_SERVER, "S",
-                             "Every S seconds, log tensors that some ranks submitted more than S "
-                             "seconds ago, grouped by missing rank; 0 = off.",
-                             "--stall-check-warning-time-seconds", 0, "S"},
+    [GS__S_STALL_WARNING] =
+        {"stall_warning_s", "--stall-warning-s", "GRADSYNC_STALL_CHECK_TIME_SECONDS",
+         "HOROVOD_STALL_CHECK_TIME_SECONDS", GS__T_INT, "60", NULL, 0, 86400, NULL, GS__FOR_SERVER,
+         "S",
+         "Every S seconds, log tensors that some ranks submitted more than S "
+         "seconds ago, grouped by missing rank; 0 = off.",
+         "--stall-check-warning-time-seconds", 0, "S"},
     [GS__S_STALL_SHUTDOWN] = {"stall_shutdown_s", "--stall-shutdown-s",
                               "GRADSYNC_STALL_SHUTDOWN_TIME_SECONDS",
                               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", GS__T_INT, "0", "0 (never)", 0,
