@@ -19,8 +19,6 @@ killed at the end; every wait has a bound.
 import os
 import secrets
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,8 @@ except ImportError:
     sys.exit(77)
 
 from rawproto import sanitized, vm_hwm_kib  # noqa: E402
+import testprocs  # noqa: E402
+from testprocs import issue_cert, make_ca, output  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
 TMP = tempfile.mkdtemp(prefix="gs-sec-test-")
@@ -122,20 +122,7 @@ def kv_get(key, wait_ms=0):
 
 
 def spawn(label, argv, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
-    env.update(env_extra or {})
-    out = open(os.path.join(TMP, "%s.out" % label.replace(" ", "_")), "w+")
-    p = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    p.label, p.out = label, out
-    PROCS.append(p)
-    return p
-
-
-def output(p):
-    p.out.flush()
-    with open(p.out.name) as f:
-        return f.read()
+    return testprocs.spawn(PROCS, TMP, label, argv, env_extra)
 
 
 def kill_all():
@@ -559,27 +546,12 @@ def test_first_message_flood():
     expect_ops_passed(ranks)
 
 
-def openssl(*args):
-    r = subprocess.run(["openssl"] + list(args), cwd=TMP, capture_output=True, text=True,
-                       timeout=60)
-    if r.returncode != 0:
-        raise AssertionError("openssl %s failed: %s" % (" ".join(args), r.stderr))
-
-
 def make_certs():
-    """A CA, a server certificate for 127.0.0.1 and a client certificate,
-    with the openssl CLI (the commands of docs/security.md)."""
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-            "/CN=gradsync test CA", "-keyout", "ca.key", "-out", "ca.crt")
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                 "extendedKeyUsage=serverAuth\n"),
-                      ("client", "extendedKeyUsage=clientAuth\n")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gradsync " + name,
-                "-keyout", name + ".key", "-out", name + ".csr")
-        with open(os.path.join(TMP, name + ".ext"), "w") as f:
-            f.write(ext)
-        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "1", "-extfile", name + ".ext", "-out", name + ".crt")
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    make_ca(TMP, "ca", "/CN=gradsync test CA", 1)
+    issue_cert(TMP, "server", "ca",
+               "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n", 1)
+    issue_cert(TMP, "client", "ca", "extendedKeyUsage=clientAuth\n", 1)
     return {k: os.path.join(TMP, k) for k in ("ca.crt", "server.crt", "server.key", "client.crt",
                                               "client.key")}
 

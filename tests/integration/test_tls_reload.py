@@ -32,6 +32,9 @@ import sys
 import tempfile
 import time
 
+import testprocs
+from testprocs import issue_cert, make_ca, output
+
 try:
     import grpc
 except ImportError:
@@ -62,29 +65,16 @@ def path(name):
     return os.path.join(TMP, name)
 
 
-def openssl(*args):
-    r = subprocess.run(["openssl"] + list(args), cwd=TMP, capture_output=True, text=True,
-                       timeout=60)
-    if r.returncode != 0:
-        fail("openssl %s: %s" % (" ".join(args), r.stderr))
-
-
 def make_certs():
     """CA 1 signs server certificates A and B and client certificate 1;
     CA 2 signs client certificate 2."""
     for ca in ("ca1", "ca2"):
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                "/CN=gradsync reload test " + ca, "-keyout", ca + ".key", "-out", ca + ".crt")
-    with open(path("server.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    with open(path("client.ext"), "w") as f:
-        f.write("extendedKeyUsage=clientAuth\n")
-    for name, ca, ext in (("srvA", "ca1", "server"), ("srvB", "ca1", "server"),
-                          ("client1", "ca1", "client"), ("client2", "ca2", "client")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gradsync " + name,
-                "-keyout", name + ".key", "-out", name + ".csr")
-        openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".crt", "-CAkey", ca + ".key",
-                "-CAcreateserial", "-days", "2", "-extfile", ext + ".ext", "-out", name + ".crt")
+        make_ca(TMP, ca, "/CN=gradsync reload test " + ca, 2)
+    server = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+    client = "extendedKeyUsage=clientAuth\n"
+    for name, ca, ext in (("srvA", "ca1", server), ("srvB", "ca1", server),
+                          ("client1", "ca1", client), ("client2", "ca2", client)):
+        issue_cert(TMP, name, ca, ext, 2)
 
 
 def install(src, dst):
@@ -98,20 +88,7 @@ def install(src, dst):
 
 
 def spawn(label, argv, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
-    env.update(env_extra or {})
-    out = open(path(label.replace(" ", "_") + ".out"), "w+")
-    p = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    p.label, p.out = label, out
-    PROCS.append(p)
-    return p
-
-
-def output(p):
-    p.out.flush()
-    with open(p.out.name) as f:
-        return f.read()
+    return testprocs.spawn(PROCS, TMP, label, argv, env_extra)
 
 
 def wait_for(what, cond, timeout=60):
