@@ -88,8 +88,12 @@ void gs__eng_append(char *buf, size_t cap, const char *fmt, ...) {
 #define NAME_LIST_ENDING 32 /* " and 18446744073709551615 more" */
 
 void gs__eng_append_name(char *buf, size_t cap, const char *name, size_t *more) {
+  if (*more) { /* the list is closed: count the rest (no strlen per name) */
+    (*more)++;
+    return;
+  }
   size_t used = strlen(buf), need = strlen(name) + (used ? 2 : 0);
-  if (*more || used + need + NAME_LIST_ENDING >= cap) {
+  if (used + need + NAME_LIST_ENDING >= cap) {
     (*more)++;
     return;
   }
