@@ -1324,13 +1324,25 @@ static int mode_early_leave(gs_ctx *ctx, int n) {
 
 /* gradsyncd --max-pending-per-rank L: rank 0 submits L + 1 ops at once and
  * the last fails with an error naming the limit; the others submit the
- * first L. Those L complete with the right sums on every rank, and the job
- * goes on. */
+ * first L once rank 0 has that error (a kv key says so: submitted earlier,
+ * their ops could complete some of rank 0's before its last one reaches the
+ * coordinator, which then is within the limit). Those L complete with the
+ * right sums on every rank, and the job goes on. */
 static int mode_pending_limit(gs_ctx *ctx, int limit) {
   enum { N = 16 };
+  static const char refused_key[] = "pending-limit/refused";
   int n = g_rank == 0 ? limit + 1 : limit;
   float(*bufs)[N] = wu_xcalloc((size_t)n, sizeof *bufs);
   gs_handle **hs = wu_xcalloc((size_t)n, sizeof *hs);
+  if (g_rank != 0) {
+    void *v = NULL;
+    size_t vlen = 0;
+    gs_status s = gs_kv_get(ctx, refused_key, 60000, &v, &vlen);
+    if (s != GS_OK || !v)
+      wu_die("kv '%s' (rank 0 refused past the limit) not set within 60 s: %s", refused_key,
+             wu_status_name(s));
+    gs_free(v);
+  }
   for (int i = 0; i < n; i++) {
     char name[64];
     snprintf(name, sizeof name, "pending/t%03d", i);
@@ -1339,23 +1351,27 @@ static int mode_pending_limit(gs_ctx *ctx, int limit) {
         ctx, gs_allreduce_async(ctx, name, bufs[i], bufs[i], N, GS_FLOAT32, GS_SUM, NULL, &hs[i]),
         name, "gs_allreduce_async");
   }
-  for (int i = 0; i < n; i++) {
+  if (g_rank == 0) {
+    char name[64];
+    snprintf(name, sizeof name, "pending/t%03d", limit);
+    gs_status s = gs_wait(hs[limit], WAIT_MS);
+    printf("pending-limit: rank %d: %s: %s: %s\n", g_rank, name, wu_status_name(s),
+           gs_handle_error(hs[limit]));
+    if (s != GS_ERR_INVALID_ARG)
+      wu_die("tensor '%s': expected GS_ERR_INVALID_ARG past the limit, got %s", name,
+             wu_status_name(s));
+    gs_handle_free(hs[limit]);
+    if (gs_kv_set(ctx, refused_key, "1", 1) != GS_OK) wu_die("gs_kv_set '%s' failed", refused_key);
+  }
+  for (int i = 0; i < limit; i++) {
     char name[64];
     snprintf(name, sizeof name, "pending/t%03d", i);
     gs_status s = gs_wait(hs[i], WAIT_MS);
-    if (i == limit) {
-      printf("pending-limit: rank %d: %s: %s: %s\n", g_rank, name, wu_status_name(s),
-             gs_handle_error(hs[i]));
-      if (s != GS_ERR_INVALID_ARG)
-        wu_die("tensor '%s': expected GS_ERR_INVALID_ARG past the limit, got %s", name,
-               wu_status_name(s));
-    } else {
-      if (s != GS_OK)
-        wu_die("tensor '%s': gs_wait: %s: %s", name, wu_status_name(s), gs_handle_error(hs[i]));
-      float want[N];
-      for (int j = 0; j < N; j++) want[j] = (float)(rank_weight_sum() * (i + j));
-      check_f32(name, bufs[i], want, N);
-    }
+    if (s != GS_OK)
+      wu_die("tensor '%s': gs_wait: %s: %s", name, wu_status_name(s), gs_handle_error(hs[i]));
+    float want[N];
+    for (int j = 0; j < N; j++) want[j] = (float)(rank_weight_sum() * (i + j));
+    check_f32(name, bufs[i], want, N);
     gs_handle_free(hs[i]);
   }
   free(hs);
