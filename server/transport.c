@@ -493,7 +493,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
          * byte buffer's own slice: a slice of a few bytes keeps them inline
          * in the struct, so a copy of the struct would leave buf pointing
          * into a local that ends with this block. */
-        const grpc_slice *sl = &bb->data.raw.slice_buffer.slices[0];
+        grpc_slice *sl = &bb->data.raw.slice_buffer.slices[0];
         buf = GRPC_SLICE_START_PTR(*sl);
         len = GRPC_SLICE_LENGTH(*sl);
       } else {
