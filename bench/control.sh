@@ -39,7 +39,7 @@ simn="8 64 256 1024"
 out=""
 plots=""
 quick=0
-workloads=${GRADSYNC_WORKLOADS:-$root/../shared/workloads}
+workloads=${GRADSYNC_WORKLOADS:-$root/bench/workloads}
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;

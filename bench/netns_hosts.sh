@@ -1,49 +1,86 @@
 #!/bin/bash
-# bench/netns_hosts.sh — gradsync vs OpenMPI over TCP across "hosts": every
-# rank in its own network namespace (the "Across hosts" section of
-# docs/benchmarks.md).
+# bench/netns_hosts.sh — gradsync vs OpenMPI across "hosts": every host a
+# network namespace (the "Across hosts" section of docs/benchmarks.md).
 #
-#   bench/netns_hosts.sh [--build DIR] [--rounds R] [--np N] [--sizes B,B,...] [--out FILE]
+#   bench/netns_hosts.sh [--build DIR] [--rounds R] [--hosts H] [--np "2 4"]
+#                        [--sizes B,B,...] [--iters I] [--out FILE] [--markdown FILE]
 #
 # Builds the network of tests/integration/netns.sh: a hub namespace with a
-# bridge, one namespace for the coordinator (192.0.2.1) and one per rank
-# (192.0.2.11, .12, ...), joined to the bridge by veth pairs, so every
-# connection crosses the bridge between distinct addresses (no loopback, no
-# shared memory between ranks). Per round (rounds interleaved) and size:
-#   gs-tcp   gradsync end to end: gradsyncd in its namespace (job token),
-#            one gradsync-bench --raw-allreduce per rank namespace
-#            (GS_AVERAGE, GRADSYNC_BACKEND=auto: the TCP ring, as each
-#            rank is alone on its host); the median step time
-#   ompi-tcp OpenMPI's MPI_Allreduce (MPI_SUM, btl self,tcp over eth0),
-#            mpirun in the coordinator's namespace launching one rank per
-#            rank namespace through an rsh agent that runs `ip netns exec`
-# Prints the load average before and after, the raw RESULT lines, and a
-# table of medians over rounds with ratio = OpenMPI time / gradsync time
-# (>= 1: gradsync as fast or faster). Needs root and ip(8); not a test.
+# bridge, one namespace for the coordinator (192.0.2.1) and one per host
+# (192.0.2.11, .12, ...), joined to the bridge by veth pairs (MTU 1500), so
+# every connection between hosts crosses the bridge between distinct
+# addresses. np ranks are placed in blocks of np/H per host (np=2: one rank
+# per host; np=4 on 2 hosts: two per host). Per round (rounds interleaved),
+# per np, one float32 MPI_SUM / GS_SUM allreduce per size, each call after a
+# barrier, the median over calls of the slowest rank:
+#   gs          gradsync end to end (gradsync-dataplane --mode e2e --op sum):
+#               gradsyncd in its namespace (job token), the ranks in their
+#               hosts' namespaces, GRADSYNC_BACKEND=auto: the TCP ring with
+#               one rank per host, hierarchical (shm inside a host, the TCP
+#               ring between host leaders) with more
+#   ompi-tcp    OpenMPI's MPI_Allreduce, --mca btl self,tcp over eth0:
+#               mpirun in the coordinator's namespace, one orted per host
+#               namespace through an rsh agent that runs `ip netns exec`
+#   ompi-hier   (more than one rank per host) the same with btl
+#               self,vader,tcp: shared memory inside a host, TCP between
+#   ompi-tcp-lo the reference: OpenMPI btl self,tcp on loopback, all ranks
+#               in this namespace, same flags: what its TCP path costs with
+#               no network in between, measured in the same round
+#   gs-tcp-lo   likewise gradsync's TCP ring on loopback (gradsync-run,
+#               GRADSYNC_BACKEND=tcp)
+# OpenMPI's set-up, the same as on loopback (bench/transport.sh), because
+# every "host" here is the same machine:
+# - --bind-to none: OpenMPI's default binding (to a core, per node) pins the
+#   first rank of every host to core 0, so ranks of different hosts share one
+#   core and every call waits for the scheduler (8-24 ms per call whatever the
+#   size: the stall this script once showed);
+# - mpi_yield_when_idle 1 when np exceeds the machine's CPUs: on loopback
+#   mpirun sees the oversubscription and makes idle ranks yield; across hosts
+#   each orted sees only its own ranks and would spin them (20-30x slower at
+#   np=4 on 2 vCPUs);
+# - per host its own vader backing directory and session directory: the
+#   hosts share /dev/shm and the hostname, and vader's segment names
+#   (hostname, job, local rank) collide between hosts (a segfault in
+#   mca_btl_vader_poll_handle_frag).
+# Prints the load average before and after, the raw RESULT lines, and
+# a markdown table of medians over rounds (also to --markdown FILE) with
+# ratio = OpenMPI time / gradsync time (>= 1: gradsync as fast or faster).
+# Needs root, ip(8), openmpi-bin and libopenmpi-dev (mpicc); not a test.
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
-np=2
+hosts=2
+nps="2 4"
 sizes="1048576,4194304,16777216,67108864"
+iters=10
 out=""
+md=""
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
   --rounds) rounds=$2; shift 2 ;;
-  --np) np=$2; shift 2 ;;
+  --hosts) hosts=$2; shift 2 ;;
+  --np) nps=$2; shift 2 ;;
   --sizes) sizes=$2; shift 2 ;;
+  --iters) iters=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
-  -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --markdown) md=$2; shift 2 ;;
+  -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "netns_hosts.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 bin=$build/bin
 [ "$(id -u)" = 0 ] || { echo "netns_hosts.sh: needs root (ip netns)" >&2; exit 1; }
-for f in gradsyncd gradsync-bench; do
+command -v ip >/dev/null || { echo "netns_hosts.sh: ip(8) not found (apt-get install iproute2)" >&2; exit 1; }
+for f in gradsyncd gradsync-run gradsync-dataplane; do
   [ -x "$bin/$f" ] || { echo "netns_hosts.sh: $bin/$f not found; build first" >&2; exit 1; }
+done
+for np in $nps; do
+  [ $((np % hosts)) = 0 ] && [ "$np" -ge "$hosts" ] ||
+    { echo "netns_hosts.sh: np=$np is not a multiple of --hosts $hosts" >&2; exit 2; }
 done
 mpi=$bin/mpi-allreduce
 if [ ! -x "$mpi" ] || [ "$here/mpi_allreduce.c" -nt "$mpi" ]; then
@@ -53,7 +90,7 @@ fi
 
 P="gsb-$$"
 HUB="$P-hub" COORD_NS="$P-c" COORD_IP=192.0.2.1
-NSS=() TMP=""
+NSS=() TMP="" SHM_BASE=/dev/shm/$P
 cleanup() {
   local ns pids
   trap - EXIT INT TERM HUP
@@ -63,6 +100,7 @@ cleanup() {
   done
   for ns in "${NSS[@]}"; do ip netns del "$ns" 2>/dev/null; done
   [ -n "$TMP" ] && rm -rf "$TMP"
+  rm -rf "$SHM_BASE"-*
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
@@ -77,106 +115,158 @@ attach() { # NS ADDR PEER
 add_ns "$HUB" || exit 1
 ip -n "$HUB" link add br0 type bridge && ip -n "$HUB" link set br0 up || exit 1
 attach "$COORD_NS" "$COORD_IP" p-c
-HOST_IPS=()
+HOST_IP=()
 : >"$TMP/hosts.map"
-for i in $(seq 0 $((np - 1))); do
-  ip=192.0.2.$((11 + i))
-  attach "$P-r$i" "$ip" "p-r$i"
-  HOST_IPS+=("$ip")
-  echo "$ip $P-r$i" >>"$TMP/hosts.map"
+for h in $(seq 0 $((hosts - 1))); do
+  attach "$P-h$h" "192.0.2.$((11 + h))" "p-h$h"
+  HOST_IP+=("192.0.2.$((11 + h))")
+  echo "192.0.2.$((11 + h)) $P-h$h" >>"$TMP/hosts.map"
 done
-for i in $(seq 0 $((np - 1))); do # the bridge forwards at once; check anyway
-  for _ in $(seq 1 50); do
-    ip netns exec "$P-r$i" ping -c1 -W1 "$COORD_IP" >/dev/null 2>&1 && break
-    sleep 0.2
-  done
-done
+# every host reaches the coordinator over the bridge (bash's /dev/tcp needs
+# a listener: probe with the coordinator's own gradsyncd below instead; the
+# bridge forwards at once, a short settle is enough)
+sleep 0.5
 # mpirun's rsh agent: "agent HOST CMD..." runs CMD in HOST's namespace.
 cat >"$TMP/agent" <<EOF
 #!/bin/sh
 host=\$1; shift
 ns=\$(awk -v h="\$host" '\$1 == h { print \$2 }' "$TMP/hosts.map")
 [ -n "\$ns" ] || { echo "agent: unknown host \$host" >&2; exit 1; }
-exec ip netns exec "\$ns" sh -c "\$*"
+mkdir -p "$SHM_BASE-\$ns" "$TMP/sess-\$ns"
+exec ip netns exec "\$ns" env OMPI_MCA_btl_vader_backing_directory="$SHM_BASE-\$ns" \\
+  OMPI_MCA_orte_tmpdir_base="$TMP/sess-\$ns" sh -c "\$*"
 EOF
 chmod +x "$TMP/agent"
 TOKEN=$(openssl rand -hex 32)
 printf '%s\n' "$TOKEN" >"$TMP/token"
 chmod 600 "$TMP/token"
 export MALLOC_MMAP_THRESHOLD_=1073741824
-reps_of() { if [ "$1" -ge 16777216 ]; then echo 10; else echo 30; fi; }
 [ -n "$out" ] || out=$(mktemp /tmp/gradsync-netns-hosts.XXXXXX)
 : >"$out"
 
-gs_run() { # BYTES -> median step ms of rank 0's RESULT line, or nothing
-  local s=$1 coord addr="" i pids=()
+hostlist() { # NP -> "ip:per,ip:per"
+  local per=$(($1 / hosts)) h l=""
+  for h in $(seq 0 $((hosts - 1))); do l="$l${l:+,}${HOST_IP[$h]}:$per"; done
+  echo "$l"
+}
+ompi_flags=(--allow-run-as-root --bind-to none --mca pml ob1 -x MALLOC_MMAP_THRESHOLD_)
+ompi_net() { # ROUND NP BTL TAG
+  local y=0
+  [ "$2" -gt "$(nproc)" ] && y=1
+  ip netns exec "$COORD_NS" timeout -k 5 300 mpirun "${ompi_flags[@]}" -np "$2" -H "$(hostlist "$2")" \
+    --mca mpi_yield_when_idle $y \
+    --mca plm_rsh_agent "$TMP/agent" --mca btl "$3" --mca btl_tcp_if_include eth0 \
+    --mca oob_tcp_if_include eth0 "$mpi" --sizes "$sizes" --reps "$iters" --tag "$4" >"$TMP/mpi.out" 2>&1
+  keep "$1" "$4" "$2" "$TMP/mpi.out"
+}
+ompi_lo() { # ROUND NP
+  timeout -k 5 300 mpirun "${ompi_flags[@]}" --oversubscribe -np "$2" --mca btl self,tcp \
+    --mca btl_tcp_if_include lo "$mpi" --sizes "$sizes" --reps "$iters" --tag ompi-tcp-lo \
+    >"$TMP/mpi.out" 2>&1
+  keep "$1" ompi-tcp-lo "$2" "$TMP/mpi.out"
+}
+keep() { # ROUND TAG NP FILE: its RESULT lines, normalized, into $out
+  if grep -q 'RESULT' "$4"; then
+    sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' "$4" | sed 's/ median_us=/ us=/' |
+      awk -v r="$1" -v t="$2" '{ s = ""; for (i = 1; i <= NF; i++) if ($i !~ /^(impl|mode|op|det)=/) s = s " " $i
+        print "RESULT round=" r " impl=" t s }' >>"$out"
+  else
+    echo "netns_hosts.sh: $2 np=$3 (round $1) failed; its output:" >&2
+    tail -n 8 "$4" >&2
+  fi
+  # OpenMPI's notices (e.g. about routed/oob) are worth seeing
+  case $2 in ompi*) grep -v 'RESULT' "$4" | grep -m3 -e WARNING -e NOTICE -e 'MCA param' >&2 ;; esac
+}
+gs_net() { # ROUND NP
+  local np=$2 per=$(($2 / hosts)) coord addr="" i pids=() p
   ip netns exec "$COORD_NS" timeout -k 5 300 "$bin/gradsyncd" --listen "$COORD_IP:0" \
     --world-size "$np" --token-file "$TMP/token" >"$TMP/coord.out" 2>&1 &
   coord=$!
   for _ in $(seq 1 300); do
     addr=$(sed -n 's/^gradsyncd listening on \([^[:space:]]*\)[[:space:]]*$/\1/p' "$TMP/coord.out" | head -n1)
     [ -n "$addr" ] && break
+    kill -0 $coord 2>/dev/null || break
     sleep 0.1
   done
-  [ -n "$addr" ] || { kill $coord 2>/dev/null; return; }
+  if [ -z "$addr" ]; then
+    echo "netns_hosts.sh: gradsyncd did not start:" >&2
+    tail -n 3 "$TMP/coord.out" >&2
+    kill $coord 2>/dev/null
+    wait $coord 2>/dev/null
+    return
+  fi
   for i in $(seq 0 $((np - 1))); do
-    ip netns exec "$P-r$i" env GRADSYNC_COORDINATOR="$addr" GRADSYNC_RANK=$i GRADSYNC_SIZE=$np \
-      GRADSYNC_LOCAL_RANK=0 GRADSYNC_LOCAL_SIZE=1 GRADSYNC_JOB_TOKEN="$TOKEN" \
-      timeout -k 5 300 "$bin/gradsync-bench" --raw-allreduce "$s" --steps "$(reps_of "$s")" \
-      --warmup 3 >"$TMP/rank$i.out" 2>&1 &
+    ip netns exec "$P-h$((i / per))" env GRADSYNC_COORDINATOR="$addr" GRADSYNC_RANK=$i \
+      GRADSYNC_SIZE=$np GRADSYNC_LOCAL_RANK=$((i % per)) GRADSYNC_LOCAL_SIZE=$per \
+      GRADSYNC_JOB_TOKEN="$TOKEN" GRADSYNC_BACKEND=auto timeout -k 5 300 "$bin/gradsync-dataplane" \
+      --mode e2e --op sum --sizes "${sizes//,/ }" --iters "$iters" >"$TMP/rank$i.out" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
   wait $coord 2>/dev/null
-  sed -n 's/^.*RESULT .* step_ms=\([0-9.]*\).*/\1/p' "$TMP/rank0.out" | head -n1
+  keep "$1" gs "$np" "$TMP/rank0.out"
+}
+gs_lo() { # ROUND NP
+  timeout -k 5 300 "$bin/gradsync-run" -np "$2" env GRADSYNC_BACKEND=tcp "$bin/gradsync-dataplane" \
+    --mode e2e --op sum --sizes "${sizes//,/ }" --iters "$iters" >"$TMP/lo.out" 2>&1
+  keep "$1" gs-tcp-lo "$2" "$TMP/lo.out"
 }
 
-echo "netns_hosts.sh: $(date -u +%FT%TZ), np=$np (one rank per namespace), load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+when=$(date -u +%FT%TZ)
+echo "netns_hosts.sh: $when, commit $commit, $hosts hosts, np \"$nps\", load average before: $load0"
 start=$(date +%s)
-hosts=$(IFS=,; echo "${HOST_IPS[*]}")
-# where OpenMPI's ranks run: each must report its own namespace's address
-ip netns exec "$COORD_NS" timeout -k 5 60 mpirun --allow-run-as-root -np "$np" -H "$hosts" \
-  --mca plm_rsh_agent "$TMP/agent" --mca oob_tcp_if_include eth0 \
-  sh -c 'echo "netns_hosts.sh: OpenMPI rank $OMPI_COMM_WORLD_RANK runs at $(ip -4 -o addr show dev eth0 | awk "{print \$4}")"' 2>&1
+# where OpenMPI's ranks run and how they are bound: each must report its own
+# host's address and no binding
+for np in $nps; do
+  ip netns exec "$COORD_NS" timeout -k 5 60 mpirun "${ompi_flags[@]}" -np "$np" -H "$(hostlist "$np")" \
+    --mca plm_rsh_agent "$TMP/agent" --mca oob_tcp_if_include eth0 --report-bindings \
+    sh -c 'echo "netns_hosts.sh: OpenMPI rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE runs at $(ip -4 -o addr show dev eth0 | awk "{print \$4}")"' 2>&1 |
+    sed 's/^\[[^]]*\] MCW/netns_hosts.sh: OpenMPI: MCW/' | sort
+done
 for round in $(seq 1 "$rounds"); do
-  for s in ${sizes//,/ }; do
-    ms=$(gs_run "$s")
-    if [ -n "$ms" ]; then
-      awk -v r="$round" -v n="$np" -v b="$s" -v ms="$ms" 'BEGIN { us = ms * 1000;
-        printf "RESULT round=%s impl=gs-tcp np=%d bytes=%d median_us=%.1f busbw_gbs=%.2f\n",
-          r, n, b, us, 2.0 * (n - 1) / n * b / us / 1e3 }' >>"$out"
-    else
-      echo "netns_hosts.sh: gradsync np=$np $s failed:" >&2
-      tail -n 3 "$TMP"/rank0.out "$TMP"/coord.out >&2
-    fi
-    ip netns exec "$COORD_NS" timeout -k 5 300 mpirun --allow-run-as-root -np "$np" -H "$hosts" \
-      --mca plm_rsh_agent "$TMP/agent" --mca pml ob1 --mca btl self,tcp \
-      --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 -x MALLOC_MMAP_THRESHOLD_ \
-      "$mpi" --sizes "$s" --reps "$(reps_of "$s")" --tag ompi-tcp >"$TMP/mpi.out" 2>&1
-    if grep -q '^RESULT' "$TMP/mpi.out"; then
-      grep '^RESULT' "$TMP/mpi.out" | sed "s/^RESULT /RESULT round=$round /" >>"$out"
-    else
-      echo "netns_hosts.sh: OpenMPI np=$np $s failed:" >&2
-      tail -n 5 "$TMP/mpi.out" >&2
-    fi
+  for np in $nps; do
+    echo "netns_hosts.sh: round $round/$rounds np=$np ($(($(date +%s) - start)) s so far)" >&2
+    gs_net "$round" "$np"
+    ompi_net "$round" "$np" self,tcp ompi-tcp
+    [ "$np" -gt "$hosts" ] && ompi_net "$round" "$np" self,vader,tcp ompi-hier
+    ompi_lo "$round" "$np"
+    gs_lo "$round" "$np"
   done
 done
-echo "netns_hosts.sh: $(($(date +%s) - start)) s, load average after: $(cut -d' ' -f1-3 /proc/loadavg); raw lines in $out"
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
+secs=$(($(date +%s) - start))
+echo "netns_hosts.sh: $secs s, load average after: $load1; raw lines in $out"
 cat "$out"
 
-med() { # IMPL BYTES -> median over rounds
-  grep " impl=$1 np=$np bytes=$2 " "$out" | sed -n 's/.* median_us=\([0-9.]*\).*/\1/p' | sort -g |
-    awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+med() { # IMPL NP BYTES -> median over rounds
+  grep " impl=$1 np=$2 bytes=$3 " "$out" | sed -n 's/.* us=\([0-9.e+]*\).*/\1/p' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) printf "%.1f\n", v[(NR + 1) / 2];
           else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+cell() { # US NP BYTES -> "us (GB/s)"
+  awk -v m="$1" -v n="$2" -v b="$3" 'BEGIN { if (m == "-") print "-";
+    else printf "%s (%.2f)", m, 2.0 * (n - 1) / n * b / m / 1e3 }'
+}
+rat() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'; }
+human() { awk -v b="$1" 'BEGIN { if (b >= 1048576) printf "%d MiB", b / 1048576; else printf "%d KiB", b / 1024 }'; }
+table() {
+  echo "Across $hosts hosts (network namespaces on one bridge, MTU 1500), $when, commit \`$commit\`,"
+  echo "$rounds rounds of $iters calls per size, $secs s; load average $load0 before, $load1 after."
+  echo "Median µs per allreduce (bus bandwidth GB/s); ratio = OpenMPI time / gradsync time (≥ 1: gradsync as fast or faster)."
+  echo
+  echo "| np (ranks per host) | size | gradsync across hosts | OpenMPI tcp across hosts | OpenMPI shm+tcp across hosts | ratio tcp | ratio shm+tcp | OpenMPI tcp loopback (ref) | gradsync tcp loopback (ref) |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  local np s g o h
+  for np in $nps; do
+    for s in ${sizes//,/ }; do
+      g=$(med gs "$np" "$s") o=$(med ompi-tcp "$np" "$s") h=$(med ompi-hier "$np" "$s")
+      echo "| $np ($((np / hosts))) | $(human "$s") | $(cell "$g" "$np" "$s") | $(cell "$o" "$np" "$s") |" \
+        "$(cell "$h" "$np" "$s") | $(rat "$o" "$g") | $(rat "$h" "$g") |" \
+        "$(cell "$(med ompi-tcp-lo "$np" "$s")" "$np" "$s") | $(cell "$(med gs-tcp-lo "$np" "$s")" "$np" "$s") |"
+    done
+  done
+}
 echo
-echo "| np | size | OpenMPI tcp µs (GB/s) | gradsync e2e µs (GB/s) | ratio (OpenMPI / gradsync time) |"
-echo "|---|---|---|---|---|"
-for s in ${sizes//,/ }; do
-  o=$(med ompi-tcp "$s") g=$(med gs-tcp "$s")
-  awk -v n="$np" -v b="$s" -v o="$o" -v g="$g" 'BEGIN {
-    bw = 2.0 * (n - 1) / n * b / 1e3
-    printf "| %d | %d MiB | %s (%s) | %s (%s) | %s |\n", n, b / 1048576, o,
-      o == "-" ? "-" : sprintf("%.2f", bw / o), g, g == "-" ? "-" : sprintf("%.2f", bw / g),
-      (o == "-" || g == "-") ? "-" : sprintf("%.2f", o / g) }'
-done
+if [ -n "$md" ]; then table | tee "$md"; else table; fi

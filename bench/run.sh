@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # bench/run.sh — gradsync's side-by-side benchmark comparisons (docs/benchmarks.md).
 #
-#   bench/run.sh [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
-#                [--no-control | --control-only]
+#   bench/run.sh [--quick] [--build DIR] [--doc FILE | --no-doc] [--parts "LIST"]
+#     everything, in this order (parts: dataplane steps transport hosts
+#     control settings), each part's tables into the generated section of
+#     docs/benchmarks.md (between its run.sh:begin/end markers) and its plots
+#     into docs/img/run-*.svg; builds a Release tree in build-bench first when
+#     it is missing, installs gnuplot-nox when missing (as root); --quick:
+#     one round and fewer sizes everywhere, no settings part
+#   bench/run.sh --settings [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
+#                [--no-control]
+#     fusion, emission policy and cache settings (then bench/control.sh
+#     unless --no-control); --control-only runs only bench/control.sh
 #   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
 #     (the data plane next to OpenMPI: see "data plane" below)
-#
-# Without --dataplane it then runs bench/control.sh (the control plane beside
-# OpenMPI, the Horovod-style MPI negotiation peer and the rank simulator;
-# its own options: bench/control.sh --help) unless --no-control;
-# --control-only runs only that.
+#   bench/run.sh --steps [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
+#     ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes
 #
 # Runs every configuration of every comparison once per round, rounds
 # interleaved (so that drift on a shared machine hits all configurations
@@ -18,9 +24,9 @@
 # the median over rounds and the ratios. Raw RESULT lines go to --out.
 #
 # Not part of the test suite: timings are noisy on shared machines and are
-# never pass/fail. Budget: about 4-5 minutes on 2 vCPUs with the defaults
-# (--rounds 3, --np "2 4"; np=4 runs one round, BERT scaled by 4 there, and
-# skips the data-plane-bound policy runs).
+# never pass/fail. Budget on 2 vCPUs: see "How to run" in docs/benchmarks.md
+# (--settings: 4-5 minutes with --rounds 3, --np "2 4"; np=4 runs one round,
+# BERT scaled by 4 there, and skips the data-plane-bound policy runs).
 # shellcheck disable=SC2086 # flag lists are split into words on purpose
 set -u -o pipefail
 
@@ -32,24 +38,184 @@ nps="2 4"
 out=""
 quick=0
 dataplane=0
-workloads=${GRADSYNC_WORKLOADS:-$root/../shared/workloads}
+workloads=${GRADSYNC_WORKLOADS:-$root/bench/workloads}
 control=1
+mode=all
+doc=$root/docs/benchmarks.md
+parts="dataplane steps transport hosts control settings"
+dp_svg=$root/docs/benchmarks-dataplane.svg
+rounds_set=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
-  --rounds) rounds=$2; shift 2 ;;
+  --rounds) rounds=$2; rounds_set=1; shift 2 ;;
   --np) nps=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
-  --quick) quick=1; rounds=1; shift ;;
-  --dataplane) dataplane=1; shift ;;
+  --quick) quick=1; rounds=1; rounds_set=1; shift ;;
+  --dataplane) dataplane=1; mode=dataplane; shift ;;
+  --settings) mode=settings; shift ;;
+  --steps) mode=steps; shift ;;
   --no-control) control=0; shift ;;
-  --control-only) control=2; shift ;;
-  -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --control-only) control=2; mode=settings; shift ;;
+  --doc) doc=$2; shift 2 ;;
+  --no-doc) doc=""; shift ;;
+  --parts) parts=$2; shift 2 ;;
+  --plot) dp_svg=$2; shift 2 ;;
+  -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+
+# ---- everything (the default): every part, tables into docs/benchmarks.md -----
+if [ "$mode" = all ]; then
+  [ "$rounds_set" = 1 ] || rounds=3
+  start=$(date +%s)
+  for f in gradsync-run gradsyncd gradsync-bench gradsync-dataplane gs-transport-bench \
+    gradsync-rank-sim mpi-negotiation; do
+    [ -x "$build/bin/$f" ] && continue
+    echo "run.sh: $build/bin/$f missing: building a Release tree in $build (a few minutes)" >&2
+    command -v mpicc >/dev/null ||
+      echo "run.sh: no mpicc: the OpenMPI peers will be missing (bash scripts/install-deps.sh installs libopenmpi-dev)" >&2
+    { cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+      nice -n 10 cmake --build "$build" >"${TMPDIR:-/tmp}/gradsync-run-build.$$.log" 2>&1; } || {
+      echo "run.sh: the build failed; see ${TMPDIR:-/tmp}/gradsync-run-build.$$.log" >&2
+      exit 1
+    }
+    rm -f "${TMPDIR:-/tmp}/gradsync-run-build.$$.log"
+    break
+  done
+  if ! command -v gnuplot >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "run.sh: installing gnuplot-nox for the plots" >&2
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+        --no-install-recommends gnuplot-nox >/dev/null ||
+        echo "run.sh: apt-get install gnuplot-nox failed: no plots" >&2
+    else
+      echo "run.sh: gnuplot not found: no plots (sudo apt-get install gnuplot-nox)" >&2
+    fi
+  fi
+  for f in resnet50 bert_base; do
+    [ -r "$workloads/$f.txt" ] || { echo "run.sh: workload $workloads/$f.txt not found (--workloads DIR)" >&2; exit 1; }
+  done
+  raw=${out:-$(mktemp -d /tmp/gradsync-run.XXXXXX)}
+  mkdir -p "$raw"
+  gen=$raw/generated.md
+  commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | grep -qv 'docs/' && echo " (with local changes)")
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  img=$root/docs/img
+  mkdir -p "$img"
+  q=()
+  [ "$quick" = 1 ] && q=(--quick)
+  part_log=$raw/parts.txt
+  : >"$part_log"
+  # part NAME TITLE COMMAND...: runs it, its stdout (markdown) into $raw/NAME.md
+  part() {
+    local name=$1 title=$2 t0 l0 rc=0
+    shift 2
+    t0=$(date +%s) l0=$(cut -d' ' -f1-3 /proc/loadavg)
+    echo "run.sh: part $name ($(($(date +%s) - start)) s so far): $*" >&2
+    "$@" >"$raw/$name.md" || rc=$?
+    {
+      echo "### $title"
+      echo
+      echo "\`$(echo "$*" | sed "s|$root/||g; s|$raw/|RAW/|g")\`: $(($(date +%s) - t0)) s, load average $l0 before," \
+        "$(cut -d' ' -f1-3 /proc/loadavg) after$([ "$rc" = 0 ] || echo ", **exit status $rc**")."
+      echo
+      cat "$raw/$name.md"
+      echo
+    } >>"$raw/sections.md"
+    echo "| $name | $(($(date +%s) - t0)) s | $l0 | $(cut -d' ' -f1-3 /proc/loadavg) |" >>"$part_log"
+  }
+  : >"$raw/sections.md"
+  has_part() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+  strip_log() { grep -v -e '^\[coord\]' -e '^run\.sh: ' -e '^transport\.sh: .* raw lines' ; }
+  if has_part dataplane; then
+    part dataplane "Data plane vs OpenMPI on one host, and the ResNet-50 / BERT-base steps" \
+      "$here/run.sh" --dataplane --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/dataplane.txt" \
+      --plot "$img/run-dataplane.svg"
+  fi
+  if has_part steps; then
+    part steps "ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes" \
+      "$here/run.sh" --steps --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/steps.txt" "${q[@]}"
+  fi
+  if has_part transport; then
+    tsz=()
+    [ "$quick" = 1 ] && tsz=(--sizes 4096,1048576,16777216)
+    part transport "Host transports: gradsync shm and tcp (direct and end to end) vs OpenMPI shm and tcp" \
+      "$here/transport.sh" --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/transport.txt" "${tsz[@]}"
+  fi
+  if has_part hosts; then
+    if [ "$(id -u)" = 0 ]; then
+      hsz=()
+      [ "$quick" = 1 ] && hsz=(--sizes 1048576,16777216)
+      hosts_md() {
+        "$here/netns_hosts.sh" "$@" >"$raw/hosts.log" 2>&1
+        local rc=$?
+        cat "$raw/hosts.md" 2>/dev/null
+        return $rc
+      }
+      part hosts "Across hosts: gradsync tcp and hierarchical vs OpenMPI tcp (network namespaces)" \
+        hosts_md --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/hosts.txt" \
+        --markdown "$raw/hosts.md" "${hsz[@]}"
+    else
+      echo "### Across hosts" >>"$raw/sections.md"
+      echo >>"$raw/sections.md"
+      echo "Skipped: bench/netns_hosts.sh needs root (ip netns)." >>"$raw/sections.md"
+      echo >>"$raw/sections.md"
+    fi
+  fi
+  if has_part control; then
+    part control "Control plane: lone allreduce, gs_barrier, ResNet-50 control-only step, rank simulator" \
+      "$here/control.sh" --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/control.txt" \
+      --plots "$raw/plots" "${q[@]}" --sim-ranks "8 64 256 1024"
+    for f in latency_vs_size negotiation_vs_ranks; do
+      [ -r "$raw/plots/$f.svg" ] && cp "$raw/plots/$f.svg" "$img/run-$f.svg"
+    done
+  fi
+  if has_part settings && [ "$quick" = 0 ]; then
+    part settings "Settings: fusion threshold, emission policy, response cache" \
+      "$here/run.sh" --settings --no-control --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/settings.txt"
+  fi
+  secs=$(($(date +%s) - start))
+  {
+    echo "<!-- bench/run.sh:begin (generated by bench/run.sh; edit the script, not this section) -->"
+    echo
+    echo "## The latest full run (\`bench/run.sh$([ "$quick" = 1 ] && echo " --quick")\`)"
+    echo
+    echo "Generated by \`bench/run.sh\` $(date -u +%FT%TZ), commit \`$commit\`$dirty, $secs s in all;"
+    echo "$(nproc) CPUs ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo),"
+    echo "$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), kernel $(uname -r), $(cc --version 2>/dev/null | head -1),"
+    echo "$(mpirun --version 2>/dev/null | head -1); load average $load0 at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+    echo "Rounds: $rounds per part (interleaved; medians over rounds). Raw lines were in \`$raw\`."
+    echo
+    echo "| part | wall time | load average before | after |"
+    echo "|---|---|---|---|"
+    cat "$part_log"
+    echo
+    [ -r "$img/run-dataplane.svg" ] && has_part dataplane &&
+      printf '![Bus bandwidth vs message size, gradsync and OpenMPI](img/run-dataplane.svg)\n\n'
+    [ -r "$img/run-latency_vs_size.svg" ] && has_part control &&
+      printf '![Lone allreduce latency vs message size](img/run-latency_vs_size.svg)\n\n'
+    [ -r "$img/run-negotiation_vs_ranks.svg" ] && has_part control &&
+      printf '![ResNet-50 negotiation vs simulated ranks, up to 1024](img/run-negotiation_vs_ranks.svg)\n\n'
+    sed 's/[[:space:]]*$//' "$raw/sections.md" | strip_log | cat -s
+    echo "<!-- bench/run.sh:end -->"
+  } >"$gen"
+  if [ -n "$doc" ]; then
+    if grep -q '^<!-- bench/run.sh:begin' "$doc" 2>/dev/null; then
+      awk -v gen="$gen" '/^<!-- bench\/run.sh:begin/ { while ((getline l < gen) > 0) print l; skip = 1; next }
+        /^<!-- bench\/run.sh:end -->/ { skip = 0; next } !skip' "$doc" >"$doc.tmp.$$" && mv "$doc.tmp.$$" "$doc"
+    else
+      { echo; cat "$gen"; } >>"$doc"
+    fi
+    echo "run.sh: tables written into $doc (plots in $img/run-*.svg)" >&2
+  fi
+  echo "run.sh: everything done in $secs s; raw lines and the generated section in $raw" >&2
+  exit 0
+fi
 
 # control_plane: bench/control.sh with this run's build, np and round count.
 control_plane() {
@@ -90,6 +256,71 @@ start=$(date +%s)
 # tables (stdout) and a gnuplot plot of bus bandwidth (docs/benchmarks-dataplane.svg).
 # OpenMPI runs with MALLOC_MMAP_THRESHOLD_ raised (its 64 MiB temporaries
 # are otherwise page-faulted on every call: 2x slower there).
+# ---- training steps vs OpenMPI shm (bench/run.sh --steps) ---------------------
+# The ResNet-50 and BERT-base gradient sets (gradsync-bench, default
+# coordinator settings, GS_AVERAGE, submitted back to back in reverse order)
+# next to OpenMPI shm's MPI_Allreduce of the same bytes (btl self,vader,
+# float32, bench/mpi_allreduce.c), alternating per round; full BERT-base at
+# every np. Per round and np: the median step (slowest rank) of each;
+# the table shows every round and the medians over rounds.
+if [ "$mode" = steps ]; then
+  mpi=$build/bin/mpi-allreduce
+  command -v mpicc >/dev/null || { echo "run.sh: mpicc not found (apt-get install libopenmpi-dev)" >&2; exit 1; }
+  [ -x "$mpi" ] && [ "$mpi" -nt "$here/mpi_allreduce.c" ] || mpicc -O2 -o "$mpi" "$here/mpi_allreduce.c" || exit 1
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  steps=8
+  [ "$quick" = 1 ] && steps=4
+  for r in $(seq 1 "$rounds"); do
+    for np in $nps; do
+      echo "run.sh: steps np=$np round $r/$rounds ($(($(date +%s) - start)) s so far)" >&2
+      for w in resnet50 bert_base; do
+        "$run" -np "$np" --timeout 300 "$bin" --workload "$workloads/$w.txt" --steps "$steps" --warmup 1 \
+          2>"$out.err" | sed -n "s/^\[0\] RESULT /CASE gs.$w round=$r /p" >>"$out"
+        b=$(awk -v c="gs.$w" -v r="round=$r" -v np="np=$np" '$2 == c && $3 == r && index(" " $0 " ", " " np " ") {
+          for (i = 4; i <= NF; i++) if ($i ~ /^bytes=/) { sub(/^bytes=/, "", $i); print $i; exit } }' "$out")
+        if [ -z "$b" ]; then
+          echo "run.sh: gradsync $w np=$np (round $r) failed:" >&2
+          tail -3 "$out.err" >&2
+          continue
+        fi
+        timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" --mca pml ob1 \
+          --mca btl self,vader -x MALLOC_MMAP_THRESHOLD_=1073741824 "$mpi" --sizes "$b" --reps "$steps" \
+          --tag "mpi.$w" 2>"$out.err" | sed -n "s/^RESULT impl=\([^ ]*\) /CASE \1 round=$r /p" >>"$out"
+      done
+    done
+  done
+  rm -f "$out.err"
+  load1=$(cut -d' ' -f1-3 /proc/loadavg)
+  # val CASE ROUND NP KEY
+  val() {
+    awk -v c="$1" -v r="round=$2" -v np="np=$3" -v k="$4" '$2 == c && $3 == r && index(" " $0 " ", " " np " ") {
+      for (i = 4; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) { print kv[2]; exit } } }' "$out"
+  }
+  median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (!NR) print "-";
+    else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  echo
+  echo "Training steps vs OpenMPI shm's allreduce of the same bytes — $(nproc) CPUs, $rounds rounds (alternating), $steps steps/calls each, commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null), $(date -u +%FT%TZ), load average $load0 before, $load1 after."
+  echo "Step = first submission to last completion, slowest rank, median over steps; OpenMPI = MPI_Allreduce (btl self,vader), slowest rank, median over calls. ms per round, then the median over rounds:"
+  echo
+  echo "| np | workload (bytes) | gradsync step, per round | OpenMPI shm, per round | gradsync median | OpenMPI median | gradsync / OpenMPI | target |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for np in $nps; do
+    for w in resnet50 bert_base; do
+      g="" m="" by=""
+      for r in $(seq 1 "$rounds"); do
+        g="$g $(val "gs.$w" "$r" "$np" step_ms)"
+        m="$m $(awk -v u="$(val "mpi.$w" "$r" "$np" median_us)" 'BEGIN { if (u != "") printf "%.2f", u / 1000 }')"
+        [ -n "$by" ] || by=$(val "gs.$w" "$r" "$np" bytes)
+      done
+      gm=$(echo "$g" | median) mm=$(echo "$m" | median)
+      echo "| $np | $w ($(awk -v b="${by:-0}" 'BEGIN { printf "%.1f MiB", b / 1048576 }')) |$(echo $g | sed 's/ /, /g') |$(echo $m | sed 's/ /, /g') | $gm | $mm |" \
+        "$(awk -v a="$gm" -v b="$mm" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "n/a"; else printf "%.2f", a / b }') | ≤ 1.00 |"
+    done
+  done
+  echo "run.sh: steps done in $(($(date +%s) - start)) s" >&2
+  exit 0
+fi
+
 if [ "$dataplane" = 1 ]; then
   dp=$build/bin/gradsync-dataplane
   mpi=$build/bin/mpi-allreduce
@@ -208,7 +439,7 @@ if [ "$dataplane" = 1 ]; then
     done
   done
   if command -v gnuplot >/dev/null; then
-    svg=$root/docs/benchmarks-dataplane.svg
+    svg=$dp_svg
     cols=""
     for np in $nps; do cols="$cols $np"; done
     gnuplot <<GP && echo && echo "run.sh: plot written to $svg" >&2
