@@ -4,7 +4,7 @@
 # tables (or alone: bench/run.sh --control-only).
 #
 #   bench/control.sh [--build DIR] [--rounds R] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
-#                    [--out FILE] [--plots DIR] [--quick]
+#                    [--sim-rounds K] [--out FILE] [--plots DIR] [--quick]
 #
 # In every round, side by side (rounds interleaved, medians over rounds):
 # - a lone allreduce of 4 B .. 1 MiB: gradsync end to end (gradsync-run +
@@ -18,7 +18,9 @@
 #   only and with the fused tiny allreduces executed;
 # - the rank simulator (gradsync-rank-sim) at each N: per-step negotiation
 #   latency of the ResNet-50 list, cache on and off, beside the floor round
-#   of the same run; the coordinator's CPU per step and peak RSS.
+#   of the same run; the coordinator's CPU per step and peak RSS (in the
+#   first K rounds only with --sim-rounds K: joining 1024 simulated ranks
+#   one after another takes 1-2 minutes on 2 vCPUs).
 # Raw RESULT lines go to --out; tables to stdout; with gnuplot, SVG plots of
 # latency vs message size and negotiation vs N go to --plots (default: a
 # temporary directory, printed).
@@ -36,6 +38,7 @@ build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
 nps="2 4"
 simn="8 64 256 1024"
+sim_rounds=""
 out=""
 plots=""
 quick=0
@@ -46,11 +49,12 @@ while [ $# -gt 0 ]; do
   --rounds) rounds=$2; shift 2 ;;
   --np) nps=$2; shift 2 ;;
   --sim-ranks) simn=$2; shift 2 ;;
+  --sim-rounds) sim_rounds=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --plots) plots=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
   --quick) quick=1; rounds=1; simn="8 64"; shift ;;
-  -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -118,6 +122,7 @@ for r in $(seq 1 "$rounds"); do
     # batching with 100 us "backward" gaps (ResNet-50 / 32, as pol.a2 in run.sh)
     rec gap.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 32 --gap-us 100 --steps 12 --warmup 2
   done
+  [ -n "$sim_rounds" ] && [ "$r" -gt "$sim_rounds" ] && continue
   for n in $simn; do
     for c in 1 0; do
       rec "sim.$n.c$c" "$r" 1 "$bin/gradsync-rank-sim" --ranks "$n" --workload "$resnet" --cache "$c" \

@@ -63,7 +63,7 @@ while [ $# -gt 0 ]; do
   --no-doc) doc=""; shift ;;
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
-  -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -170,7 +170,7 @@ if [ "$mode" = all ]; then
   if has_part control; then
     part control "Control plane: lone allreduce, gs_barrier, ResNet-50 control-only step, rank simulator" \
       "$here/control.sh" --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/control.txt" \
-      --plots "$raw/plots" "${q[@]}" --sim-ranks "8 64 256 1024"
+      --plots "$raw/plots" "${q[@]}" --sim-ranks "8 64 256 1024" --sim-rounds 1
     for f in latency_vs_size negotiation_vs_ranks; do
       [ -r "$raw/plots/$f.svg" ] && cp "$raw/plots/$f.svg" "$img/run-$f.svg"
     done
@@ -313,7 +313,7 @@ if [ "$mode" = steps ]; then
         [ -n "$by" ] || by=$(val "gs.$w" "$r" "$np" bytes)
       done
       gm=$(echo "$g" | median) mm=$(echo "$m" | median)
-      echo "| $np | $w ($(awk -v b="${by:-0}" 'BEGIN { printf "%.1f MiB", b / 1048576 }')) |$(echo $g | sed 's/ /, /g') |$(echo $m | sed 's/ /, /g') | $gm | $mm |" \
+      echo "| $np | $w ($(awk -v b="${by:-0}" 'BEGIN { printf "%.1f MiB", b / 1048576 }')) | $(echo $g | sed 's/ /, /g') | $(echo $m | sed 's/ /, /g') | $gm | $mm |" \
         "$(awk -v a="$gm" -v b="$mm" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "n/a"; else printf "%.2f", a / b }') | ≤ 1.00 |"
     done
   done
