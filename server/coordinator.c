@@ -27,6 +27,7 @@
 
 #include "clock.h"
 #include "codec.h"
+#include "handoff_trace.h"
 #include "identity.h"
 #include "kv.h"
 #include "log.h"
@@ -372,17 +373,20 @@ static void session_send(gs__coordinator *co, session *ss, const gs__msg_bytes *
  * so a cache id still resolves. */
 static void timeline_rank_msg(gs__coordinator *co, int32_t rank, const gs__rank_msg *m) {
   uint64_t now = gs__now_us();
-  for (size_t i = 0; i < m->nrequests; i++)
-    gs__timeline_submit(co->timeline, m->requests[i].name, m->requests[i].op, rank, now);
-  for (size_t i = 0; i < m->ncached; i++) {
-    const gs__tensor_request *r = gs__engine_cached_request(co->engine, m->cached[i]);
-    if (r) gs__timeline_submit(co->timeline, r->name, r->op, rank, now);
-  }
+  /* Plans finished first: a rank with nothing else in flight reports them
+   * with its next requests (worker/background.c), whose negotiation spans
+   * begin after the plans' execution spans end. */
   if (m->ndone) {
     gs__engine_stats st;
     gs__engine_get_stats(co->engine, &st);
     for (size_t i = 0; i < m->ndone; i++)
       gs__timeline_done(co->timeline, m->done_plans[i], rank, st.connected, now);
+  }
+  for (size_t i = 0; i < m->nrequests; i++)
+    gs__timeline_submit(co->timeline, m->requests[i].name, m->requests[i].op, rank, now);
+  for (size_t i = 0; i < m->ncached; i++) {
+    const gs__tensor_request *r = gs__engine_cached_request(co->engine, m->cached[i]);
+    if (r) gs__timeline_submit(co->timeline, r->name, r->op, rank, now);
   }
 }
 
@@ -442,6 +446,9 @@ static void flush_outbox(gs__coordinator *co) {
         next = ss->next;
         if (ss->rank >= 0) session_send(co, ss, mb);
       }
+      if (o->msg.kind == GS__MSG_PLAN)
+        GS_TRACE(GS__TR_CO_PLAN, o->msg.plan.seq,
+                 o->msg.plan.nresponses ? o->msg.plan.responses[0].op : 0);
     }
     gs__msg_bytes_release(mb);
   }
@@ -546,6 +553,7 @@ static void on_session_msg(void *arg, gs__call *c, const uint8_t *buf, size_t le
     co->sessions = ss;
   }
   if (m.has_leave) ss->left = 1;
+  GS_TRACE(GS__TR_CO_RECV, ss->rank, m.nrequests + m.ncached);
   if (co->timeline) timeline_rank_msg(co, ss->rank, &m);
   gs__engine_rank_message(co->engine, ss->rank, &m, gs__now_ms(), &co->box);
   flush_outbox(co);

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "client.h"
 #include "clock.h"
+#include "handoff_trace.h"
 #include "dtype.h"
 #include "gradsync.h"
 #include "log.h"
@@ -705,6 +706,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
     goto out_stop_exec;
   }
   ctx->thread_started = 1;
+  GS_TRACE(GS__TR_RANK, ctx->rank, ctx->size);
   char line[4096];
   gs__settings_describe(&r.set, GS__FOR_WORKER, line, sizeof line);
   GS_LOG_INFO("joined the job at %s as rank %d of %d, local rank %d of %d (rank from %s, size "
@@ -786,14 +788,19 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
     HASH_ADD_STR(ctx->inflight, req.name, h);
+    ctx->nunplanned++;
     if (ctx->sub_tail)
       ctx->sub_tail->next_submit = h;
     else
       ctx->sub_head = h;
     ctx->sub_tail = h;
   }
-  int kick = !st && gs__comm_wake_locked(ctx, 1);
+  gs__rank_msg m;
+  int send = !st && gs__requests_claim_locked(ctx, &m);
+  int kick = !st && !send && gs__comm_wake_locked(ctx, 1);
   pthread_mutex_unlock(&ctx->mu);
+  if (!st) GS_TRACE(GS__TR_SUBMIT, hs[0]->req.op, n);
+  if (send) gs__requests_send(ctx, &m);
   if (kick) gs__comm_kick(ctx);
   return st;
 }
@@ -1494,6 +1501,7 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
     }
   }
   pthread_mutex_unlock(&ctx->mu);
+  GS_TRACE(GS__TR_APP_WAKE, st, 0);
   if (st == GS_OK) return finished(hs[*index]);
   return gs__set_error(GS_ERR_TIMEOUT, "%s: timed out after %d ms; the op is still pending", fn,
                        timeout_ms);

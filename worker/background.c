@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "handoff_trace.h"
 #include "log.h"
 #include "status.h"
 #include "worker.h"
@@ -87,8 +88,10 @@ static void complete_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status, 
     if (h->wnext) h->wnext->wprev = h->wprev;
     h->wprev = h->wnext = NULL;
   }
+  GS_TRACE(GS__TR_COMPLETE, h->req.op, 0);
   h->status = status;
   h->error = msg ? strdup(msg) : NULL;
+  if (!h->planned) ctx->nunplanned--;
   HASH_DEL(ctx->inflight, h);
   atomic_store_explicit(&h->done, 1, memory_order_release);
   pthread_cond_broadcast(&ctx->cv);
@@ -200,9 +203,20 @@ static int apply_templates(gs_ctx *ctx, gs__plan *plan) {
   return 0;
 }
 
-/* Queues a plan for the exec thread; marks the ops it names as planned so
- * waits on them no longer count as blocked, and learns the cache ids the
- * coordinator assigned or withdrew. */
+/* 1 when running plan p needs no data plane: only barriers and errors (the
+ * exec thread completes those without a backend, too). */
+static int control_only(const gs__plan *p) {
+  for (size_t i = 0; i < p->nresponses; i++) {
+    const gs__response *r = &p->responses[i];
+    if (r->kind != GS__RESP_ERROR && !(r->kind == GS__RESP_COLLECTIVE && r->op == GS__OP_BARRIER))
+      return 0;
+  }
+  return 1;
+}
+
+/* Queues a plan for the exec thread (or runs it here, see control_only);
+ * marks the ops it names as planned so waits on them no longer count as
+ * blocked, and learns the cache ids the coordinator assigned or withdrew. */
 static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   if (apply_templates(ctx, plan)) {
     char msg[256];
@@ -213,6 +227,7 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
     fail_job(ctx, GS_ERR_INTERNAL, msg);
     return;
   }
+  GS_TRACE(GS__TR_PLAN_RECV, plan->seq, plan->nresponses ? plan->responses[0].op : 0);
   plan_node *n = calloc(1, sizeof *n);
   if (!n) {
     fail_job(ctx, GS_ERR_NO_MEMORY, "out of memory queueing a plan");
@@ -220,21 +235,41 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   }
   n->plan = *plan;
   memset(plan, 0, sizeof *plan);
+  pthread_mutex_lock(&ctx->mu); /* application threads read the cache too */
   for (size_t i = 0; i < n->plan.nevicted; i++) {
     gs__wcache *c = NULL;
     HASH_FIND(hh_id, ctx->cache_by_id, &n->plan.evicted[i], sizeof(uint32_t), c);
     if (c) cache_drop(ctx, c);
   }
-  pthread_mutex_lock(&ctx->mu);
+  /* A plan without data-plane work, while the exec thread has nothing to
+   * do, is run here: one thread hand-off less for a barrier. */
+  int here = !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only(&n->plan);
+  if (here) GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 1);
   for (size_t i = 0; i < n->plan.nresponses; i++)
     for (size_t k = 0; k < n->plan.responses[i].ntensors; k++) {
-      const gs__plan_tensor *t = &n->plan.responses[i].tensors[k];
+      const gs__response *r = &n->plan.responses[i];
+      const gs__plan_tensor *t = &r->tensors[k];
       struct gs_handle *h = NULL;
       HASH_FIND_STR(ctx->inflight, t->name, h);
       if (!h) continue;
+      if (!h->planned) ctx->nunplanned--;
       h->planned = 1;
       if (t->cache_id) cache_put(ctx, t->cache_id, &h->req);
+      if (!here) continue;
+      if (r->kind == GS__RESP_ERROR)
+        complete_locked(ctx, h, (gs_status)r->error_status,
+                        r->error_message ? r->error_message : "error from the coordinator");
+      else
+        complete_locked(ctx, h, GS_OK, NULL);
     }
+  if (here) {
+    gs__plan_done_locked(ctx, n->plan.seq); /* goes out with this thread's next message */
+    GS_TRACE(GS__TR_PLAN_DONE, n->plan.seq, 1);
+    pthread_mutex_unlock(&ctx->mu);
+    gs__plan_free(&n->plan);
+    free(n);
+    return;
+  }
   if (ctx->plans_tail)
     ctx->plans_tail->next = n;
   else
@@ -343,6 +378,75 @@ static void blocked_update(gs_ctx *ctx, uint64_t now, gs__rank_msg *m, uint64_t 
   m->nblocked = u;
 }
 
+/* Puts the ops of list into m: a request the coordinator has cached as its
+ * id, the others in full. Caller holds ctx->mu (the cache is read and
+ * changed only under it). Returns non-zero when out of memory (m then
+ * holds nothing). */
+static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m) {
+  size_t n = 0;
+  for (struct gs_handle *h = list; h; h = h->next_submit) n++;
+  if (!n) return 0;
+  m->requests = malloc(n * sizeof *m->requests);
+  m->cached = malloc(n * sizeof *m->cached);
+  if (!m->requests || !m->cached) {
+    free(m->requests);
+    free(m->cached);
+    m->requests = NULL;
+    m->cached = NULL;
+    return -1;
+  }
+  for (struct gs_handle *h = list; h; h = h->next_submit) {
+    gs__wcache *c = NULL;
+    HASH_FIND(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name), c);
+    if (c && gs__tensor_request_equal(&c->req, &h->req)) {
+      m->cached[m->ncached++] = c->id;
+      continue;
+    }
+    if (c) cache_drop(ctx, c);
+    m->requests[m->nrequests++] = h->req;
+  }
+  ctx->stats.cache_hits += m->ncached;
+  return 0;
+}
+
+int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m) {
+  /* Only where the comm thread would send them at once itself: it is
+   * running, not about to wake (no kick outstanding), no message is in
+   * flight and no request message is unanswered (Nagle's rule). */
+  if (!ctx->comm_running || ctx->kicked || ctx->comm_send_busy || ctx->req_unanswered ||
+      !ctx->sub_head || ctx->stop || ctx->fatal)
+    return 0;
+  memset(m, 0, sizeof *m);
+  if (requests_locked(ctx, ctx->sub_head, m)) return 0; /* the comm thread tries */
+  ctx->sub_head = ctx->sub_tail = NULL;
+  m->done_plans = ctx->done_plans; /* ride along */
+  m->ndone = ctx->ndone;
+  ctx->done_plans = NULL;
+  ctx->ndone = ctx->done_cap = 0;
+  ctx->comm_send_busy = 1; /* the send's completion wakes the comm thread */
+  ctx->app_sending = 1;
+  ctx->req_unanswered = 1;
+  ctx->req_hold_until_us =
+      gs__now_us() + (ctx->join.config.cycle_time_us ? ctx->join.config.cycle_time_us : 1000);
+  return 1;
+}
+
+void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m) {
+  char err[512];
+  size_t bytes = 0;
+  int rc = gs__client_session_send(ctx->client, m, &bytes, err, sizeof err);
+  GS_TRACE(GS__TR_SENT, m->nrequests + m->ncached, 1);
+  pthread_mutex_lock(&ctx->mu);
+  ctx->app_sending = 0;
+  ctx->stats.requests_sent += m->nrequests + m->ncached;
+  ctx->stats.bytes_to_coordinator += bytes;
+  ctx->stats.messages_to_coordinator++;
+  pthread_mutex_unlock(&ctx->mu);
+  gs__rank_msg_free(m);
+  /* The session ended (the comm thread finds out too) or out of memory. */
+  if (rc) fail_job(ctx, (gs_status)rc, err);
+}
+
 /* Sends the ops submitted since the last message in one message, together
  * with the executed plans, the blocked-on names when they changed and a
  * heartbeat when one is due (nothing when there is nothing to say).
@@ -367,9 +471,14 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
     m.has_leave = 1;
     snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
   }
-  int hold = ctx->req_unanswered && now_us < ctx->req_hold_until_us;
   pthread_mutex_lock(&ctx->mu);
-  if (m.blocked_update || m.heartbeat || m.has_leave || ctx->ndone || ctx->nreg || ctx->nunreg)
+  int hold = ctx->req_unanswered && now_us < ctx->req_hold_until_us;
+  /* Executed plans are news for the coordinator only while it may be
+   * holding ready tensors back for them (the adaptive policy's plans in
+   * flight), which needs this rank's requests: with none of its ops
+   * waiting for a plan they ride along with the next message instead. */
+  int done_due = ctx->ndone && ctx->nunplanned;
+  if (m.blocked_update || m.heartbeat || m.has_leave || done_due || ctx->nreg || ctx->nunreg)
     hold = 0; /* a message goes out anyway: the requests ride along */
   struct gs_handle *list = NULL;
   if (hold) {
@@ -380,28 +489,16 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
     ctx->sub_head = ctx->sub_tail = NULL;
   }
   ctx->comm_req_held = hold; /* new submissions need no kick while held */
-  size_t n = 0;
-  for (struct gs_handle *h = list; h; h = h->next_submit) n++;
-  if (n) {
-    m.requests = malloc(n * sizeof *m.requests);
-    m.cached = malloc(n * sizeof *m.cached);
+  int oom = requests_locked(ctx, list, &m);
+  int go = list || done_due || m.heartbeat || m.has_leave || m.blocked_update || ctx->nreg ||
+           ctx->nunreg;
+  if (go) {
+    m.done_plans = ctx->done_plans;
+    m.ndone = ctx->ndone;
+    ctx->done_plans = NULL;
+    ctx->ndone = ctx->done_cap = 0;
+    ctx->comm_send_busy = 1; /* an application thread sends nothing meanwhile */
   }
-  for (struct gs_handle *h = list; h && m.requests && m.cached; h = h->next_submit) {
-    /* A request the coordinator has cached travels as its id. */
-    gs__wcache *c = NULL;
-    HASH_FIND(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name), c);
-    if (c && gs__tensor_request_equal(&c->req, &h->req)) {
-      m.cached[m.ncached++] = c->id;
-      continue;
-    }
-    if (c) cache_drop(ctx, c);
-    m.requests[m.nrequests++] = h->req;
-  }
-  ctx->stats.cache_hits += m.ncached;
-  m.done_plans = ctx->done_plans;
-  m.ndone = ctx->ndone;
-  ctx->done_plans = NULL;
-  ctx->ndone = ctx->done_cap = 0;
   m.reg = ctx->reg;
   m.nreg = ctx->nreg;
   m.unreg = ctx->unreg;
@@ -410,7 +507,7 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
   ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
   pthread_mutex_unlock(&ctx->mu);
   int rc = GS__OK;
-  if (list && (!m.requests || !m.cached)) {
+  if (oom) {
     snprintf(err, errlen, "out of memory batching requests");
     rc = GS__ERR_NO_MEMORY;
     goto out_free;
@@ -419,13 +516,14 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
       m.nreg || m.nunreg) {
     size_t bytes = 0;
     rc = gs__client_session_send(ctx->client, &m, &bytes, err, errlen);
+    if (m.nrequests || m.ncached) GS_TRACE(GS__TR_SENT, m.nrequests + m.ncached, 0);
     ctx->last_send_ms = now;
+    pthread_mutex_lock(&ctx->mu);
     if (m.nrequests || m.ncached) {
       ctx->req_unanswered = 1;
       ctx->req_hold_until_us =
           now_us + (ctx->join.config.cycle_time_us ? ctx->join.config.cycle_time_us : 1000);
     }
-    pthread_mutex_lock(&ctx->mu);
     ctx->comm_send_busy = 1; /* until the comm thread sees the send complete */
     ctx->stats.requests_sent += m.nrequests + m.ncached;
     ctx->stats.bytes_to_coordinator += bytes;
@@ -463,7 +561,9 @@ void *gs__background_main(void *arg) {
       if (got == GS__POLL_NOTHING) break;
       wait_us = 0;
       if (got != GS__POLL_MESSAGE) continue;
+      pthread_mutex_lock(&ctx->mu);
       ctx->req_unanswered = 0; /* the coordinator answered: held requests may go */
+      pthread_mutex_unlock(&ctx->mu);
       over = on_message(ctx, &m);
       gs__plan_msg_free(&m);
       if (over) break;
@@ -473,9 +573,11 @@ void *gs__background_main(void *arg) {
      * then it goes out when that one completes. A consumed kick is cleared
      * before the queues are read, so that work arriving from now on kicks
      * again. */
-    int idle = gs__client_session_idle(ctx->client);
     unsigned kicks = gs__client_session_kicks_taken(ctx->client);
     pthread_mutex_lock(&ctx->mu);
+    /* Read under mu (lock order: ctx->mu, then the client's send lock):
+     * an application thread's send is claimed and finished under mu. */
+    int idle = gs__client_session_idle(ctx->client) && !ctx->app_sending;
     if (kicks) ctx->kicked = 0;
     ctx->comm_send_busy = !idle;
     int stopping = ctx->stop;

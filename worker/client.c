@@ -3,12 +3,18 @@
  * The Session stream lives on its own "next" completion queue driven by
  * gs__client_session_poll: one RECV_MESSAGE kept armed, one SEND_MESSAGE in
  * flight with a queue behind it, RECV_STATUS_ON_CLIENT telling the end.
- * Unary calls use a pluck queue per call, so any thread may make them. */
+ * The send side (the message in flight, the queue, half-close) is guarded
+ * by send_mu, so that any thread may send (gRPC allows a batch to be
+ * started from any thread; one send in flight per call); everything else
+ * of the session belongs to the polling thread. Unary calls use a pluck
+ * queue per call, so any thread may make them. */
 #include "client.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +29,7 @@
 #include "clock.h"
 #include "codec.h"
 #include "grpc_util.h"
+#include "handoff_trace.h"
 #include "log.h"
 #include "secret.h"
 #include "status.h"
@@ -53,9 +60,14 @@ struct gs__client {
   grpc_metadata_array init_md, trail;
   grpc_status_code status;
   grpc_slice details;
-  grpc_byte_buffer *recv_bb, *send_bb;
+  grpc_byte_buffer *recv_bb;
+  atomic_int pending; /* batches started, not completed (kicks not counted) */
+  atomic_int ended;   /* the stream is over (or a batch could not start) */
+  int recv_armed;
+  pthread_mutex_t send_mu; /* guards the fields below */
+  grpc_byte_buffer *send_bb;
   send_node *q_head, *q_tail;
-  int pending, send_busy, recv_armed, ended, half_closed;
+  int send_busy, half_closed;
   int tls; /* the channel uses TLS */
 };
 
@@ -100,10 +112,12 @@ int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, siz
     return GS__ERR_NO_MEMORY;
   }
   c->tls = o->tls_ca && *o->tls_ca;
+  pthread_mutex_init(&c->send_mu, NULL);
   grpc_init();
   grpc_channel_credentials *creds = NULL;
   int rc = make_creds(o, &creds, err, errlen);
   if (rc) {
+    pthread_mutex_destroy(&c->send_mu);
     free(c->target);
     free(c);
     grpc_shutdown();
@@ -517,12 +531,16 @@ int gs__client_kv_get(gs__client *c, const char *key, int wait_ms, void **val, s
 /* ---- session -------------------------------------------------------------- */
 
 static void start(gs__client *c, const grpc_op *ops, size_t n, ctag *t) {
-  if (grpc_call_start_batch(c->call, ops, n, t, NULL) == GRPC_CALL_OK)
-    c->pending++;
-  else
-    c->ended = 1; /* only our own misuse gets here; treat as an ended stream */
+  /* Counted before the start: the batch may complete on another thread
+   * before grpc_call_start_batch returns. */
+  atomic_fetch_add(&c->pending, 1);
+  if (grpc_call_start_batch(c->call, ops, n, t, NULL) != GRPC_CALL_OK) {
+    atomic_fetch_sub(&c->pending, 1);
+    atomic_store(&c->ended, 1); /* only our own misuse gets here; treat as an ended stream */
+  }
 }
 
+/* Caller holds send_mu. */
 static void send_now(gs__client *c, grpc_byte_buffer *bb) {
   grpc_op op;
   memset(&op, 0, sizeof op);
@@ -538,6 +556,7 @@ static void send_now(gs__client *c, grpc_byte_buffer *bb) {
   start(c, &op, 1, &c->t_send);
 }
 
+/* Caller holds send_mu. */
 static void enqueue(gs__client *c, grpc_byte_buffer *bb) {
   if (!c->send_busy) {
     send_now(c, bb);
@@ -614,24 +633,32 @@ int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *e
 
 int gs__client_session_send(gs__client *c, const gs__rank_msg *m, size_t *bytes, char *err,
                             size_t errlen) {
-  if (c->ended || c->half_closed) {
-    snprintf(err, errlen, "the session with the coordinator %s has ended", c->target);
-    return GS__ERR_COORDINATOR_LOST;
-  }
   uint8_t *buf = NULL;
   size_t len;
   if (gs__encode_rank_msg(m, &buf, &len)) {
     snprintf(err, errlen, "could not encode a message for the coordinator");
     return GS__ERR_NO_MEMORY;
   }
-  enqueue(c, gs__bb_from_bytes(buf, len));
+  grpc_byte_buffer *bb = gs__bb_from_bytes(buf, len);
   free(buf);
+  pthread_mutex_lock(&c->send_mu);
+  int over = atomic_load(&c->ended) || c->half_closed;
+  if (!over) enqueue(c, bb);
+  pthread_mutex_unlock(&c->send_mu);
+  if (over) {
+    grpc_byte_buffer_destroy(bb);
+    snprintf(err, errlen, "the session with the coordinator %s has ended", c->target);
+    return GS__ERR_COORDINATOR_LOST;
+  }
   if (bytes) *bytes = len;
   return GS__OK;
 }
 
-int gs__client_session_idle(const gs__client *c) {
-  return !c->send_busy && !c->q_head;
+int gs__client_session_idle(gs__client *c) {
+  pthread_mutex_lock(&c->send_mu);
+  int idle = !c->send_busy && !c->q_head;
+  pthread_mutex_unlock(&c->send_mu);
+  return idle;
 }
 
 static int lost(gs__client *c, char *err, size_t errlen) {
@@ -675,19 +702,23 @@ unsigned gs__client_session_kicks_taken(gs__client *c) {
 
 /* A send completed: start the next queued one. */
 static void send_done(gs__client *c, int success) {
-  if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
+  pthread_mutex_lock(&c->send_mu);
+  grpc_byte_buffer *done = c->send_bb, *drop = NULL;
   c->send_bb = NULL;
   c->send_busy = 0;
-  if (!c->q_head) return;
   send_node *n = c->q_head;
-  c->q_head = n->next;
-  if (!c->q_head) c->q_tail = NULL;
-  grpc_byte_buffer *bb = n->bb;
+  if (n) {
+    c->q_head = n->next;
+    if (!c->q_head) c->q_tail = NULL;
+    if (success)
+      send_now(c, n->bb);
+    else
+      drop = n->bb;
+  }
+  pthread_mutex_unlock(&c->send_mu);
   free(n);
-  if (success)
-    send_now(c, bb);
-  else if (bb)
-    grpc_byte_buffer_destroy(bb);
+  if (done) grpc_byte_buffer_destroy(done);
+  if (drop) grpc_byte_buffer_destroy(drop);
 }
 
 int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg, int *got,
@@ -695,20 +726,22 @@ int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg
   *got = GS__POLL_NOTHING;
   gpr_timespec deadline = gs__deadline_us(timeout_us);
   for (;;) {
-    if (c->ended) return lost(c, err, errlen);
+    if (atomic_load(&c->ended)) return lost(c, err, errlen);
     grpc_event ev = grpc_completion_queue_next(c->cq, deadline, NULL);
     if (ev.type != GRPC_OP_COMPLETE) return GS__OK; /* timeout */
     ctag *t = ev.tag;
     if (t->kind == C_KICK) {
+      GS_TRACE(GS__TR_COMM_WAKE, 0, 0);
       c->kicks++;
       *got = GS__POLL_EVENT;
       return GS__OK;
     }
-    c->pending--;
+    atomic_fetch_sub(&c->pending, 1);
     switch (t->kind) {
     case C_START:
       break;
     case C_SEND:
+      GS_TRACE(GS__TR_SEND_DONE, 0, 0);
       send_done(c, ev.success);
       *got = GS__POLL_EVENT;
       return GS__OK;
@@ -741,7 +774,7 @@ int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg
       deadline = gs__deadline_ms(1000);
       break;
     case C_STATUS:
-      c->ended = 1;
+      atomic_store(&c->ended, 1);
       return lost(c, err, errlen);
     case C_CLOSE:
     case C_KICK:
@@ -752,10 +785,12 @@ int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg
 
 void gs__client_session_close(gs__client *c, int timeout_ms) {
   if (!c->call) return;
-  if (!c->ended && !c->half_closed) enqueue(c, NULL);
+  pthread_mutex_lock(&c->send_mu);
+  if (!atomic_load(&c->ended) && !c->half_closed) enqueue(c, NULL);
+  pthread_mutex_unlock(&c->send_mu);
   uint64_t end = gs__now_ms() + (uint64_t)timeout_ms;
   int cancelled = 0;
-  while (c->pending > 0) {
+  while (atomic_load(&c->pending) > 0) {
     uint64_t now = gs__now_ms();
     if (now >= end && !cancelled) {
       grpc_call_cancel(c->call, NULL);
@@ -769,7 +804,7 @@ void gs__client_session_close(gs__client *c, int timeout_ms) {
     }
     ctag *t = ev.tag;
     if (t->kind == C_KICK) continue; /* not counted in pending */
-    c->pending--;
+    atomic_fetch_sub(&c->pending, 1);
     if (t->kind == C_SEND) {
       send_done(c, ev.success);
     } else if (t->kind == C_RECV) {
@@ -780,7 +815,7 @@ void gs__client_session_close(gs__client *c, int timeout_ms) {
         if (ev.success) arm_recv(c); /* drain until the server ends the stream */
       }
     } else if (t->kind == C_STATUS) {
-      c->ended = 1;
+      atomic_store(&c->ended, 1);
     }
   }
 }
@@ -788,7 +823,7 @@ void gs__client_session_close(gs__client *c, int timeout_ms) {
 void gs__client_destroy(gs__client *c) {
   if (!c) return;
   if (c->call) {
-    if (c->pending > 0) gs__client_session_close(c, 0);
+    if (atomic_load(&c->pending) > 0) gs__client_session_close(c, 0);
     grpc_call_unref(c->call);
   }
   while (c->q_head) {
@@ -814,6 +849,7 @@ void gs__client_destroy(gs__client *c) {
     grpc_slice_unref(c->md[i].value);
   }
   grpc_channel_destroy(c->ch);
+  pthread_mutex_destroy(&c->send_mu);
   free(c->target);
   free(c);
   grpc_shutdown();

@@ -3,8 +3,10 @@
  * where gRPC status codes become gradsync statuses.
  *
  * Threads: the unary calls (join, kv) may be called from any thread at any
- * time, each on its own completion queue. The session functions are for one
- * thread at a time: gs_init's thread, then the background thread. */
+ * time, each on its own completion queue. gs__client_session_send and
+ * gs__client_session_kick may be called from any thread while the session
+ * is open; the other session functions are for one thread at a time:
+ * gs_init's thread, then the background thread. */
 #ifndef GS_WORKER_CLIENT_H
 #define GS_WORKER_CLIENT_H
 
@@ -51,7 +53,8 @@ void gs__client_set_identity(gs__client *c, int32_t rank, const uint8_t *secret)
 /* Opens the Session stream and queues the hello (with the identity). */
 int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *err, size_t errlen);
 /* Queues one message (sent in order, one in flight at a time); *bytes (may
- * be NULL) receives its encoded size. */
+ * be NULL) receives its encoded size. Any thread (see above); the message
+ * is borrowed for the call. */
 int gs__client_session_send(gs__client *c, const gs__rank_msg *m, size_t *bytes, char *err,
                             size_t errlen);
 /* What gs__client_session_poll saw. */
@@ -69,7 +72,7 @@ enum {
 int gs__client_session_poll(gs__client *c, int64_t timeout_us, gs__plan_msg *msg, int *got,
                             char *err, size_t errlen);
 /* 1 while no message is in flight or queued. Session thread only. */
-int gs__client_session_idle(const gs__client *c);
+int gs__client_session_idle(gs__client *c);
 /* Makes the session thread's poll return (GS__POLL_EVENT) soon: an
  * operation that completes at once is tagged on the session's queue. Any
  * thread, while the session is open (after gs__client_session_open, before

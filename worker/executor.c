@@ -11,6 +11,7 @@
 
 #include "dtype.h"
 #include "fusion_layout.h"
+#include "handoff_trace.h"
 #include "log.h"
 #include "status.h"
 #include "worker.h"
@@ -669,8 +670,8 @@ static int run_plan(gs_ctx *ctx, const gs__plan *p, char *err, size_t errlen) {
   return GS__OK;
 }
 
-/* Caller holds ctx->mu. */
-static void remember_done(gs_ctx *ctx, uint64_t seq) {
+void gs__plan_done_locked(gs_ctx *ctx, uint64_t seq) {
+  ctx->stats.plans_executed++;
   if (ctx->ndone == ctx->done_cap) {
     size_t cap = ctx->done_cap ? ctx->done_cap * 2 : 16;
     uint64_t *d = realloc(ctx->done_plans, cap * sizeof *d);
@@ -711,20 +712,26 @@ void *gs__executor_main(void *arg) {
     plan_node *n = ctx->plans_head;
     ctx->plans_head = n->next;
     if (!ctx->plans_head) ctx->plans_tail = NULL;
+    ctx->exec_busy = 1; /* the comm thread runs no plan meanwhile (background.c) */
     int failed = ctx->fatal != GS_OK;
     pthread_mutex_unlock(&ctx->mu);
+    GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 0);
     /* After a failure the job is over: drop the plans, their ops already
      * failed with it. */
     int rc = failed ? GS__OK : run_plan(ctx, &n->plan, err, sizeof err);
+    GS_TRACE(GS__TR_PLAN_DONE, n->plan.seq, 0);
     if (rc == GS__ERR_DATA_PLANE) await_verdict(ctx);
     if (rc) {
       GS_LOG_ERROR("%s", err);
       gs__ctx_fail(ctx, (gs_status)rc, err); /* the coordinator's verdict, if any, wins */
     }
     pthread_mutex_lock(&ctx->mu);
-    remember_done(ctx, n->plan.seq);
-    ctx->stats.plans_executed++;
-    int kick = gs__comm_wake_locked(ctx, 0); /* report it (or with the next message) */
+    gs__plan_done_locked(ctx, n->plan.seq);
+    ctx->exec_busy = 0;
+    /* Reported at once only while this rank has ops waiting for a plan
+     * (the coordinator may hold them for this report); otherwise with the
+     * next message (background.c, send_cycle). */
+    int kick = ctx->nunplanned ? gs__comm_wake_locked(ctx, 0) : 0;
     pthread_mutex_unlock(&ctx->mu);
     if (kick) gs__comm_kick(ctx);
     gs__plan_free(&n->plan);

@@ -71,7 +71,8 @@ typedef struct plan_node {
   struct plan_node *next;
 } plan_node;
 
-/* The worker's copy of the coordinator's response cache (comm thread). */
+/* The worker's copy of the coordinator's response cache (changed by the comm
+ * thread, read by whichever thread sends requests; under ctx->mu). */
 typedef struct gs__wcache {
   uint32_t id;
   gs__tensor_request req;
@@ -108,6 +109,7 @@ struct gs_ctx {
   pthread_cond_t cv;
   struct gs_handle *sub_head, *sub_tail; /* submitted, not yet sent */
   struct gs_handle *inflight;            /* by name: submitted, not completed */
+  size_t nunplanned;                     /* of those, how many no plan has named yet */
   int stop;                              /* gs_shutdown asked the loop to end */
   gs_status fatal;                       /* set once: every op fails with it */
   char fatal_msg[4096];
@@ -117,6 +119,7 @@ struct gs_ctx {
   pthread_cond_t exec_cv;
   plan_node *plans_head, *plans_tail;
   int exec_stop;
+  int exec_busy;        /* the exec thread is running a plan it took */
   uint64_t *done_plans; /* executed, not yet reported */
   size_t ndone, done_cap;
   gs_stats stats;           /* under mu */
@@ -149,16 +152,26 @@ struct gs_ctx {
    * complete, again before reading the queues), comm_req_held = 1 (only
    * requests; it sleeps at most until the hold ends), or comm_running = 0
    * (the thread is ending: stop or failure). Besides, no sleep outlasts
-   * the next heartbeat (or one second while a send is in flight). */
+   * the next heartbeat (or one second while a send is in flight).
+   *
+   * Where the comm thread would send at once (the stream idle, no kick
+   * outstanding, no request message unanswered), the submitting thread
+   * writes its requests itself instead of kicking (gs__requests_claim_locked):
+   * it sets comm_send_busy and app_sending under mu, so the send's
+   * completion wakes the comm thread like one of its own. */
   int comm_running, kicked, comm_send_busy, comm_req_held;
+  /* An application thread claimed the idle stream for its submissions
+   * (gs__requests_claim_locked) and is writing them; comm_send_busy is set
+   * with it, so neither the comm thread nor another thread sends. */
+  int app_sending;
   uint64_t comm_next_ms;
   /* comm thread (background.c): the session */
   pthread_t thread;
   int thread_started;
   gs__client *client;
   uint64_t last_send_ms;
-  int req_unanswered;         /* a request message went out, nothing came back since */
-  uint64_t req_hold_until_us; /* held requests go out by then at the latest */
+  int req_unanswered;         /* a request message went out, nothing came back since (mu) */
+  uint64_t req_hold_until_us; /* held requests go out by then at the latest (mu) */
   uint64_t blocked_sig;       /* the blocked-on set last reported */
   gs__wcache *cache_by_name, *cache_by_id;
   gs__wtemplate *templates;
@@ -188,11 +201,24 @@ int gs__comm_wake_locked(gs_ctx *ctx, int requests);
 /* Kicks the comm thread awake (any thread, without ctx->mu; only after
  * gs__comm_wake_locked or gs__handle_waited_locked returned 1). */
 void gs__comm_kick(gs_ctx *ctx);
+/* background.c: an application thread that just submitted (caller holds
+ * ctx->mu) takes the submission queue into *m and claims the stream when
+ * the comm thread would send it at once anyway (idle stream, no request
+ * message unanswered), saving the hand-off to the comm thread. Returns 1
+ * when it did: the caller must then call gs__requests_send(ctx, m) after
+ * unlocking; 0 leaves everything to gs__comm_wake_locked. */
+int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m);
+/* Writes the claimed message (without ctx->mu), frees m's contents, and
+ * releases the claim; a failure fails the job. */
+void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m);
 
 /* background.c: the comm thread */
 void *gs__background_main(void *arg);
 /* executor.c: the exec thread */
 void *gs__executor_main(void *arg);
+/* executor.c: plan seq was executed: counts it and keeps its number for the
+ * next message to the coordinator (caller holds ctx->mu). */
+void gs__plan_done_locked(gs_ctx *ctx, uint64_t seq);
 /* Completes h with status and message (NULL = success); takes ctx->mu. */
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg);
 /* Completes every op in flight and every later submission with status and
