@@ -196,10 +196,11 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   if ((rc = begin(b, hs, n, err, errlen))) goto out_fail;
   void *buf;
   if (packed && b->v->allreduce_segs) {
-    /* Reduce straight from and into the tensors' own buffers (shm): no
-     * pack or unpack pass. Not with a prescale or compression (the pack
-     * applies those); a backend instance that cannot (hierarchical) says
-     * so before doing anything, and the fused buffer is packed instead. */
+    /* Reduce straight from and into the tensors' own buffers (shm, the
+     * TCP ring, hierarchical): no pack or unpack pass. Not with a prescale
+     * or compression (the pack applies those); a backend that cannot (the
+     * ring for 16-bit floats or in deterministic mode, NCCL) says so before
+     * doing anything, and the fused buffer is packed instead. */
     rc = run_segments(b, r, hs, offs, total, err, errlen);
     if (rc == GS__OK) goto out_done;
     if (rc != GS__ERR_UNSUPPORTED) goto out_fail;

@@ -464,6 +464,172 @@ static void test_every_dtype_and_op(void **state) {
   }
 }
 
+/* ---- segmented allreduce (allreduce_segs) ---------------------------------- */
+
+#define SEG_N 150001 /* crosses the ring's chunks and its 512 KiB reduce segments */
+
+/* The members of one fused allreduce over buf (this rank's input) and res
+ * (results of the out-of-place members): in place, empty, padding (NULL,
+ * NULL), out of place, zeros contributed but the result wanted, a
+ * contribution whose result is not wanted, a large member, padding. The
+ * packed equivalent of this rank's contribution is written to pk. */
+static size_t seg_layout(gs__dtype dt, char *buf, char *res, size_t n, gs__seg *sg, char *pk) {
+  size_t es = gs__dtype_size(dt);
+  gs__seg l[] = {{buf, buf, 7},
+                 {buf + 7 * es, res + 7 * es, 0},
+                 {NULL, NULL, 3},
+                 {buf + 10 * es, res + 10 * es, 1000},
+                 {NULL, res + 1010 * es, 13},
+                 {buf + 1023 * es, NULL, 11},
+                 {buf + 1034 * es, res + 1034 * es, n - 1039},
+                 {NULL, NULL, 5}};
+  memcpy(sg, l, sizeof l);
+  size_t at = 0;
+  for (size_t k = 0; k < sizeof l / sizeof l[0]; k++) {
+    if (l[k].src)
+      memcpy(pk + at * es, l[k].src, l[k].count * es);
+    else
+      memset(pk + at * es, 0, l[k].count * es);
+    at += l[k].count;
+  }
+  return sizeof l / sizeof l[0];
+}
+
+/* Where element i of the segmented result is, or NULL when not wanted. */
+static const char *seg_result(gs__dtype dt, const char *buf, const char *res, size_t n, size_t i) {
+  size_t es = gs__dtype_size(dt);
+  if (i < 7) return buf + i * es;
+  if ((i >= 7 && i < 10) || (i >= 1023 && i < 1034) || i >= n - 5) return NULL;
+  return res + i * es;
+}
+
+static void seg_record(rank_ctx *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void seg_record(rank_ctx *rc, const char *fmt, ...) {
+  if (rc->bad++) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rc->err[0], sizeof rc->err[0], fmt, ap);
+  va_end(ap);
+}
+
+/* Every dtype and op, plain and postscaled: the segmented allreduce gives
+ * the bits of the packed one (which test_every_dtype_and_op checks against
+ * the reference; checked here too when unscaled), 16-bit floats and
+ * deterministic rings decline. Then the same collective with rank 1 joined
+ * (every member NULL: zeros, nothing wanted) and rank 2 on the packed path,
+ * side by side with segmented ranks: the bytes on the wire are the same. */
+static void body_segments(rank_ctx *rc) {
+  int n_ranks = rc->j->size, me = rc->rank;
+  size_t n = SEG_N;
+  char *buf = malloc(n * 8), *res = malloc(n * 8), *pk = malloc(n * 8), *want = malloc(n * 8);
+  gs__seg sg[8];
+  char err[1024];
+  for (int mixed = 0; mixed < 2 && !rc->bad; mixed++)
+    for (int scaled = 0; scaled < 2 && !rc->bad; scaled++)
+      for (gs__dtype dt = 0; dt < GS__DTYPE_COUNT && !rc->bad; dt++)
+        for (gs__reduce_op op = GS__SUM; op <= GS__PRODUCT && !rc->bad; op++) {
+          size_t es = gs__dtype_size(dt);
+          double factor = scaled ? 0.37 : 1.0;
+          int joined = mixed && me == 1, packs = mixed && me == 2;
+          /* the packed reference collective: every rank's packed layout */
+          fill_input(dt, op, me, buf, n);
+          size_t nseg = seg_layout(dt, buf, res, n, sg, pk);
+          if (joined) memset(pk, 0, n * es);
+          int st = rc->b->v->allreduce_scaled(rc->b, pk, n, dt, op, factor, err, sizeof err);
+          if (st) {
+            seg_record(rc, "rank %d: packed %s %s failed: %s", me, gs__dtype_name(dt),
+                       gs__reduce_op_name(op), err);
+            break;
+          }
+          memcpy(want, pk, n * es);
+          if (!scaled && !mixed) { /* the packed path against the reference */
+            char *ref = malloc(n * es);
+            reference(dt, op, n_ranks, ref, n);
+            for (size_t i = 0; i < n; i++) {
+              int pad = (i >= 7 && i < 10) || (i >= 1010 && i < 1023) || i >= n - 5;
+              if (!pad && memcmp(ref + i * es, want + i * es, es))
+                seg_record(rc, "rank %d: packed %s %s element %zu differs from the reference", me,
+                           gs__dtype_name(dt), gs__reduce_op_name(op), i);
+            }
+            free(ref);
+          }
+          /* the segmented collective */
+          fill_input(dt, op, me, buf, n);
+          memset(res, 0x5a, n * es);
+          seg_layout(dt, buf, res, n, sg, pk);
+          if (joined) memset(pk, 0, n * es);
+          if (packs) {
+            st = rc->b->v->allreduce_scaled(rc->b, pk, n, dt, op, factor, err, sizeof err);
+            if (st == GS__OK && memcmp(pk, want, n * es))
+              seg_record(rc, "rank %d: packed %s %s beside segmented ranks: wrong result", me,
+                         gs__dtype_name(dt), gs__reduce_op_name(op));
+            continue;
+          }
+          if (joined)
+            for (size_t k = 0; k < nseg; k++) sg[k].src = sg[k].dst = NULL;
+          if (dt == GS__FLOAT16 || dt == GS__BFLOAT16) {
+            st = rc->b->v->allreduce_segs(rc->b, sg, nseg, dt, op, factor, err, sizeof err);
+            if (n_ranks > 1 && st != GS__ERR_UNSUPPORTED)
+              seg_record(rc, "rank %d: allreduce_segs of %s returned %d, not unsupported", me,
+                         gs__dtype_name(dt), st);
+            /* the caller packs instead, as the executor does */
+            st = rc->b->v->allreduce_scaled(rc->b, pk, n, dt, op, factor, err, sizeof err);
+            if (st)
+              seg_record(rc, "rank %d: packed %s after the decline failed: %s", me,
+                         gs__dtype_name(dt), err);
+            continue;
+          }
+          st = rc->b->v->allreduce_segs(rc->b, sg, nseg, dt, op, factor, err, sizeof err);
+          if (st) {
+            seg_record(rc, "rank %d: allreduce_segs %s %s failed: %s", me, gs__dtype_name(dt),
+                       gs__reduce_op_name(op), err);
+            break;
+          }
+          for (size_t i = 0; i < n && !joined; i++) {
+            const char *got = seg_result(dt, buf, res, n, i);
+            if (got && memcmp(got, want + i * es, es)) {
+              seg_record(rc,
+                         "rank %d of %d: allreduce_segs%s%s %s %s: element %zu differs from the "
+                         "packed allreduce",
+                         me, n_ranks, scaled ? " (postscale 0.37)" : "",
+                         mixed ? " beside a joined and a packing rank" : "", gs__dtype_name(dt),
+                         gs__reduce_op_name(op), i);
+              break;
+            }
+          }
+        }
+  free(buf);
+  free(res);
+  free(pk);
+  free(want);
+}
+
+static void body_det_decline(rank_ctx *rc) {
+  float v[5] = {1, 2, 3, 4, 5};
+  gs__seg sg = {v, v, 5};
+  rc->rc[0] = rc->b->v->allreduce_segs(rc->b, &sg, 1, GS__FLOAT32, GS__SUM, 1.0, rc->err[0],
+                                       sizeof rc->err[0]);
+}
+
+static void test_segments(void **state) {
+  (void)state;
+  static const int sizes[] = {1, 2, 3, 4};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    job j = {.size = sizes[s], .body = body_segments};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    for (int r = 0; r < j.size; r++)
+      if (rcs[r].bad) fail_msg("size %d: %s", j.size, rcs[r].err[0]);
+    free_job(&j, rcs);
+  }
+  /* deterministic rings decline before anything happened */
+  job j = {.size = 2, .deterministic = 1, .body = body_det_decline};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  for (int r = 0; r < j.size; r++) assert_int_equal(rcs[r].rc[0], GS__ERR_UNSUPPORTED);
+  free_job(&j, rcs);
+}
+
 /* Real-valued data whose sum depends on the order of additions: every rank
  * must still end with the same bits (each chunk reduced once, then copied). */
 static void body_bitwise(rank_ctx *rc) {
@@ -1287,7 +1453,15 @@ static void body_silent_peer(rank_ctx *rc) {
   if (do_abort) pthread_create(&th, NULL, abort_later, &a);
   float *buf = calloc(BIG_COUNT, sizeof *buf);
   double t0 = now_s();
-  rc->rc[0] = rc->b->v->allreduce(rc->b, buf, BIG_COUNT, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+  if (do_abort && strcmp(rc->j->user, "abort-segs") == 0) { /* a fused allreduce, unpacked */
+    gs__seg sg[3] = {{buf, buf, BIG_COUNT / 2},
+                     {NULL, NULL, 16},
+                     {buf + BIG_COUNT / 2, buf + BIG_COUNT / 2, BIG_COUNT / 2 - 16}};
+    rc->rc[0] =
+        rc->b->v->allreduce_segs(rc->b, sg, 3, GS__FLOAT32, GS__AVERAGE, 1.0, rc->err[0], 1024);
+  } else {
+    rc->rc[0] = rc->b->v->allreduce(rc->b, buf, BIG_COUNT, GS__FLOAT32, GS__SUM, rc->err[0], 1024);
+  }
   rc->secs[0] = now_s() - t0;
   if (do_abort) {
     pthread_join(th, NULL);
@@ -1304,17 +1478,23 @@ static void body_silent_peer(rank_ctx *rc) {
 
 static void test_abort_unblocks(void **state) {
   (void)state;
-  job j = {.size = 2, .body = body_silent_peer, .user = "abort", .io_timeout_ms = 30000};
-  rank_ctx *rcs = run_job(&j);
-  assert_created(&j, rcs);
-  if (rcs[0].rc[0] != GS__ERR_ABORTED)
-    fail_msg("want GS_ERR_ABORTED, got %s: %s", gs__status_name(rcs[0].rc[0]), rcs[0].err[0]);
-  print_message("%s\n", rcs[0].err[0]);
-  assert_non_null(strstr(rcs[0].err[0], "aborted"));
-  assert_true(rcs[0].secs[0] < 10); /* promptly, not the 30 s timeout */
-  for (int k = 1; k <= 3; k++) assert_int_equal(rcs[0].rc[k], GS__ERR_ABORTED);
-  assert_true(rcs[0].secs[1] < 5);
-  free_job(&j, rcs);
+  /* a plain allreduce, then a segmented one (allreduce_segs) */
+  static const char *const kinds[] = {"abort", "abort-segs"};
+  for (int k0 = 0; k0 < 2; k0++) {
+    job j = {
+        .size = 2, .body = body_silent_peer, .user = (void *)kinds[k0], .io_timeout_ms = 30000};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    if (rcs[0].rc[0] != GS__ERR_ABORTED)
+      fail_msg("%s: want GS_ERR_ABORTED, got %s: %s", kinds[k0], gs__status_name(rcs[0].rc[0]),
+               rcs[0].err[0]);
+    print_message("%s\n", rcs[0].err[0]);
+    assert_non_null(strstr(rcs[0].err[0], "aborted"));
+    assert_true(rcs[0].secs[0] < 10); /* promptly, not the 30 s timeout */
+    for (int k = 1; k <= 3; k++) assert_int_equal(rcs[0].rc[k], GS__ERR_ABORTED);
+    assert_true(rcs[0].secs[1] < 5);
+    free_job(&j, rcs);
+  }
 }
 
 static void test_io_timeout(void **state) {
@@ -1515,6 +1695,7 @@ int main(void) {
       cmocka_unit_test(test_host_copy),
       cmocka_unit_test(test_sum_sizes_counts),
       cmocka_unit_test(test_every_dtype_and_op),
+      cmocka_unit_test(test_segments),
       cmocka_unit_test(test_bitwise_identical),
       cmocka_unit_test(test_deterministic_rank_order),
       cmocka_unit_test(test_deterministic_reducescatter),

@@ -520,16 +520,20 @@ typedef struct seg_view {
     if ((lo = (v)->start[k] > (off) ? (v)->start[k] : (off)),                                      \
         (hi = (v)->start[k + 1] < (off) + (n) ? (v)->start[k + 1] : (off) + (n)), hi > lo)
 
-/* reduce_phase over the tensors' own buffers on one host: each chunk is
- * gathered from the segments' sources into this rank's slot (converting
- * 16-bit floats to float32, zeros for NULL sources), reduced and finished
- * as reduce_phase does, and scattered into the segments' destinations (the
- * one-shot path reduces straight into them). */
+/* reduce_phase over the tensors' own buffers: each chunk is gathered from
+ * the segments' sources into this rank's slot (converting 16-bit floats to
+ * float32, zeros for NULL sources), reduced and finished as reduce_phase
+ * does, and scattered into the segments' destinations in dt (the one-shot
+ * path reduces straight into them) -- or, with to_flat (the host step of a
+ * hierarchical allreduce), written contiguously to flat in wdt when flat
+ * is not NULL (the leader) and nowhere otherwise. */
 static int reduce_segs_phase(shm *s, seg_view *v, size_t count, gs__dtype dt, gs__dtype wdt,
-                             gs__reduce_op rop, int divisor, double factor, char *err,
-                             size_t errlen) {
+                             gs__reduce_op rop, int divisor, double factor, int to_flat, char *flat,
+                             char *err, size_t errlen) {
   const char *what = "allreduce";
   size_t wes = gs__dtype_size(wdt), es = gs__dtype_size(dt);
+  gs__dtype odt = to_flat ? wdt : dt;
+  size_t oes = gs__dtype_size(odt);
   size_t per_chunk = s->chunk / wes;
   int L = s->nlocal, me = s->me, rc;
   int one_shot = count * wes <= s->one_shot_bytes;
@@ -551,32 +555,46 @@ static int reduce_segs_phase(shm *s, seg_view *v, size_t count, gs__dtype dt, gs
         memset(mine + (lo - off) * wes, 0, (hi - lo) * wes); /* 0.0 in every dtype */
     }
     post(s, F_POSTED, g + 1);
-    if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
     if (one_shot) {
-      FOR_PIECES(v, off, n, k, lo, hi) {
-        const gs__seg *sg = &v->segs[k];
-        if (!sg->dst) continue;
-        for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + (lo - off) * wes;
-        gs__reduce_many((char *)sg->dst + (lo - v->start[k]) * es, dt, src, (size_t)L, wdt, hi - lo,
-                        rop, divisor, factor);
+      if (!to_flat || flat) {
+        if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+        for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
+      }
+      if (to_flat && flat)
+        gs__reduce_many(flat + off * oes, odt, src, (size_t)L, wdt, n, rop, divisor, factor);
+      if (!to_flat) {
+        FOR_PIECES(v, off, n, k, lo, hi) {
+          const gs__seg *sg = &v->segs[k];
+          if (!sg->dst) continue;
+          for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + (lo - off) * wes;
+          gs__reduce_many((char *)sg->dst + (lo - v->start[k]) * es, dt, src, (size_t)L, wdt,
+                          hi - lo, rop, divisor, factor);
+        }
       }
       post(s, F_DONE, g + 1);
       s->g = g + 1;
       continue;
     }
+    if ((rc = wait_for(s, F_POSTED, g + 1, 0, L - 1, what, err, errlen))) return rc;
     size_t slo = slice_off(n, L, me), shi = slice_off(n, L, me + 1);
     if (shi > slo) {
       for (int q = 0; q < L; q++) src[q] = slot(s, b, q) + slo * wes;
-      gs__reduce_many(result(s, b) + slo * es, dt, src, (size_t)L, wdt, shi - slo, rop, divisor,
+      gs__reduce_many(result(s, b) + slo * oes, odt, src, (size_t)L, wdt, shi - slo, rop, divisor,
                       factor);
     }
     post(s, F_REDUCED, g + 1);
-    if ((rc = wait_for(s, F_REDUCED, g + 1, 0, L - 1, what, err, errlen))) return rc;
-    FOR_PIECES(v, off, n, k, lo, hi) {
-      const gs__seg *sg = &v->segs[k];
-      if (sg->dst)
-        memcpy((char *)sg->dst + (lo - v->start[k]) * es, result(s, b) + (lo - off) * es,
-               (hi - lo) * es);
+    if (!to_flat || flat) {
+      if ((rc = wait_for(s, F_REDUCED, g + 1, 0, L - 1, what, err, errlen))) return rc;
+      if (to_flat) {
+        memcpy(flat + off * oes, result(s, b), n * oes);
+      } else {
+        FOR_PIECES(v, off, n, k, lo, hi) {
+          const gs__seg *sg = &v->segs[k];
+          if (sg->dst)
+            memcpy((char *)sg->dst + (lo - v->start[k]) * es, result(s, b) + (lo - off) * es,
+                   (hi - lo) * es);
+        }
+      }
     }
     post(s, F_DONE, g + 1);
     s->g = g + 1;
@@ -584,11 +602,96 @@ static int reduce_segs_phase(shm *s, seg_view *v, size_t count, gs__dtype dt, gs
   return GS__OK;
 }
 
+/* bcast_phase from local rank 0's contiguous in (dt) into every local
+ * rank's segment destinations (dt), the root's own included. */
+static int bcast_segs_phase(shm *s, seg_view *v, const char *in, size_t count, gs__dtype dt,
+                            char *err, size_t errlen) {
+  const char *what = "allreduce";
+  size_t es = gs__dtype_size(dt), per_chunk = s->chunk / es;
+  int L = s->nlocal, me = s->me, rc;
+  v->k0 = 0;
+  for (size_t off = 0; off < count; off += per_chunk) {
+    size_t n = count - off < per_chunk ? count - off : per_chunk;
+    while (v->k0 < v->nseg && v->start[v->k0 + 1] <= off) v->k0++;
+    uint64_t g = s->g;
+    int b = (int)(g % NBUF);
+    const char *from = result(s, b);
+    if (me == 0) {
+      if (L > 1) {
+        if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, what, err, errlen)))
+          return rc;
+        memcpy(result(s, b), in + off * es, n * es);
+        post(s, F_POSTED, g + 1);
+      }
+      from = in + off * es;
+    } else if ((rc = wait_for(s, F_POSTED, g + 1, 0, 0, what, err, errlen))) {
+      return rc;
+    }
+    FOR_PIECES(v, off, n, k, lo, hi) {
+      const gs__seg *sg = &v->segs[k];
+      if (sg->dst)
+        memcpy((char *)sg->dst + (lo - v->start[k]) * es, from + (lo - off) * es, (hi - lo) * es);
+    }
+    if (L > 1) {
+      post(s, F_DONE, g + 1);
+      s->g = g + 1;
+    }
+  }
+  return GS__OK;
+}
+
+/* The hierarchical allreduce over segments: the host step gathers from
+ * every local rank's members into the leader's contiguous host sum (in the
+ * wire dtype), the leaders' ring reduces and finishes it across hosts, and
+ * the host broadcast scatters the result into every local rank's members.
+ * No rank packs or unpacks its tensors; the leader's host sum is the one
+ * contiguous copy, as the shared result slots are on one host. */
+static int hier_segs(shm *s, seg_view *v, size_t count, gs__dtype dt, gs__reduce_op rop,
+                     int divisor, double postscale, char *err, size_t errlen) {
+  gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
+  size_t wes = gs__dtype_size(wdt), es = gs__dtype_size(dt);
+  int leader = s->me == 0, rc;
+  char *hb = NULL, *res = NULL;
+  if (leader) {
+    /* the host sum (wdt) and the finished result (dt): one buffer unless
+     * 16-bit floats are rounded out of a float32 sum */
+    if (wdt != dt) {
+      hb = (char *)workspace(s, count, err, errlen);
+      res = hb ? gs__host_staging(&s->fusion, &s->fusion_cap, count * es, err, errlen) : NULL;
+    } else {
+      hb = res = gs__host_staging(&s->fusion, &s->fusion_cap, count * wes, err, errlen);
+    }
+    if (!hb || !res) {
+      poison(s, FAIL_ERROR, s->rank, err);
+      return fail(s, GS__ERR_NO_MEMORY, err, errlen, "%s", err);
+    }
+  }
+  if (s->nlocal > 1) {
+    rc = reduce_segs_phase(s, v, count, dt, wdt, rop, 1, 1.0, 1, hb, err, errlen);
+    if (rc) return rc;
+  } else {
+    for (size_t k = 0; k < v->nseg; k++) {
+      const gs__seg *sg = &v->segs[k];
+      char *to = hb + v->start[k] * wes;
+      if (sg->src)
+        convert(to, wdt, sg->src, dt, sg->count);
+      else
+        memset(to, 0, sg->count * wes);
+    }
+  }
+  if (leader) {
+    rc = gs__tcp_ring_allreduce_into(s->leaders, hb, wdt, res, dt, count, rop, divisor, postscale,
+                                     err, errlen);
+    if ((rc = leaders_step(s, rc, "allreduce", err, errlen))) return rc;
+  }
+  return bcast_segs_phase(s, v, res, count, dt, err, errlen);
+}
+
 static int shm_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t nseg, gs__dtype dt,
                                  gs__reduce_op op, double postscale, char *err, size_t errlen) {
   shm *s = (shm *)b;
-  if (s->nhosts > 1 || s->nlocal < 2) { /* the same answer on every rank */
-    snprintf(err, errlen, "shm: segmented allreduce runs on one host only");
+  if (s->nhosts == 1 && s->nlocal < 2) { /* a job of one rank: the same answer on every rank */
+    snprintf(err, errlen, "shm: segmented allreduce needs two ranks or more");
     return GS__ERR_UNSUPPORTED;
   }
   int rc = check_usable(s, "allreduce", err, errlen);
@@ -615,9 +718,14 @@ static int shm_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t nse
     v.start[k + 1] = count;
   }
   gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
-  rc = count ? reduce_segs_phase(s, &v, count, dt, wdt, op == GS__AVERAGE ? GS__SUM : op,
-                                 op == GS__AVERAGE ? s->size : 1, postscale, err, errlen)
-             : GS__OK;
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  int divisor = op == GS__AVERAGE ? s->size : 1;
+  if (count == 0)
+    rc = GS__OK;
+  else if (s->nhosts > 1)
+    rc = hier_segs(s, &v, count, dt, rop, divisor, postscale, err, errlen);
+  else
+    rc = reduce_segs_phase(s, &v, count, dt, wdt, rop, divisor, postscale, 0, NULL, err, errlen);
   free(v.start);
   return rc;
 }

@@ -82,6 +82,10 @@ typedef struct piece {
   char *p;
   size_t len;
   int fwd; /* recv pieces: replayed later in the send stream */
+  /* Reduced recv pieces: this rank's own contribution when it does not
+   * live at p (a segmented allreduce whose tensor's send and recv buffers
+   * differ): p receives local (op) the incoming data. NULL: in place. */
+  const char *local;
 } piece;
 
 typedef struct ring {
@@ -104,6 +108,8 @@ typedef struct ring {
   float *work;                         /* float32 workspace for float16/bfloat16 */
   size_t work_cap;                     /* elements */
   piece *send, *recv;                  /* 2 * size entries each, rebuilt per collective */
+  piece *seg_send, *seg_recv;          /* the segmented allreduce's pieces */
+  size_t seg_cap;                      /* entries of each */
   size_t *offs;                        /* size + 1 block offsets for allgatherv */
   void *fusion;                        /* host fusion staging (gs__host_staging) */
   size_t fusion_cap;
@@ -125,13 +131,15 @@ typedef struct stream {
   int nreduce; /* the first nreduce recv pieces are reduced into place */
   gs__dtype dt;
   gs__reduce_op op;
-  /* The last reduced piece (recv[nreduce-1], the block this rank ends up
-   * owning) is finished as it is reduced when finish is set: divided by
+  /* The last reduced pieces (recv[fin_from..nreduce-1], the block this
+   * rank ends up owning) are finished as they are reduced when finish is
+   * set: divided by
    * divisor (the average) and multiplied by factor (the postscale), and
    * written to out in out_dt (a float32 accumulation rounded to 16 bits)
    * instead of in place when out is set; then what is forwarded of it is
    * out's bytes. So no pass over the whole buffer follows the ring. */
   int finish;
+  int fin_from;
   int divisor;
   double factor;
   char *out;
@@ -1022,10 +1030,15 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
           if (pc->fwd) fwd_done += (size_t)k;
         } else if ((size_t)k == want) { /* segment complete */
           size_t seg_len = roff - seg_start, fwd_len = seg_len, ne = seg_len / es;
-          if (st->finish && ri == st->nreduce - 1) {
-            if (st->out) {
+          /* local (op) incoming, in this order whether in place or not:
+           * the same bits as the packed path on the other ranks */
+          const void *srcs[2] = {pc->local ? pc->local + seg_start : pc->p + seg_start, r->scratch};
+          if (st->finish && ri >= st->fin_from) {
+            if (pc->local) {
+              gs__reduce_many(pc->p + seg_start, st->dt, srcs, 2, st->dt, ne, st->op, st->divisor,
+                              st->factor);
+            } else if (st->out) {
               size_t oes = gs__dtype_size(st->out_dt);
-              const void *srcs[2] = {pc->p + seg_start, r->scratch};
               gs__reduce_many(st->out + seg_start / es * oes, st->out_dt, srcs, 2, st->dt, ne,
                               st->op, st->divisor, st->factor);
               fwd_len = ne * oes;
@@ -1033,6 +1046,8 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
               gs__reduce_scaled(pc->p + seg_start, r->scratch, ne, st->dt, st->op, st->divisor,
                                 st->factor);
             }
+          } else if (pc->local) {
+            gs__reduce_many(pc->p + seg_start, st->dt, srcs, 2, st->dt, ne, st->op, 1, 1.0);
           } else {
             gs__reduce(pc->p + seg_start, r->scratch, ne, st->dt, st->op);
           }
@@ -1143,16 +1158,16 @@ static int ring_allreduce(ring *r, char *rs, gs__dtype rs_dt, char *ag, gs__dtyp
   for (int j = 0; j < np; j++) {
     int c = j < n - 1 ? mod(r->rank - j - 1, n) : mod(r->rank - (j - (n - 1)), n);
     size_t off = chunk_off(count, n, c), end = chunk_off(count, n, c + 1);
-    r->recv[j] = j < n - 1 ? (piece){rs + off * es, (end - off) * es, j < np - 1}
-                           : (piece){ag + off * aes, (end - off) * aes, j < np - 1};
+    r->recv[j] = j < n - 1 ? (piece){rs + off * es, (end - off) * es, j < np - 1, NULL}
+                           : (piece){ag + off * aes, (end - off) * aes, j < np - 1, NULL};
   }
   size_t off = chunk_off(count, n, r->rank), end = chunk_off(count, n, r->rank + 1);
-  r->send[0] = (piece){rs + off * es, (end - off) * es, 0};
+  r->send[0] = (piece){rs + off * es, (end - off) * es, 0, NULL};
   for (int j = 1; j < np; j++) r->send[j] = r->recv[j - 1];
   /* the owned block, finished, as the allgather sends it */
   int own = mod(r->rank + 1, n);
   size_t oo = chunk_off(count, n, own), oe = chunk_off(count, n, own + 1);
-  r->send[n - 1] = (piece){ag + oo * aes, (oe - oo) * aes, 0};
+  r->send[n - 1] = (piece){ag + oo * aes, (oe - oo) * aes, 0, NULL};
   int in_place = rs == ag && rs_dt == ag_dt;
   stream st = {.what = "allreduce",
                .send = r->send,
@@ -1164,6 +1179,7 @@ static int ring_allreduce(ring *r, char *rs, gs__dtype rs_dt, char *ag, gs__dtyp
                .dt = rs_dt,
                .op = op,
                .finish = !in_place || fin.divisor > 1 || fin.factor != 1.0,
+               .fin_from = n - 2,
                .divisor = fin.divisor,
                .factor = fin.factor,
                .out = in_place ? NULL : ag + oo * aes,
@@ -1214,6 +1230,170 @@ static int ring_allreduce_scaled_vt(gs__backend *b, void *buf, size_t count, gs_
   return allreduce((ring *)b, buf, count, dt, op, postscale, err, errlen);
 }
 
+/* ---- segmented allreduce -------------------------------------------------- */
+
+/* The tensors of a fused allreduce as the ring sees them: segment k covers
+ * elements start[k]..start[k+1] of the collective; the ring's buffer there
+ * is at[k] (the result: the member's recv buffer, or fill) and this rank's
+ * contribution at local[k] (NULL: at[k] already holds it). */
+typedef struct seg_map {
+  size_t nseg, es;
+  const size_t *start;
+  char *const *at;
+  const char *const *local;
+} seg_map;
+
+/* Appends the pieces of elements [lo, hi) to ps (at most one per segment
+ * the range touches); raw: pieces point at this rank's contribution (the
+ * first send of the reduce-scatter) rather than the result. */
+static void add_pieces(const seg_map *m, size_t lo, size_t hi, int fwd, int raw, piece *ps,
+                       int *np) {
+  size_t k = 0, a = 0, b = m->nseg;
+  while (a < b) { /* the last segment starting at or before lo */
+    size_t mid = (a + b) / 2;
+    if (m->start[mid + 1] <= lo)
+      a = mid + 1;
+    else
+      b = mid;
+  }
+  for (k = a; k < m->nseg && m->start[k] < hi; k++) {
+    size_t from = lo > m->start[k] ? lo : m->start[k];
+    size_t to = hi < m->start[k + 1] ? hi : m->start[k + 1];
+    if (to <= from) continue;
+    size_t off = (from - m->start[k]) * m->es;
+    const char *loc = m->local[k] ? m->local[k] + off : NULL;
+    ps[(*np)++] = raw && loc ? (piece){(char *)(uintptr_t)loc, (to - from) * m->es, fwd, NULL}
+                             : (piece){m->at[k] + off, (to - from) * m->es, fwd, loc};
+  }
+}
+
+/* The ring allreduce of ring_allreduce over a seg_map instead of one
+ * buffer: the same chunks, the same bytes on the wire in the same order
+ * and the same arithmetic (local (op) incoming), so a rank may run this
+ * while its neighbours run the packed path. */
+static int ring_allreduce_map(ring *r, const seg_map *m, size_t count, gs__reduce_op op,
+                              finishing fin, gs__dtype dt, char *err, size_t errlen) {
+  int n = r->size, nch = 2 * (n - 1);
+  size_t need = 3 * (m->nseg + (size_t)n) + 2;
+  if (need > r->seg_cap) {
+    piece *s = realloc(r->seg_send, need * sizeof *s);
+    if (s) r->seg_send = s;
+    piece *v = s ? realloc(r->seg_recv, need * sizeof *v) : NULL;
+    if (!s || !v) {
+      snprintf(err, errlen, "tcp ring: allreduce: out of memory for %zu segments", m->nseg);
+      return GS__ERR_NO_MEMORY;
+    }
+    r->seg_recv = v, r->seg_cap = need;
+  }
+  piece *sp = r->seg_send, *rp = r->seg_recv;
+  int ns = 0, nr = 0, nreduce = 0, fin_from = 0;
+  /* recv: as ring_allreduce, chunk by chunk, each split at the segments */
+  for (int j = 0; j < nch; j++) {
+    int c = j < n - 1 ? mod(r->rank - j - 1, n) : mod(r->rank - (j - (n - 1)), n);
+    if (j == n - 2) fin_from = nr;
+    add_pieces(m, chunk_off(count, n, c), chunk_off(count, n, c + 1), j < nch - 1, 0, rp, &nr);
+    if (j == n - 2) nreduce = nr;
+  }
+  /* send: this rank's own chunk as contributed, then every forwarded recv
+   * piece (the owned block finished in place at its result) */
+  add_pieces(m, chunk_off(count, n, r->rank), chunk_off(count, n, r->rank + 1), 0, 1, sp, &ns);
+  size_t pre = 0;
+  for (int i = 0; i < ns; i++) pre += sp[i].len;
+  for (int i = 0; i < nr; i++)
+    if (rp[i].fwd) sp[ns++] = (piece){rp[i].p, rp[i].len, 0, NULL};
+  stream st = {.what = "allreduce",
+               .send = sp,
+               .nsend = ns,
+               .pre = pre,
+               .recv = rp,
+               .nrecv = nr,
+               .nreduce = nreduce,
+               .dt = dt,
+               .op = op,
+               .finish = 1,
+               .fin_from = fin_from,
+               .divisor = fin.divisor,
+               .factor = fin.factor};
+  return run_stream(r, &st, err, errlen);
+}
+
+/* allreduce_segs: the ring reads each member's send buffer and writes its
+ * recv buffer, so a fused allreduce needs no pack or unpack pass. Padding
+ * and the members of a rank that joined (NULL source and destination)
+ * live in zeroed fill from the fusion staging. 16-bit floats (reduced in
+ * a float32 workspace) and deterministic mode take the packed path. */
+static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t nseg, gs__dtype dt,
+                                  gs__reduce_op op, double postscale, char *err, size_t errlen) {
+  ring *r = (ring *)b;
+  if (is_half(dt) || r->deterministic) { /* the same answer on every rank */
+    snprintf(err, errlen, "tcp ring: segmented allreduce of %s%s is not supported",
+             gs__dtype_name(dt), r->deterministic ? " in deterministic mode" : "");
+    return GS__ERR_UNSUPPORTED;
+  }
+  int rc = check_usable(r, "allreduce", err, errlen);
+  if (rc == GS__OK) rc = gs__host_reduce_args("tcp ring", "allreduce", dt, op, err, errlen);
+  if (rc != GS__OK) return rc;
+  if (nseg && !segs) {
+    snprintf(err, errlen, "tcp ring: allreduce: segs is NULL with %zu segments", nseg);
+    return GS__ERR_INVALID_ARG;
+  }
+  size_t es = gs__dtype_size(dt), count = 0, fill_bytes = 0;
+  for (size_t k = 0; k < nseg; k++) {
+    if (segs[k].count > SIZE_MAX / 8 - count) {
+      snprintf(err, errlen, "tcp ring: allreduce: %zu segments of too many elements", nseg);
+      return GS__ERR_INVALID_ARG;
+    }
+    count += segs[k].count;
+    if (!segs[k].dst) fill_bytes += segs[k].count * es;
+  }
+  if (count == 0) return GS__OK;
+  size_t *start = malloc((nseg + 1) * sizeof *start);
+  char **at = malloc(nseg * sizeof *at);
+  const char **local = malloc(nseg * sizeof *local);
+  char *fill = NULL;
+  if (fill_bytes && !(fill = gs__host_staging(&r->fusion, &r->fusion_cap, fill_bytes, err, errlen)))
+    rc = GS__ERR_NO_MEMORY;
+  if (!start || !at || !local) {
+    snprintf(err, errlen, "tcp ring: allreduce: out of memory for %zu segments", nseg);
+    rc = GS__ERR_NO_MEMORY;
+  }
+  if (rc != GS__OK) goto out_free;
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  finishing fin = finishing_of(r, op, postscale);
+  size_t used = 0, at_el = 0;
+  for (size_t k = 0; k < nseg; k++) {
+    const gs__seg *sg = &segs[k];
+    size_t bytes = sg->count * es;
+    start[k] = at_el;
+    at_el += sg->count;
+    at[k] = sg->dst;
+    local[k] = sg->src != sg->dst ? sg->src : NULL;
+    if (!sg->dst) { /* not wanted: the ring still needs it to pass partial results on */
+      at[k] = fill + used;
+      used += bytes;
+    }
+    if (!sg->src) { /* zeros (0.0 in every dtype) contributed in place */
+      if (bytes) memset(at[k], 0, bytes);
+      local[k] = NULL;
+    }
+    if (r->size == 1 && sg->dst) { /* the finish alone */
+      const void *src = local[k] ? local[k] : at[k];
+      if (sg->count)
+        gs__reduce_many(at[k], dt, &src, 1, dt, sg->count, rop, fin.divisor, fin.factor);
+    }
+  }
+  start[nseg] = at_el;
+  if (r->size > 1) {
+    seg_map m = {nseg, es, start, at, local};
+    rc = ring_allreduce_map(r, &m, count, rop, fin, dt, err, errlen);
+  }
+out_free:
+  free(start);
+  free(at);
+  free(local);
+  return rc;
+}
+
 int gs__tcp_ring_allreduce_into(gs__backend *b, void *work, gs__dtype work_dt, void *out,
                                 gs__dtype out_dt, size_t count, gs__reduce_op op, int divisor,
                                 double factor, char *err, size_t errlen) {
@@ -1258,10 +1438,10 @@ static int ring_reducescatter(ring *r, char *buf, const size_t *offs, gs__dtype 
   size_t es = gs__dtype_size(dt);
   for (int j = 0; j < n - 1; j++) {
     int c = mod(r->rank - 2 - j, n);
-    r->recv[j] = (piece){buf + offs[c] * es, (offs[c + 1] - offs[c]) * es, j < n - 2};
+    r->recv[j] = (piece){buf + offs[c] * es, (offs[c + 1] - offs[c]) * es, j < n - 2, NULL};
   }
   int c0 = mod(r->rank - 1, n);
-  r->send[0] = (piece){buf + offs[c0] * es, (offs[c0 + 1] - offs[c0]) * es, 0};
+  r->send[0] = (piece){buf + offs[c0] * es, (offs[c0 + 1] - offs[c0]) * es, 0, NULL};
   for (int j = 1; j < n - 1; j++) r->send[j] = r->recv[j - 1];
   stream st = {.what = "reducescatter",
                .send = r->send,
@@ -1273,6 +1453,7 @@ static int ring_reducescatter(ring *r, char *buf, const size_t *offs, gs__dtype 
                .dt = dt,
                .op = op,
                .finish = out || fin.divisor > 1 || fin.factor != 1.0,
+               .fin_from = n - 2,
                .divisor = fin.divisor,
                .factor = fin.factor,
                .out = out,
@@ -1354,9 +1535,9 @@ static int gather(ring *r, const char *what, const void *send, void *recv, const
   /* step j receives block rank-j-1 and forwards it next step */
   for (int j = 0; j < n - 1; j++) {
     int c = mod(r->rank - j - 1, n);
-    r->recv[j] = (piece){out + offs[c], bytes[c], j < n - 2};
+    r->recv[j] = (piece){out + offs[c], bytes[c], j < n - 2, NULL};
   }
-  r->send[0] = (piece){out + own_off, bytes[r->rank], 0};
+  r->send[0] = (piece){out + own_off, bytes[r->rank], 0, NULL};
   for (int j = 1; j < n - 1; j++) r->send[j] = r->recv[j - 1];
   stream st = {.what = what,
                .send = r->send,
@@ -1402,7 +1583,7 @@ static int exchange(ring *r, const char *what, const void *send, const size_t *s
   for (int k = 1; k < n; k++) {
     int d = mod(me + k, n);
     size_t len = (size_t)m[(size_t)me * (size_t)n + (size_t)d];
-    sp[ns++] = (piece){(char *)send + soff[d], len, 0};
+    sp[ns++] = (piece){(char *)send + soff[d], len, 0, NULL};
     pre += len;
   }
   for (int g = 0; g < n - 1; g++) {
@@ -1410,9 +1591,9 @@ static int exchange(ring *r, const char *what, const void *send, const size_t *s
     for (int k = 0; k < n - 1 - g; k++) {
       size_t len = (size_t)m[(size_t)o * (size_t)n + (size_t)mod(me + k, n)];
       if (k == 0) {
-        rp[nr++] = (piece){(char *)recv + roff[o], len, 0};
+        rp[nr++] = (piece){(char *)recv + roff[o], len, 0, NULL};
       } else {
-        rp[nr++] = (piece){relay + rel, len, 1};
+        rp[nr++] = (piece){relay + rel, len, 1, NULL};
         sp[ns++] = rp[nr - 1];
         rel += len;
       }
@@ -1641,7 +1822,7 @@ static int ring_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, ch
   /* A pipelined chain root -> root+1 -> ... -> root-1: every rank but the
    * root receives, every rank but the last forwards what it received. */
   int is_root = r->rank == root, is_last = r->right == root;
-  piece whole = {buf, len, !is_last};
+  piece whole = {buf, len, !is_last, NULL};
   stream st = {.what = "broadcast",
                .send = &whole,
                .nsend = is_last ? 0 : 1,
@@ -1676,6 +1857,8 @@ static void ring_destroy_vt(gs__backend *b) {
   free(r->work);
   free(r->send);
   free(r->recv);
+  free(r->seg_send);
+  free(r->seg_recv);
   free(r->offs);
   free(r->fusion);
   free(r->det);
@@ -1701,6 +1884,7 @@ static const gs__backend_vtbl k_vtbl = {
     .mem_free = gs__host_free,
     .allreduce = ring_allreduce_vt,
     .allreduce_scaled = ring_allreduce_scaled_vt,
+    .allreduce_segs = ring_allreduce_segs_vt,
     .allgatherv = ring_allgatherv_vt,
     .broadcast = ring_broadcast_vt,
     .reducescatter = ring_reducescatter_vt,
