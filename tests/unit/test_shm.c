@@ -24,12 +24,14 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -584,6 +586,62 @@ static void test_kill9_leader_before_attach(void **state) {
   gs__backend_destroy(b);
 }
 
+/* The host's leader dies after creating the segment but before sizing it
+ * (or before creating it at all): the waiting rank fails as soon as the
+ * leader's process is gone, naming the leader's rank, pid and host and
+ * itself, long before its connect timeout; the name is removed. The
+ * leader's steps cannot be paused inside gs__shm_create, so a child makes
+ * the state such a leader leaves: the name created by shm_open with
+ * O_CREAT | O_EXCL (size 0), then kill -9. */
+static void test_leader_dies_before_sizing(void **state) {
+  (void)state;
+  for (int created = 1; created >= 0; created--) {
+    char seg[128], err[2048];
+    seg_name(seg, sizeof seg);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t leader = fork();
+    if (leader == 0) {
+      alarm(60);
+      if (created && shm_open(seg, O_CREAT | O_EXCL | O_RDWR, 0600) < 0) _exit(2);
+      if (write(pfd[1], "x", 1) != 1) _exit(3);
+      for (;;) pause();
+    }
+    char c;
+    assert_int_equal(read(pfd[0], &c, 1), 1);
+    close(pfd[0]);
+    close(pfd[1]);
+    kill_wait(leader);
+    assert_int_equal(seg_bytes_now(seg), created ? 0 : -1);
+    int local[2] = {0, 1};
+    gs__shm_opts o = {.rank = 1,
+                      .size = 2,
+                      .local_ranks = local,
+                      .nlocal = 2,
+                      .nhosts = 1,
+                      .segment = seg,
+                      .connect_timeout_ms = 200000, /* what the test must not wait for */
+                      .io_timeout_ms = HANG_GUARD_MS,
+                      .leader_pid = (int)leader,
+                      .host = "testhost"};
+    gs__backend *b = NULL;
+    int64_t t0 = now_ms();
+    int rc = gs__shm_create(&o, &b, err, sizeof err);
+    int64_t took = now_ms() - t0;
+    assert_null(b);
+    if (rc != GS__ERR_DATA_PLANE) fail_msg("want a data-plane error, got %d: %s", rc, err);
+    print_message("%s (%lld ms)\n", err, (long long)took);
+    assert_true(took < 60000); /* a hang guard: the connect timeout is 200 s */
+    char want[256];
+    snprintf(want, sizeof want,
+             "rank 0 (this host's leader, pid %d on testhost) exited before it %s", (int)leader,
+             created ? "sized" : "created");
+    if (!strstr(err, "shm: rank 1 on testhost:") || !strstr(err, want) || !strstr(err, seg))
+      fail_msg("unexpected error: %s", err);
+    assert_false(seg_exists(seg));
+  }
+}
+
 /* A local rank that never comes: the leader gives up after the connect
  * timeout naming it, and removes the name. */
 static void test_peer_never_attaches(void **state) {
@@ -706,6 +764,7 @@ int main(void) {
       cmocka_unit_test(test_hierarchical_2x2_defaults),
       cmocka_unit_test(test_kill9_peer),
       cmocka_unit_test(test_kill9_leader_before_attach),
+      cmocka_unit_test(test_leader_dies_before_sizing),
       cmocka_unit_test(test_peer_never_attaches),
       cmocka_unit_test(test_abort_wakes_waiter),
       cmocka_unit_test(test_stuck_peer_times_out),

@@ -197,6 +197,11 @@ typedef struct gs__shm_opts {
                              on every local rank */
   int connect_timeout_ms; /* every local rank mapped the segment */
   int io_timeout_ms;      /* longest wait for a local peer in a collective */
+  /* The leader's pid when it is in this rank's pid namespace, else 0: a
+   * non-leader waiting for the segment fails as soon as that process is
+   * gone rather than after connect_timeout_ms. */
+  int leader_pid;
+  const char *host; /* this host's name, for messages (NULL: "this host") */
 } gs__shm_opts;
 
 /* The host-transport decision of one rank, made by gs__host_transport. */

@@ -78,6 +78,7 @@
 #define SLEEP_MS 5                    /* one futex sleep; abort and failures wake it earlier */
 #define LIVENESS_MS 100               /* how often a waiter checks its peers' pids */
 #define ID_BYTES 256                  /* host identity record exchanged at start */
+#define REC_BYTES (ID_BYTES + 16)     /* + pid (int32, padded) and pid namespace (uint64) */
 #define ONE_SHOT_BYTES (256u * 1024u) /* up to this, every rank reduces the whole chunk */
 #define GS__SHM_MAX_LOCAL 1024        /* ranks per host (one reduce pass reads them all) */
 
@@ -109,6 +110,8 @@ typedef struct shm {
   int *local_ranks;
   int *host_of; /* size entries: host index of every rank (NULL = one host) */
   int io_timeout_ms;
+  int leader_pid;        /* this host's leader's pid, 0 = unknown (another pid namespace) */
+  char host[128];        /* this host's name, for messages */
   size_t chunk;          /* bytes of one slot */
   size_t one_shot_bytes; /* collectives up to this take one rendezvous */
   char name[128];
@@ -252,8 +255,7 @@ static int aborted_status(shm *s, const char *what, char *err, size_t errlen) {
 
 /* A local peer whose process is gone (kill -9, a crash): a pid that no
  * longer exists. EPERM means it exists. */
-static int peer_dead(shm *s, int q) {
-  pid_t pid = atomic_load(&s->ctl[q].pid);
+static int pid_dead(pid_t pid) {
   if (pid <= 0) return 0;
   if (kill(pid, 0) != 0) return errno == ESRCH;
   /* a zombie (dead, not yet reaped by its parent) still answers kill() */
@@ -266,6 +268,29 @@ static int peer_dead(shm *s, int q) {
   buf[n] = 0;
   const char *paren = strrchr(buf, ')'); /* "pid (comm) S ..." */
   return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+static int peer_dead(shm *s, int q) {
+  return pid_dead(atomic_load(&s->ctl[q].pid));
+}
+
+/* A non-leader waiting for the leader to create, size or initialise the
+ * segment: fails at once when the leader's process is gone (it died
+ * between two of those steps, or before the first), naming it, instead of
+ * waiting out the connect timeout; the name is removed in case it was
+ * created. Checked every LIVENESS_MS via *checked. */
+static int leader_gone(shm *s, int64_t *checked, const char *step, char *err, size_t errlen) {
+  int64_t now = now_ms();
+  if (!s->leader_pid || now - *checked < LIVENESS_MS) return GS__OK;
+  *checked = now;
+  if (!pid_dead(s->leader_pid)) return GS__OK;
+  (void)shm_unlink(s->name); /* whatever the dead leader left */
+  s->unlinked = 1;
+  snprintf(err, errlen,
+           "shm: rank %d on %s: rank %d (this host's leader, pid %d on %s) exited before it %s "
+           "the shared-memory segment %s; it was killed or crashed: see its output",
+           s->rank, s->host, s->local_ranks[0], s->leader_pid, s->host, step, s->name);
+  return GS__ERR_DATA_PLANE;
 }
 
 /* Waits until counter f of local ranks lo..hi reaches target. */
@@ -948,19 +973,24 @@ static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) 
       return GS__ERR_DATA_PLANE;
     }
   } else {
+    int64_t checked = now_ms();
     for (;;) {
+      int created = 0;
       fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0600);
       if (fd >= 0) {
         struct stat st;
         if (fstat(fd, &st) == 0 && (size_t)st.st_size == bytes) break;
         close(fd); /* still being sized by the leader */
         fd = -1;
+        created = 1;
       } else if (errno != ENOENT) {
         snprintf(err, errlen, "shm: rank %d cannot open the shared-memory segment %s: %s", s->rank,
                  s->name, errtext(errno, eb, sizeof eb));
         return GS__ERR_DATA_PLANE;
       }
       if (atomic_load(&s->aborted)) return aborted_status(s, "the shm rendezvous", err, errlen);
+      int rc = leader_gone(s, &checked, created ? "sized" : "created", err, errlen);
+      if (rc) return rc;
       if (now_ms() >= deadline) {
         (void)shm_unlink(s->name); /* in case the leader creates it just now */
         snprintf(err, errlen,
@@ -1000,7 +1030,10 @@ static int map_segment(shm *s, const gs__shm_opts *o, char *err, size_t errlen) 
     atomic_store(&s->hdr->attached, 1);
     atomic_store(&s->hdr->ready, 1);
   } else {
+    int64_t checked = now_ms();
     while (!atomic_load(&s->hdr->ready)) {
+      int rc = leader_gone(s, &checked, "initialised", err, errlen);
+      if (rc) return rc;
       if (now_ms() >= deadline) {
         unlink_name(s);
         snprintf(err, errlen,
@@ -1071,6 +1104,8 @@ int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t e
   s->host_index = o->host_index;
   s->nhosts = o->nhosts;
   s->io_timeout_ms = o->io_timeout_ms;
+  s->leader_pid = o->leader_pid;
+  snprintf(s->host, sizeof s->host, "%s", o->host && o->host[0] ? o->host : "this host");
   s->chunk = o->chunk_bytes ? o->chunk_bytes : o->nlocal == 2 ? CHUNK_BYTES_2 : CHUNK_BYTES;
   s->one_shot_bytes = o->one_shot_bytes ? o->one_shot_bytes
                       : o->nlocal == 2  ? SIZE_MAX
@@ -1165,7 +1200,7 @@ int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs_
     return GS__OK;
   }
   int status = GS__ERR_NO_MEMORY;
-  char *ids = malloc((size_t)n * ID_BYTES), mine[ID_BYTES];
+  char *ids = malloc((size_t)n * REC_BYTES), mine[REC_BYTES];
   size_t *bytes = malloc((size_t)n * sizeof *bytes);
   id_rank *sorted = malloc((size_t)n * sizeof *sorted);
   int *host_of = malloc((size_t)n * sizeof *host_of), *leader_of = malloc((size_t)n * sizeof(int));
@@ -1175,12 +1210,19 @@ int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs_
     snprintf(err, errlen, "shm: out of memory grouping %d ranks by host", n);
     goto out_free;
   }
+  /* the identity, then the pid and pid namespace: a rank waiting for its
+   * host's leader can tell that it died when both share a pid namespace */
   host_identity(o->host, mine);
-  for (int q = 0; q < n; q++) bytes[q] = ID_BYTES;
+  int32_t my_pid = (int32_t)getpid();
+  uint64_t my_pidns = ns_inode("/proc/self/ns/pid");
+  memset(mine + ID_BYTES, 0, REC_BYTES - ID_BYTES);
+  memcpy(mine + ID_BYTES, &my_pid, sizeof my_pid);
+  memcpy(mine + ID_BYTES + 8, &my_pidns, sizeof my_pidns);
+  for (int q = 0; q < n; q++) bytes[q] = REC_BYTES;
   status = world->v->allgatherv(world, mine, ids, bytes, err, errlen);
   if (status) goto out_free;
 
-  for (int q = 0; q < n; q++) sorted[q] = (id_rank){ids + (size_t)q * ID_BYTES, q};
+  for (int q = 0; q < n; q++) sorted[q] = (id_rank){ids + (size_t)q * REC_BYTES, q};
   qsort(sorted, (size_t)n, sizeof *sorted, cmp_id_rank);
   for (int i = 0; i < n; i++) /* sorted by (id, rank): a group's first is its leader */
     leader_of[sorted[i].rank] = i > 0 && !memcmp(sorted[i].id, sorted[i - 1].id, ID_BYTES)
@@ -1204,6 +1246,10 @@ int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs_
 
   char seg[128], lr[256], eb[1024] = "";
   gs__shm_segment_name(o->ring_key, o->epoch, local[0], seg, sizeof seg);
+  int32_t leader_pid;
+  uint64_t leader_pidns;
+  memcpy(&leader_pid, ids + (size_t)local[0] * REC_BYTES + ID_BYTES, sizeof leader_pid);
+  memcpy(&leader_pidns, ids + (size_t)local[0] * REC_BYTES + ID_BYTES + 8, sizeof leader_pidns);
   gs__shm_opts so = {.rank = rank,
                      .size = n,
                      .local_ranks = local,
@@ -1213,7 +1259,9 @@ int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs_
                      .host_of = host_of,
                      .segment = seg,
                      .connect_timeout_ms = o->connect_timeout_ms,
-                     .io_timeout_ms = o->io_timeout_ms};
+                     .io_timeout_ms = o->io_timeout_ms,
+                     .leader_pid = my_pidns && leader_pidns == my_pidns ? leader_pid : 0,
+                     .host = o->host};
   int rc = gs__shm_create(&so, &sb, eb, sizeof eb);
   int bad = first_failed(world, rank, rc == GS__OK, err, errlen);
   if (bad == -1 && nhosts > 1 && local[0] == rank) {
@@ -1228,7 +1276,12 @@ int gs__host_transport(const gs__host_transport_opts *o, gs__backend *world, gs_
     if (rc == GS__OK) eb[0] = 0;
   }
   if (bad == -1 && nhosts > 1) bad = first_failed(world, rank, rc == GS__OK, err, errlen);
-  if (bad == -2) {
+  if (bad == -2) { /* the world ring failed too (a rank died): say first what shm saw */
+    if (eb[0]) {
+      char ring_err[1024];
+      snprintf(ring_err, sizeof ring_err, "%s", err);
+      snprintf(err, errlen, "%s; then the TCP ring failed: %s", eb, ring_err);
+    }
     status = GS__ERR_DATA_PLANE;
     goto out_free;
   }
