@@ -466,12 +466,13 @@ static void test_every_dtype_and_op(void **state) {
 
 /* ---- segmented allreduce (allreduce_segs) ---------------------------------- */
 
-#define SEG_N 150001 /* crosses the ring's chunks and its 512 KiB reduce segments */
+#define SEG_N 250001 /* crosses the ring's chunks and its 512 KiB reduce segments */
 
 /* The members of one fused allreduce over buf (this rank's input) and res
- * (results of the out-of-place members): in place, empty, padding (NULL,
- * NULL), out of place, zeros contributed but the result wanted, a
- * contribution whose result is not wanted, a large member, padding. The
+ * (results of the out-of-place members), small ones (packed by the ring
+ * into runs) and large ones (reduced in place) of every kind: in place,
+ * empty, padding (NULL, NULL), out of place, zeros contributed but the
+ * result wanted, a contribution whose result is not wanted, padding. The
  * packed equivalent of this rank's contribution is written to pk. */
 static size_t seg_layout(gs__dtype dt, char *buf, char *res, size_t n, gs__seg *sg, char *pk) {
   size_t es = gs__dtype_size(dt);
@@ -479,9 +480,10 @@ static size_t seg_layout(gs__dtype dt, char *buf, char *res, size_t n, gs__seg *
                  {buf + 7 * es, res + 7 * es, 0},
                  {NULL, NULL, 3},
                  {buf + 10 * es, res + 10 * es, 1000},
-                 {NULL, res + 1010 * es, 13},
-                 {buf + 1023 * es, NULL, 11},
-                 {buf + 1034 * es, res + 1034 * es, n - 1039},
+                 {NULL, res + 1010 * es, 20000},
+                 {buf + 21010 * es, NULL, 70000},
+                 {buf + 91010 * es, buf + 91010 * es, 70000},
+                 {buf + 161010 * es, res + 161010 * es, n - 161015},
                  {NULL, NULL, 5}};
   memcpy(sg, l, sizeof l);
   size_t at = 0;
@@ -498,8 +500,8 @@ static size_t seg_layout(gs__dtype dt, char *buf, char *res, size_t n, gs__seg *
 /* Where element i of the segmented result is, or NULL when not wanted. */
 static const char *seg_result(gs__dtype dt, const char *buf, const char *res, size_t n, size_t i) {
   size_t es = gs__dtype_size(dt);
-  if (i < 7) return buf + i * es;
-  if ((i >= 7 && i < 10) || (i >= 1023 && i < 1034) || i >= n - 5) return NULL;
+  if (i < 7 || (i >= 91010 && i < 161010)) return buf + i * es;
+  if ((i >= 7 && i < 10) || (i >= 21010 && i < 91010) || i >= n - 5) return NULL;
   return res + i * es;
 }
 
@@ -522,7 +524,7 @@ static void body_segments(rank_ctx *rc) {
   int n_ranks = rc->j->size, me = rc->rank;
   size_t n = SEG_N;
   char *buf = malloc(n * 8), *res = malloc(n * 8), *pk = malloc(n * 8), *want = malloc(n * 8);
-  gs__seg sg[8];
+  gs__seg sg[9];
   char err[1024];
   for (int mixed = 0; mixed < 2 && !rc->bad; mixed++)
     for (int scaled = 0; scaled < 2 && !rc->bad; scaled++)
@@ -546,7 +548,7 @@ static void body_segments(rank_ctx *rc) {
             char *ref = malloc(n * es);
             reference(dt, op, n_ranks, ref, n);
             for (size_t i = 0; i < n; i++) {
-              int pad = (i >= 7 && i < 10) || (i >= 1010 && i < 1023) || i >= n - 5;
+              int pad = (i >= 7 && i < 10) || (i >= 1010 && i < 21010) || i >= n - 5;
               if (!pad && memcmp(ref + i * es, want + i * es, es))
                 seg_record(rc, "rank %d: packed %s %s element %zu differs from the reference", me,
                            gs__dtype_name(dt), gs__reduce_op_name(op), i);

@@ -58,6 +58,9 @@
 /* Reduce-scatter data arrives in segments of this size; each is reduced as
  * soon as it is complete and may then be forwarded right away. */
 #define SEG_BYTES (512u * 1024u)
+/* A segmented allreduce packs members smaller than this (see
+ * ring_allreduce_segs_vt). */
+#define SEG_SMALL_BYTES (64u * 1024u)
 /* Requested socket buffers. Large enough to keep a segment or two in flight
  * per direction; the kernel caps them at net.core.[rw]mem_max. */
 #define SOCK_BUF_BYTES (4 * 1024 * 1024)
@@ -1344,9 +1347,24 @@ static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t ns
       return GS__ERR_INVALID_ARG;
     }
     count += segs[k].count;
-    if (!segs[k].dst) fill_bytes += segs[k].count * es;
+    if (!segs[k].dst || segs[k].count * es < SEG_SMALL_BYTES) fill_bytes += segs[k].count * es;
   }
   if (count == 0) return GS__OK;
+  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
+  finishing fin = finishing_of(r, op, postscale);
+  if (r->size == 1) { /* the finish alone */
+    for (size_t k = 0; k < nseg; k++) {
+      const gs__seg *sg = &segs[k];
+      if (!sg->dst || !sg->count) continue;
+      if (!sg->src) {
+        memset(sg->dst, 0, sg->count * es);
+        continue;
+      }
+      const void *src = sg->src;
+      gs__reduce_many(sg->dst, dt, &src, 1, dt, sg->count, rop, fin.divisor, fin.factor);
+    }
+    return GS__OK;
+  }
   size_t *start = malloc((nseg + 1) * sizeof *start);
   char **at = malloc(nseg * sizeof *at);
   const char **local = malloc(nseg * sizeof *local);
@@ -1358,34 +1376,50 @@ static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t ns
     rc = GS__ERR_NO_MEMORY;
   }
   if (rc != GS__OK) goto out_free;
-  gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
-  finishing fin = finishing_of(r, op, postscale);
-  size_t used = 0, at_el = 0;
+  /* The ring's view: large members in place; runs of consecutive small
+   * members (and padding) packed into fill, where a piece of a few bytes
+   * would cost more in syscalls and kernel calls than its copy; a large
+   * member whose result is not wanted reduced in fill. */
+  size_t used = 0, at_el = 0, nmap = 0;
+  int in_run = 0;
   for (size_t k = 0; k < nseg; k++) {
     const gs__seg *sg = &segs[k];
     size_t bytes = sg->count * es;
-    start[k] = at_el;
-    at_el += sg->count;
-    at[k] = sg->dst;
-    local[k] = sg->src != sg->dst ? sg->src : NULL;
-    if (!sg->dst) { /* not wanted: the ring still needs it to pass partial results on */
-      at[k] = fill + used;
+    if (bytes < SEG_SMALL_BYTES) {
+      if (!in_run) start[nmap] = at_el, at[nmap] = fill + used, local[nmap++] = NULL;
+      in_run = 1;
+      if (sg->src)
+        memcpy(fill + used, sg->src, bytes);
+      else if (bytes)
+        memset(fill + used, 0, bytes);
       used += bytes;
+    } else {
+      in_run = 0;
+      start[nmap] = at_el;
+      at[nmap] = sg->dst;
+      local[nmap] = sg->src != sg->dst ? sg->src : NULL;
+      if (!sg->dst) { /* not wanted: the ring still needs it to pass partial results on */
+        at[nmap] = fill + used;
+        used += bytes;
+      }
+      if (!sg->src) { /* zeros (0.0 in every dtype) contributed in place */
+        memset(at[nmap], 0, bytes);
+        local[nmap] = NULL;
+      }
+      nmap++;
     }
-    if (!sg->src) { /* zeros (0.0 in every dtype) contributed in place */
-      if (bytes) memset(at[k], 0, bytes);
-      local[k] = NULL;
-    }
-    if (r->size == 1 && sg->dst) { /* the finish alone */
-      const void *src = local[k] ? local[k] : at[k];
-      if (sg->count)
-        gs__reduce_many(at[k], dt, &src, 1, dt, sg->count, rop, fin.divisor, fin.factor);
-    }
+    at_el += sg->count;
   }
-  start[nseg] = at_el;
-  if (r->size > 1) {
-    seg_map m = {nseg, es, start, at, local};
-    rc = ring_allreduce_map(r, &m, count, rop, fin, dt, err, errlen);
+  start[nmap] = at_el;
+  seg_map m = {nmap, es, start, at, local};
+  rc = ring_allreduce_map(r, &m, count, rop, fin, dt, err, errlen);
+  if (rc == GS__OK) { /* the small members' results out of fill */
+    used = 0;
+    for (size_t k = 0; k < nseg; k++) {
+      size_t bytes = segs[k].count * es;
+      if (bytes < SEG_SMALL_BYTES && segs[k].dst) memcpy(segs[k].dst, fill + used, bytes);
+      if (bytes < SEG_SMALL_BYTES || !segs[k].dst) used += bytes;
+    }
   }
 out_free:
   free(start);
