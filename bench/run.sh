@@ -121,7 +121,7 @@ if [ "$mode" = all ]; then
     {
       echo "### $title"
       echo
-      echo "\`$(echo "$*" | sed "s|$root/||g; s|$raw/|RAW/|g")\`: $(($(date +%s) - t0)) s, load average $l0 before," \
+      echo "\`$(echo "$*" | sed "s|$root/||g; s|$raw/|RAW/|g; s|^hosts_md |bench/netns_hosts.sh |")\`: $(($(date +%s) - t0)) s, load average $l0 before," \
         "$(cut -d' ' -f1-3 /proc/loadavg) after$([ "$rc" = 0 ] || echo ", **exit status $rc**")."
       echo
       cat "$raw/$name.md"
