@@ -89,7 +89,7 @@ static float op_ref(float a, float b, gs__reduce_op op) {
  * rounded once after the division, as the ring computes them). */
 static void test_reduce_scaled_equals_passes(void **state) {
   (void)state;
-  const int divisors[] = {1, 2, 3, 7};
+  const int divisors[] = {1, 2, 3, 4, 7, 8};
   const double factors[] = {1.0, 0.37, 2.0};
   for (int dt = 0; dt < GS__DTYPE_COUNT; dt++) {
     size_t es = gs__dtype_size((gs__dtype)dt);
@@ -101,7 +101,7 @@ static void test_reduce_scaled_equals_passes(void **state) {
       fill(a, n, (gs__dtype)dt);
       fill(b, n, (gs__dtype)dt);
       for (size_t oi = 0; oi < 5; oi++)
-        for (size_t di = 0; di < 4; di++)
+        for (size_t di = 0; di < 6; di++)
           for (size_t fi = 0; fi < 3; fi++) {
             if (es == 2 && dt != GS__INT16) {
               /* 16-bit floats: reduced and divided in float32, rounded once */
@@ -130,6 +130,46 @@ static void test_reduce_scaled_equals_passes(void **state) {
       free(a), free(b), free(want), free(got);
     }
   }
+}
+
+/* A power-of-two divisor is applied as a multiplication by its exact
+ * reciprocal: the bits of the division, subnormals, infinities, NaN and
+ * values at the ends of the range included. */
+static void test_pow2_divisor_is_division(void **state) {
+  (void)state;
+  enum { N = 4099 };
+  float *x = malloc(N * sizeof *x), *zero = calloc(N, sizeof *zero), *got = malloc(N * sizeof *got);
+  double *xd = malloc(N * sizeof *xd), *zd = calloc(N, sizeof *zd), *gd = malloc(N * sizeof *gd);
+  assert_non_null(x), assert_non_null(zero), assert_non_null(got);
+  assert_non_null(xd), assert_non_null(zd), assert_non_null(gd);
+  uint32_t u = 12345;
+  for (size_t i = 0; i < N; i++) { /* every bit pattern class: raw random bits */
+    u = u * 1664525u + 1013904223u;
+    uint32_t bits = i < 64 ? (uint32_t)i : u; /* the smallest subnormals first */
+    memcpy(&x[i], &bits, sizeof bits);
+    uint64_t b64 = i < 64 ? (uint64_t)i : (uint64_t)u << 32 | (u * 2654435761u);
+    memcpy(&xd[i], &b64, sizeof b64);
+  }
+  const int divisors[] = {2, 4, 8, 64, 1024, 1 << 20};
+  for (size_t di = 0; di < sizeof divisors / sizeof divisors[0]; di++) {
+    int d = divisors[di];
+    memcpy(got, x, N * sizeof *x);
+    gs__reduce_scaled(got, zero, N, GS__FLOAT32, GS__SUM, d, 1.0);
+    for (size_t i = 0; i < N; i++) {
+      volatile float want = (x[i] + 0.0f) / (float)d;
+      if (memcmp(&got[i], (const void *)&want, sizeof want) && !(got[i] != got[i] && want != want))
+        fail_msg("float32 element %zu (%a) / %d: got %a, want %a", i, (double)x[i], d,
+                 (double)got[i], (double)want);
+    }
+    memcpy(gd, xd, N * sizeof *xd);
+    gs__reduce_scaled(gd, zd, N, GS__FLOAT64, GS__SUM, d, 1.0);
+    for (size_t i = 0; i < N; i++) {
+      volatile double want = (xd[i] + 0.0) / (double)d;
+      if (memcmp(&gd[i], (const void *)&want, sizeof want) && !(gd[i] != gd[i] && want != want))
+        fail_msg("float64 element %zu (%a) / %d: got %a, want %a", i, xd[i], d, gd[i], want);
+    }
+  }
+  free(x), free(zero), free(got), free(xd), free(zd), free(gd);
 }
 
 /* Sources reduced in the order given; float32 accumulation rounded once. */
@@ -255,6 +295,7 @@ static void test_convert_matches_scalar(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reduce_scaled_equals_passes),
+      cmocka_unit_test(test_pow2_divisor_is_division),
       cmocka_unit_test(test_reduce_many_order_and_rounding),
       cmocka_unit_test(test_convert_matches_scalar),
   };
