@@ -420,6 +420,12 @@ void gs__reduce_many(void *dst, gs__dtype dst_dt, const void *const *src, size_t
   size_t ss = gs__dtype_size(src_dt), ds = gs__dtype_size(dst_dt);
   if (src_dt == GS__FLOAT32 || is16(src_dt)) {
     float acc[BLOCK], tmp[BLOCK];
+    /* the average over a power-of-two rank count of float32: the last
+     * addition and the exact reciprocal's multiplication in one loop (the
+     * bits of the two passes), so an average costs what a sum does */
+    int fused = dst_dt == GS__FLOAT32 && src_dt == GS__FLOAT32 && nsrc >= 2 &&
+                (op == GS__SUM || op == GS__AVERAGE) && pow2(divisor) && factor == 1.0;
+    float rv = fused ? 1.0f / (float)divisor : 1.0f;
     for (size_t at = 0; at < n; at += BLOCK) {
       size_t k = n - at < BLOCK ? n - at : BLOCK;
       for (size_t q = 0; q < nsrc; q++) {
@@ -432,6 +438,8 @@ void gs__reduce_many(void *dst, gs__dtype dst_dt, const void *const *src, size_t
         } else if (is16(src_dt)) {
           to_f32(tmp, s, k, src_dt);
           op_f32(acc, tmp, k, op);
+        } else if (fused && q == nsrc - 1) {
+          sum_mul_f32(acc, (const float *)(const void *)s, k, rv);
         } else {
           op_f32(acc, (const float *)(const void *)s, k, op);
         }
@@ -440,7 +448,7 @@ void gs__reduce_many(void *dst, gs__dtype dst_dt, const void *const *src, size_t
       if (is16(dst_dt)) {
         store16(d, dst_dt, acc, k, divisor, factor);
       } else {
-        finish_native(acc, k, GS__FLOAT32, divisor, factor);
+        if (!fused) finish_native(acc, k, GS__FLOAT32, divisor, factor);
         memcpy(d, acc, k * sizeof *acc);
       }
     }

@@ -161,6 +161,14 @@ static void test_pow2_divisor_is_division(void **state) {
         fail_msg("float32 element %zu (%a) / %d: got %a, want %a", i, (double)x[i], d,
                  (double)got[i], (double)want);
     }
+    const void *srcs[3] = {zero, x, zero}; /* gs__reduce_many: the same bits */
+    gs__reduce_many(got, GS__FLOAT32, srcs, 3, GS__FLOAT32, N, GS__SUM, d, 1.0);
+    for (size_t i = 0; i < N; i++) {
+      volatile float want = ((0.0f + x[i]) + 0.0f) / (float)d;
+      if (memcmp(&got[i], (const void *)&want, sizeof want) && !(got[i] != got[i] && want != want))
+        fail_msg("reduce_many float32 element %zu (%a) / %d: got %a, want %a", i, (double)x[i], d,
+                 (double)got[i], (double)want);
+    }
     memcpy(gd, xd, N * sizeof *xd);
     gs__reduce_scaled(gd, zd, N, GS__FLOAT64, GS__SUM, d, 1.0);
     for (size_t i = 0; i < N; i++) {
