@@ -514,7 +514,7 @@ static void seg_record(rank_ctx *rc, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Every dtype and op, plain and postscaled: the segmented allreduce gives
+/* Every dtype and op (postscaled: sum and average): the segmented allreduce gives
  * the bits of the packed one (which test_every_dtype_and_op checks against
  * the reference; checked here too when unscaled), 16-bit floats and
  * deterministic rings decline. Then the same collective with rank 1 joined
@@ -530,6 +530,10 @@ static void body_segments(rank_ctx *rc) {
     for (int scaled = 0; scaled < 2 && !rc->bad; scaled++)
       for (gs__dtype dt = 0; dt < GS__DTYPE_COUNT && !rc->bad; dt++)
         for (gs__reduce_op op = GS__SUM; op <= GS__PRODUCT && !rc->bad; op++) {
+          /* kept small for valgrind: every op plain, the postscale with
+           * sum and average, the mixed job with sum and max */
+          if (scaled && op != GS__SUM && op != GS__AVERAGE) continue;
+          if (mixed && (scaled || (op != GS__SUM && op != GS__MAX))) continue;
           size_t es = gs__dtype_size(dt);
           double factor = scaled ? 0.37 : 1.0;
           int joined = mixed && me == 1, packs = mixed && me == 2;
@@ -615,7 +619,7 @@ static void body_det_decline(rank_ctx *rc) {
 
 static void test_segments(void **state) {
   (void)state;
-  static const int sizes[] = {1, 2, 3, 4};
+  static const int sizes[] = {1, 2, 3};
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
     job j = {.size = sizes[s], .body = body_segments};
     rank_ctx *rcs = run_job(&j);
