@@ -77,8 +77,9 @@ int gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
   return kick;
 }
 
-/* Caller holds ctx->mu. */
-static void complete_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
+/* Caller holds ctx->mu; wakes the waiting threads when wake is set. */
+static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status,
+                                  const char *msg, int wake) {
   if (atomic_load_explicit(&h->done, memory_order_relaxed)) return;
   if (h->wait_since_ms) {
     if (h->wprev)
@@ -94,8 +95,23 @@ static void complete_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status, 
   if (!h->planned) ctx->nunplanned--;
   HASH_DEL(ctx->inflight, h);
   atomic_store_explicit(&h->done, 1, memory_order_release);
-  pthread_cond_broadcast(&ctx->cv);
+  if (wake) pthread_cond_broadcast(&ctx->cv);
   gs__handle_unref(h);
+}
+
+/* Caller holds ctx->mu. */
+static void complete_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
+  complete_quiet_locked(ctx, h, status, msg, 1);
+}
+
+void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n) {
+  /* One lock and one wake-up for all: a thread waiting on them one after
+   * another (gs_wait in a loop) then runs once, not once per handle. */
+  pthread_mutex_lock(&ctx->mu);
+  for (size_t i = 0; i < n; i++)
+    if (hs[i]) complete_quiet_locked(ctx, hs[i], GS_OK, NULL, 0);
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
 }
 
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
@@ -441,7 +457,18 @@ void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m) {
   ctx->stats.requests_sent += m->nrequests + m->ncached;
   ctx->stats.bytes_to_coordinator += bytes;
   ctx->stats.messages_to_coordinator++;
+  int kick = 0;
+  if (gs__client_session_idle(ctx->client)) {
+    /* The send completed, and the comm thread took the completion, before
+     * the claim ended: it saw app_sending and left comm_send_busy set, and
+     * no completion will come to clear it. End the claim for it, and wake
+     * it for what was queued meanwhile (it was not kicked for that). */
+    ctx->comm_send_busy = 0;
+    if (ctx->sub_head || ctx->ndone || ctx->nreg || ctx->nunreg)
+      kick = gs__comm_wake_locked(ctx, 0);
+  }
   pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
   gs__rank_msg_free(m);
   /* The session ended (the comm thread finds out too) or out of memory. */
   if (rc) fail_job(ctx, (gs_status)rc, err);

@@ -257,7 +257,11 @@ out_done:
   if ((rc = finish(b, err, errlen))) goto out_fail;
   add_stats(ctx, b, n - (size_t)missing); /* before the completions, so waiters see them */
   for (size_t i = 0; i < n; i++)
-    if (hs[i]) succeed(ctx, hs[i]);
+    if (hs[i] && hs[i]->finish) {
+      succeed(ctx, hs[i]);
+      hs[i] = NULL;
+    }
+  gs__handles_complete_ok(ctx, hs, n); /* the rest at once */
   goto out_free;
 out_fail:
   rc = data_plane_error(ctx, r->tensors[0].name, n > 1, rc, err, errlen);

@@ -221,6 +221,10 @@ void *gs__executor_main(void *arg);
 void gs__plan_done_locked(gs_ctx *ctx, uint64_t seq);
 /* Completes h with status and message (NULL = success); takes ctx->mu. */
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg);
+/* Completes the n handles of hs with success (NULL entries skipped) under
+ * one lock and one wake-up of the waiting threads; takes ctx->mu. The
+ * handles may be freed by the time it returns. */
+void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n);
 /* Completes every op in flight and every later submission with status and
  * msg (the first call wins); takes ctx->mu. */
 void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);
