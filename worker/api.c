@@ -789,18 +789,16 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
     struct gs_handle *h = hs[i];
     HASH_ADD_STR(ctx->inflight, req.name, h);
     ctx->nunplanned++;
+    h->queued = 1;
     if (ctx->sub_tail)
       ctx->sub_tail->next_submit = h;
     else
       ctx->sub_head = h;
     ctx->sub_tail = h;
   }
-  gs__rank_msg m;
-  int send = !st && gs__requests_claim_locked(ctx, &m);
-  int kick = !st && !send && gs__comm_wake_locked(ctx, 1);
+  int kick = !st && gs__comm_wake_locked(ctx, 1);
   pthread_mutex_unlock(&ctx->mu);
   if (!st) GS_TRACE(GS__TR_SUBMIT, hs[0]->req.op, n);
-  if (send) gs__requests_send(ctx, &m);
   if (kick) gs__comm_kick(ctx);
   return st;
 }
@@ -1471,9 +1469,19 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
     self.next = ctx->waiters;
     ctx->waiters = &self;
   }
-  if (kick) { /* no thread other than this one ends the context meanwhile */
+  /* An op this thread now waits for that the comm thread has not taken
+   * yet: write the queued submissions from here when the stream is free
+   * (everything submitted before the wait goes in one message, and the
+   * comm thread's wake-up is off the critical path). */
+  gs__rank_msg m;
+  int send = 0;
+  for (size_t i = 0; i < n && !send; i++)
+    if (hs[i]->queued && !atomic_load_explicit(&hs[i]->done, memory_order_relaxed))
+      send = gs__requests_claim_locked(ctx, &m);
+  if (kick || send) { /* no thread other than this one ends the context meanwhile */
     pthread_mutex_unlock(&ctx->mu);
-    gs__comm_kick(ctx);
+    if (send) gs__requests_send(ctx, &m);
+    if (kick) gs__comm_kick(ctx);
     pthread_mutex_lock(&ctx->mu);
   }
   for (;;) {

@@ -412,6 +412,7 @@ static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m)
     return -1;
   }
   for (struct gs_handle *h = list; h; h = h->next_submit) {
+    h->queued = 0;
     gs__wcache *c = NULL;
     HASH_FIND(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name), c);
     if (c && gs__tensor_request_equal(&c->req, &h->req)) {
@@ -427,10 +428,11 @@ static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m)
 
 int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m) {
   /* Only where the comm thread would send them at once itself: it is
-   * running, not about to wake (no kick outstanding), no message is in
-   * flight and no request message is unanswered (Nagle's rule). */
-  if (!ctx->comm_running || ctx->kicked || ctx->comm_send_busy || ctx->req_unanswered ||
-      !ctx->sub_head || ctx->stop || ctx->fatal)
+   * running, no message is in flight and no request message is
+   * unanswered (Nagle's rule). A kick may be outstanding: the comm thread
+   * then wakes, sees the stream busy or the queue empty, and sleeps. */
+  if (!ctx->comm_running || ctx->comm_send_busy || ctx->req_unanswered || !ctx->sub_head ||
+      ctx->stop || ctx->fatal)
     return 0;
   memset(m, 0, sizeof *m);
   if (requests_locked(ctx, ctx->sub_head, m)) return 0; /* the comm thread tries */

@@ -51,6 +51,7 @@ struct gs_handle {
   void *data; /* owned by the handle; freed with free_data */
   void (*free_data)(void *data);
   struct gs_handle *next_submit; /* submission queue (under mu) */
+  int queued;                    /* on the submission queue, not yet sent (under mu) */
   int planned;                   /* a plan names it (under mu) */
   int compress;                  /* float32 buffers, req.dtype on the wire */
   void *stream;                  /* caller's cudaStream_t (GPU buffers; NULL = default) */
@@ -154,11 +155,12 @@ struct gs_ctx {
    * (the thread is ending: stop or failure). Besides, no sleep outlasts
    * the next heartbeat (or one second while a send is in flight).
    *
-   * Where the comm thread would send at once (the stream idle, no kick
-   * outstanding, no request message unanswered), the submitting thread
-   * writes its requests itself instead of kicking (gs__requests_claim_locked):
-   * it sets comm_send_busy and app_sending under mu, so the send's
-   * completion wakes the comm thread like one of its own. */
+   * Where the comm thread would send at once (the stream idle, no request
+   * message unanswered), a thread that starts waiting for an op the comm
+   * thread has not taken yet writes the queued requests itself
+   * (gs__requests_claim_locked): it sets comm_send_busy and app_sending
+   * under mu, so the send's completion wakes the comm thread like one of
+   * its own (which, kicked at submission, then finds the queue empty). */
   int comm_running, kicked, comm_send_busy, comm_req_held;
   /* An application thread claimed the idle stream for its submissions
    * (gs__requests_claim_locked) and is writing them; comm_send_busy is set
@@ -201,12 +203,13 @@ int gs__comm_wake_locked(gs_ctx *ctx, int requests);
 /* Kicks the comm thread awake (any thread, without ctx->mu; only after
  * gs__comm_wake_locked or gs__handle_waited_locked returned 1). */
 void gs__comm_kick(gs_ctx *ctx);
-/* background.c: an application thread that just submitted (caller holds
- * ctx->mu) takes the submission queue into *m and claims the stream when
- * the comm thread would send it at once anyway (idle stream, no request
- * message unanswered), saving the hand-off to the comm thread. Returns 1
- * when it did: the caller must then call gs__requests_send(ctx, m) after
- * unlocking; 0 leaves everything to gs__comm_wake_locked. */
+/* background.c: an application thread about to wait for an op still on the
+ * submission queue (caller holds ctx->mu) takes the whole queue into *m and
+ * claims the stream when the comm thread would send it at once anyway
+ * (idle stream, no request message unanswered; a kick may be outstanding),
+ * saving the hand-off to the comm thread. Returns 1 when it did: the caller
+ * must then call gs__requests_send(ctx, m) after unlocking; 0 leaves
+ * everything to the comm thread. */
 int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m);
 /* Writes the claimed message (without ctx->mu), frees m's contents, and
  * releases the claim; a failure fails the job. */
