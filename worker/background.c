@@ -441,6 +441,15 @@ int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m) {
   m->ndone = ctx->ndone;
   ctx->done_plans = NULL;
   ctx->ndone = ctx->done_cap = 0;
+  /* Registrations made before these submissions must reach the
+   * coordinator no later than them (it applies a message's registrations
+   * before its requests): the local/global check depends on it. */
+  m->reg = ctx->reg;
+  m->nreg = ctx->nreg;
+  m->unreg = ctx->unreg;
+  m->nunreg = ctx->nunreg;
+  ctx->reg = ctx->unreg = NULL;
+  ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
   ctx->comm_send_busy = 1; /* the send's completion wakes the comm thread */
   ctx->app_sending = 1;
   ctx->req_unanswered = 1;
