@@ -219,13 +219,18 @@ static int apply_templates(gs_ctx *ctx, gs__plan *plan) {
   return 0;
 }
 
-/* 1 when running plan p needs no data plane: only barriers and errors (the
- * exec thread completes those without a backend, too). */
-static int control_only(const gs__plan *p) {
+/* 1 when running plan p needs no data plane: only errors, and barriers of
+ * ops in flight (the exec thread completes those without a backend, too;
+ * a barrier naming an op this rank never submitted is left to it, which
+ * reports that as the gradsync bug it is). Caller holds ctx->mu. */
+static int control_only_locked(gs_ctx *ctx, const gs__plan *p) {
   for (size_t i = 0; i < p->nresponses; i++) {
     const gs__response *r = &p->responses[i];
-    if (r->kind != GS__RESP_ERROR && !(r->kind == GS__RESP_COLLECTIVE && r->op == GS__OP_BARRIER))
-      return 0;
+    if (r->kind == GS__RESP_ERROR) continue;
+    if (r->kind != GS__RESP_COLLECTIVE || r->op != GS__OP_BARRIER || !r->ntensors) return 0;
+    struct gs_handle *h = NULL;
+    HASH_FIND_STR(ctx->inflight, r->tensors[0].name, h);
+    if (!h) return 0;
   }
   return 1;
 }
@@ -259,7 +264,8 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   }
   /* A plan without data-plane work, while the exec thread has nothing to
    * do, is run here: one thread hand-off less for a barrier. */
-  int here = !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only(&n->plan);
+  int here =
+      !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only_locked(ctx, &n->plan);
   if (here) GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 1);
   for (size_t i = 0; i < n->plan.nresponses; i++)
     for (size_t k = 0; k < n->plan.responses[i].ntensors; k++) {
@@ -426,6 +432,39 @@ static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m)
   return 0;
 }
 
+/* Moves the executed plans and the local registrations made so far into m:
+ * they ride with the next message. Registrations must reach the
+ * coordinator no later than the requests submitted after them (it applies
+ * a message's registrations before its requests): the local/global check
+ * depends on it. Caller holds ctx->mu. */
+static void take_reports_locked(gs_ctx *ctx, gs__rank_msg *m) {
+  m->done_plans = ctx->done_plans;
+  m->ndone = ctx->ndone;
+  ctx->done_plans = NULL;
+  ctx->ndone = ctx->done_cap = 0;
+  m->reg = ctx->reg;
+  m->nreg = ctx->nreg;
+  m->unreg = ctx->unreg;
+  m->nunreg = ctx->nunreg;
+  ctx->reg = ctx->unreg = NULL;
+  ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
+}
+
+/* A request message goes out at now_us: later submissions wait for the
+ * answer (Nagle's rule), at most one cycle. Caller holds ctx->mu. */
+static void hold_requests_locked(gs_ctx *ctx, uint64_t now_us) {
+  ctx->req_unanswered = 1;
+  ctx->req_hold_until_us =
+      now_us + (ctx->join.config.cycle_time_us ? ctx->join.config.cycle_time_us : 1000);
+}
+
+/* Caller holds ctx->mu. */
+static void count_sent_locked(gs_ctx *ctx, const gs__rank_msg *m, size_t bytes) {
+  ctx->stats.requests_sent += m->nrequests + m->ncached;
+  ctx->stats.bytes_to_coordinator += bytes;
+  ctx->stats.messages_to_coordinator++;
+}
+
 int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m) {
   /* Only where the comm thread would send them at once itself: it is
    * running, no message is in flight and no request message is
@@ -437,24 +476,10 @@ int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m) {
   memset(m, 0, sizeof *m);
   if (requests_locked(ctx, ctx->sub_head, m)) return 0; /* the comm thread tries */
   ctx->sub_head = ctx->sub_tail = NULL;
-  m->done_plans = ctx->done_plans; /* ride along */
-  m->ndone = ctx->ndone;
-  ctx->done_plans = NULL;
-  ctx->ndone = ctx->done_cap = 0;
-  /* Registrations made before these submissions must reach the
-   * coordinator no later than them (it applies a message's registrations
-   * before its requests): the local/global check depends on it. */
-  m->reg = ctx->reg;
-  m->nreg = ctx->nreg;
-  m->unreg = ctx->unreg;
-  m->nunreg = ctx->nunreg;
-  ctx->reg = ctx->unreg = NULL;
-  ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
+  take_reports_locked(ctx, m);
   ctx->comm_send_busy = 1; /* the send's completion wakes the comm thread */
   ctx->app_sending = 1;
-  ctx->req_unanswered = 1;
-  ctx->req_hold_until_us =
-      gs__now_us() + (ctx->join.config.cycle_time_us ? ctx->join.config.cycle_time_us : 1000);
+  hold_requests_locked(ctx, gs__now_us());
   return 1;
 }
 
@@ -465,9 +490,7 @@ void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m) {
   GS_TRACE(GS__TR_SENT, m->nrequests + m->ncached, 1);
   pthread_mutex_lock(&ctx->mu);
   ctx->app_sending = 0;
-  ctx->stats.requests_sent += m->nrequests + m->ncached;
-  ctx->stats.bytes_to_coordinator += bytes;
-  ctx->stats.messages_to_coordinator++;
+  count_sent_locked(ctx, m, bytes);
   int kick = 0;
   if (gs__client_session_idle(ctx->client)) {
     /* The send completed, and the comm thread took the completion, before
@@ -530,19 +553,10 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
   int oom = requests_locked(ctx, list, &m);
   int go = list || done_due || m.heartbeat || m.has_leave || m.blocked_update || ctx->nreg ||
            ctx->nunreg;
-  if (go) {
-    m.done_plans = ctx->done_plans;
-    m.ndone = ctx->ndone;
-    ctx->done_plans = NULL;
-    ctx->ndone = ctx->done_cap = 0;
+  if (go) { /* (without it there are no registrations to take) */
+    take_reports_locked(ctx, &m);
     ctx->comm_send_busy = 1; /* an application thread sends nothing meanwhile */
   }
-  m.reg = ctx->reg;
-  m.nreg = ctx->nreg;
-  m.unreg = ctx->unreg;
-  m.nunreg = ctx->nunreg;
-  ctx->reg = ctx->unreg = NULL;
-  ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
   pthread_mutex_unlock(&ctx->mu);
   int rc = GS__OK;
   if (oom) {
@@ -557,15 +571,9 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
     if (m.nrequests || m.ncached) GS_TRACE(GS__TR_SENT, m.nrequests + m.ncached, 0);
     ctx->last_send_ms = now;
     pthread_mutex_lock(&ctx->mu);
-    if (m.nrequests || m.ncached) {
-      ctx->req_unanswered = 1;
-      ctx->req_hold_until_us =
-          now_us + (ctx->join.config.cycle_time_us ? ctx->join.config.cycle_time_us : 1000);
-    }
+    if (m.nrequests || m.ncached) hold_requests_locked(ctx, now_us);
     ctx->comm_send_busy = 1; /* until the comm thread sees the send complete */
-    ctx->stats.requests_sent += m.nrequests + m.ncached;
-    ctx->stats.bytes_to_coordinator += bytes;
-    ctx->stats.messages_to_coordinator++;
+    count_sent_locked(ctx, &m, bytes);
     pthread_mutex_unlock(&ctx->mu);
   }
   earliest(next, ctx->last_send_ms + hb);
