@@ -38,6 +38,20 @@ try:
     up0, down0 = raw_rank(grpc.insecure_channel(addr), pb, 0, 2, 170)
     up1, _ = raw_rank(grpc.insecure_channel(addr), pb, 1, 2, 170, read=False)
     ups = [up0, up1]
+    # As gs_init does: submit once the world is ready. Requests that reach
+    # gradsyncd before rank 1's hello are refused (rank_error), and rank 0
+    # would then wait, silent, until the rank timeout declared it lost.
+    ready_by = time.time() + 30
+    while True:
+        try:
+            m = down0.get(timeout=max(0.1, ready_by - time.time()))
+        except queue.Empty:
+            fail("rank 0: no 'world ready' from gradsyncd within 30 s")
+        if isinstance(m, grpc.RpcError):
+            fail("rank 0's session ended before the world was ready: %s %s" %
+                 (m.code(), m.details()))
+        if m.WhichOneof("kind") == "world" and m.world.ready:
+            break
 
     def req(name):
         return pb.TensorRequest(name=name, op=pb.OP_ALLREDUCE, dtype=pb.DT_FLOAT32, shape=[4],
@@ -68,6 +82,9 @@ try:
             kind = m.WhichOneof("kind")
             if kind == "abort":
                 abort = m.abort
+            elif kind == "rank_error":
+                fail("rank 0 got an error for '%s': %s" % (m.rank_error.name,
+                                                              m.rank_error.message))
             elif kind == "plan":
                 planned += sum(len(resp.tensors) for resp in m.plan.responses)
     if abort is None:
