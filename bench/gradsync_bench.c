@@ -7,7 +7,7 @@
  *   gradsync-run -np 2 gradsync-bench --uniform COUNTxBYTES [...]
  *
  * A workload is a tensor list (`name dtype shape` lines, `#` comments, as in
- * shared/workloads/). Every step all ranks meet in a barrier (not timed),
+ * bench/workloads/). Every step all ranks meet in a barrier (not timed),
  * then submit every gradient in reverse list order, as backward produces
  * them, with gs_allreduce_async (GS_AVERAGE, in place), optionally sleeping
  * --gap-us between submissions to stand in for backward compute, and wait
