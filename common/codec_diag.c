@@ -200,6 +200,7 @@ int gs__encode_diag_status(const gs__diag_status *m, uint8_t **out, size_t *len)
   pb.cache_hit_rate = m->cache_hit_rate;
   pb.mean_tensors_per_op = m->mean_tensors_per_op;
   pb.pending_tensors = m->pending_tensors;
+  pb.coordinator_state = (char *)m->coordinator_state;
   rc = gs__codec_pack(&pb.base, out, len);
 out_free:
   free(set);
@@ -229,6 +230,9 @@ int gs__decode_diag_status(const uint8_t *buf, size_t len, gs__diag_status *m, c
   m->cache_hit_rate = pb->cache_hit_rate;
   m->mean_tensors_per_op = pb->mean_tensors_per_op;
   m->pending_tensors = pb->pending_tensors;
+  if (!rc)
+    rc = gs__codec_copy_str(m->coordinator_state, sizeof m->coordinator_state,
+                            pb->coordinator_state, "coordinator_state", err, errlen);
   if (!rc && pb->n_settings) {
     m->settings = calloc(pb->n_settings, sizeof *m->settings);
     if (!m->settings) rc = GS__ERR_NO_MEMORY;

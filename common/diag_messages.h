@@ -21,7 +21,7 @@ typedef struct gs__diag_rank {
   int32_t rank;
   char host[GS__MAX_HOST + 1];
   int32_t pid;
-  char state[16]; /* none, joined, connected, left, lost, gone */
+  char state[16]; /* none, joined, connected, left, lost, gone, closed */
   double last_msg_age_s;
   uint64_t last_done_plan;
   int joined_uneven;
@@ -47,6 +47,7 @@ typedef struct gs__diag_status {
   uint64_t plans_emitted, collectives, tensors_planned, bytes_negotiated;
   double cache_hit_rate, mean_tensors_per_op;
   uint64_t pending_tensors;
+  char coordinator_state[16]; /* serving, draining */
 } gs__diag_status;
 void gs__diag_status_free(gs__diag_status *s);
 

@@ -85,6 +85,7 @@ struct gs__coordinator {
   gs__job_outcome over;             /* the current job ended this way (RUNNING: not yet) */
   uint64_t over_ms;                 /* when it ended */
   gs__job_outcome done;             /* one-job mode: final outcome once drained */
+  int shutdown_closed;              /* the shutdown ended the running job's sessions */
 };
 
 static void flush_outbox(gs__coordinator *co);
@@ -252,12 +253,29 @@ static int kv_write_allowed(gs__coordinator *co, gs__call *c, const char *key) {
   return -1;
 }
 
+/* KvSet and KvDelete during the drain: the job's sessions are ended, so no
+ * rank can use what a write would leave (refused before the identity
+ * check: the answer is the same for every caller). 0 when the write may
+ * go on. */
+static int kv_write_refused_draining(gs__coordinator *co, gs__call *c, const char *key,
+                                     const char *done) {
+  if (!gs__server_shutting_down(co->srv)) return 0;
+  char err[GS__MAX_TEXT];
+  snprintf(err, sizeof err,
+           "gradsyncd is shutting down (SIGTERM/SIGINT) and takes no rendezvous writes; '%.200s' "
+           "was not %s: the job it served has ended: start the job again with a new coordinator",
+           key, done);
+  gs__call_fail(c, GRPC_STATUS_UNAVAILABLE, err);
+  return -1;
+}
+
 static void on_kv_set(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   gs__kv_msg m, reply = {0};
   char err[GS__MAX_TEXT];
   if (kv_decode(c, GS__KV_SET_REQ, &m)) return;
-  if (kv_write_allowed(co, c, m.key)) goto out_free_msg;
+  if (kv_write_refused_draining(co, c, m.key, "stored") || kv_write_allowed(co, c, m.key))
+    goto out_free_msg;
   if (gs__kv_store_set(co->kv, m.key, m.value, m.value_len, err, sizeof err) != GS__OK) {
     GS_LOG_WARN("kv write refused: %s (from %s)", err, gs__call_peer(c));
     gs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, err);
@@ -324,7 +342,8 @@ static void on_kv_delete(void *arg, gs__call *c) {
   gs__coordinator *co = arg;
   gs__kv_msg m, reply = {0};
   if (kv_decode(c, GS__KV_DELETE_REQ, &m)) return;
-  if (kv_write_allowed(co, c, m.key)) goto out_free_msg;
+  if (kv_write_refused_draining(co, c, m.key, "deleted") || kv_write_allowed(co, c, m.key))
+    goto out_free_msg;
   reply.deleted = gs__kv_store_delete(co->kv, m.key);
   kv_reply(c, GS__KV_DELETE_RESP, &reply);
 out_free_msg:
@@ -651,6 +670,14 @@ int gs__coordinator_job_over(const gs__coordinator *c) {
   return c->over != GS__JOB_RUNNING || c->done != GS__JOB_RUNNING;
 }
 
+int gs__coordinator_draining(const gs__coordinator *c) {
+  return gs__server_shutting_down(c->srv);
+}
+
+int gs__coordinator_sessions_closed_by_shutdown(const gs__coordinator *c) {
+  return c->shutdown_closed;
+}
+
 /* ---- service ------------------------------------------------------------ */
 
 static void coordinator_tick(void *arg, uint64_t now) {
@@ -682,6 +709,7 @@ static void coordinator_shutdown(void *arg) {
   timeline_stop(co, "gradsyncd is shutting down");
   if (co->done != GS__JOB_RUNNING) return; /* the job is over; its sessions are closed */
   GS_LOG_INFO("shutting down: closing %s sessions", co->sessions ? "open" : "no");
+  co->shutdown_closed = 1;
   /* The ranks are told why; the engine is not (they are not lost). */
   close_sessions(co, "gradsyncd is shutting down (SIGTERM/SIGINT); the job cannot continue");
   expire_waiters(co, gs__now_ms(), 1);

@@ -66,6 +66,12 @@ gs__job_outcome gs__coordinator_outcome(const gs__coordinator *c);
  * also while its sessions are still closing; 0 while it runs or before
  * it started. Queue thread. */
 int gs__coordinator_job_over(const gs__coordinator *c);
+/* 1 during the drain after SIGTERM/SIGINT (and while closing): the
+ * sessions are ended and rank-facing calls refused. Queue thread. */
+int gs__coordinator_draining(const gs__coordinator *c);
+/* 1 when the shutdown ended the sessions of a job that ran (its ranks'
+ * state is "closed" now, not what the engine last saw). Queue thread. */
+int gs__coordinator_sessions_closed_by_shutdown(const gs__coordinator *c);
 /* Frees it, after the server is destroyed. NULL is a no-op. */
 void gs__coordinator_destroy(gs__coordinator *c);
 

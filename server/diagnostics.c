@@ -86,6 +86,16 @@ static void on_status(void *arg, gs__call *c) {
     return;
   }
   snprintf(st.version, sizeof st.version, "%s", d->version);
+  int draining = gs__coordinator_draining(d->co);
+  snprintf(st.coordinator_state, sizeof st.coordinator_state, "%s",
+           draining ? "draining" : "serving");
+  if (draining && gs__coordinator_sessions_closed_by_shutdown(d->co)) {
+    /* The engine was not told (the ranks are not lost): what it last saw
+     * of a rank in the job is over, its session was ended. */
+    for (size_t i = 0; i < st.nranks; i++)
+      if (!strcmp(st.ranks[i].state, "connected") || !strcmp(st.ranks[i].state, "joined"))
+        snprintf(st.ranks[i].state, sizeof st.ranks[i].state, "closed");
+  }
   st.uptime_s = (double)(now - d->start_ms) / 1000.0;
   /* Borrowed for the encoding only. */
   st.settings = d->settings;

@@ -315,6 +315,8 @@ static int cmd_status(ctl *c, int ranks_only) {
       json_str(st.job_id);
       printf(",\"version\":");
       json_str(st.version);
+      printf(",\"coordinator_state\":");
+      json_str(st.coordinator_state);
       printf(",\"world_size\":%d,\"epoch\":%llu,\"uptime_s\":%.3f,\"world_ready\":%s,"
              "\"aborted\":%s,\"plans_emitted\":%llu,\"collectives\":%llu,\"tensors_planned\":%llu,"
              "\"bytes_negotiated\":%llu,\"cache_hit_rate\":%.4f,\"mean_tensors_per_op\":%.3f,"
@@ -352,7 +354,10 @@ static int cmd_status(ctl *c, int ranks_only) {
     int32_t connected = 0;
     for (size_t i = 0; i < st.nranks; i++) connected += !strcmp(st.ranks[i].state, "connected");
     printf("job:          %s\n", st.job_id[0] ? st.job_id : "(any)");
-    printf("version:      gradsyncd %s, up %.1f s\n", st.version, st.uptime_s);
+    printf("version:      gradsyncd %s, up %.1f s%s\n", st.version, st.uptime_s,
+           !strcmp(st.coordinator_state, "draining")
+               ? "; DRAINING (SIGTERM/SIGINT: sessions ended, ranks refused)"
+               : "");
     printf("world:        %d ranks, %d connected, epoch %llu, %s\n", st.world_size, connected,
            (unsigned long long)st.epoch,
            st.aborted       ? "ABORTED"

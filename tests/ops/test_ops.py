@@ -231,6 +231,21 @@ try:
               "during the drain Health/Check %r: NOT_SERVING: %r" % (name, r.stdout + r.stderr[-200:]))
     r = client(addr, "", "health", "no.such.Service")
     check(r.stdout.strip() == "NOT_FOUND", "during the drain an unknown service: NOT_FOUND")
+    # GetStatus: the coordinator drains and the ranks' sessions are ended
+    # (not "connected" as the engine last saw them)
+    r = client(addr, TOKEN, "call", "GetStatus", "{}")
+    st = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(st.get("coordinator_state") == "draining"
+          and [x["state"] for x in st.get("ranks", [])] == ["closed", "closed"],
+          "during the drain GetStatus: coordinator draining, ranks closed: %r"
+          % [st.get("coordinator_state"), [x["state"] for x in st.get("ranks", [])], r.stderr[-200:]])
+    r = ctl(addr, "status")
+    check(r.returncode == 0 and "DRAINING (SIGTERM/SIGINT: sessions ended, ranks refused)" in r.stdout,
+          "during the drain gradsyncctl status says DRAINING:\n" + r.stdout)
+    r = ctl(addr, "ranks")
+    check(r.returncode == 0 and re.search(r"^0\s+closed\s", r.stdout, re.M)
+          and re.search(r"^1\s+closed\s", r.stdout, re.M),
+          "during the drain gradsyncctl ranks: both closed:\n" + r.stdout)
     r = ctl(addr, "health", token="")
     check(r.returncode == 3 and r.stdout.strip() == "NOT_SERVING",
           "during the drain gradsyncctl health: NOT_SERVING, exit 3: %r" % [r.returncode, r.stdout])
@@ -261,6 +276,20 @@ try:
     except grpc.RpcError as e:
         check(e.code() == grpc.StatusCode.UNAVAILABLE and refusal in e.details(),
               "during the drain Session: UNAVAILABLE %r" % e.details())
+    kv_refusal = ("gradsyncd is shutting down (SIGTERM/SIGINT) and takes no rendezvous writes; "
+                  "'%s' was not %s: the job it served has ended")
+    for method, req, resp, verb in (
+            ("KvSet", pb.KvSetRequest(key="drain/key", value=b"v"), pb.KvSetResponse, "stored"),
+            ("KvDelete", pb.KvDeleteRequest(key="drain/key"), pb.KvDeleteResponse, "deleted")):
+        try:
+            ch.unary_unary("/gradsync.v1.Coordinator/" + method,
+                           request_serializer=type(req).SerializeToString,
+                           response_deserializer=resp.FromString)(req, metadata=auth, timeout=10)
+            check(False, "during the drain %s is refused" % method)
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.UNAVAILABLE
+                  and kv_refusal % ("drain/key", verb) in e.details(),
+                  "during the drain %s: UNAVAILABLE %r" % (method, e.details()))
     ch.close()
     check(d.poll() is None, "gradsyncd still drains (--shutdown-grace-s 120)")
     d.send_signal(signal.SIGTERM)  # the second: closes now
