@@ -134,6 +134,20 @@ static const gs__setting table[GS__S_COUNT] = {
          "Bytes of plans that may wait for one rank that does not read its session stream; "
          "past it that rank is cut off and declared lost (the others are told), so a stuck "
          "rank cannot grow gradsyncd's memory."},
+    [GS__S_GRPC_MEMORY_MAX_BYTES] =
+        {"grpc_memory_max_bytes", "--grpc-memory-max-bytes", "GRADSYNC_GRPC_MEMORY_MAX_BYTES", NULL,
+         GS__T_INT, "536870912", NULL, 16 << 20, 1LL << 40, NULL, GS__FOR_SERVER, "BYTES",
+         "gRPC's memory quota for all that the connections buffer, also before a call's token "
+         "is checked. A backstop: past it gRPC closes idle connections and cancels streams of "
+         "its choice, a rank's too (RESOURCE_EXHAUSTED, RST_STREAM code 11), so keep it well "
+         "above the job's needs; each peer is bounded first by --max-streams-per-connection, "
+         "16 KiB of headers and per-method message limits."},
+    [GS__S_MAX_STREAMS_PER_CONNECTION] =
+        {"max_streams_per_connection", "--max-streams-per-connection",
+         "GRADSYNC_MAX_STREAMS_PER_CONNECTION", NULL, GS__T_INT, "256", NULL, 8, 1 << 20, NULL,
+         GS__FOR_SERVER, "N",
+         "Calls one connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS); a client "
+         "queues the rest. A rank needs a few."},
     [GS__S_DIAGNOSTICS_OPEN] = {"diagnostics_open", "--diagnostics-open",
                                 "GRADSYNC_DIAGNOSTICS_OPEN", NULL, GS__T_BOOL, "0", NULL, 0, 1,
                                 NULL, GS__FOR_SERVER, "BOOL",

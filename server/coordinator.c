@@ -767,10 +767,13 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
                                         .on_close = on_session_close,
                                         .max_first_message = MAX_FIRST_MESSAGE,
                                         .max_queued_bytes = o->session_queue_max_bytes};
-  co->methods[M_KV_SET] = (gs__method){.path = "/gradsync.v1.Coordinator/KvSet",
-                                       .kind = GS__RPC_UNARY,
-                                       .auth = GS__AUTH_TOKEN,
-                                       .on_call = on_kv_set};
+  co->methods[M_KV_SET] =
+      (gs__method){.path = "/gradsync.v1.Coordinator/KvSet",
+                   .kind = GS__RPC_UNARY,
+                   .auth = GS__AUTH_TOKEN,
+                   .on_call = on_kv_set,
+                   /* the largest key and value, and framing */
+                   .max_request_bytes = GS__MAX_KV_KEY + GS__MAX_KV_VALUE + 1024};
   co->methods[M_KV_GET] = (gs__method){.path = "/gradsync.v1.Coordinator/KvGet",
                                        .kind = GS__RPC_UNARY,
                                        .auth = GS__AUTH_TOKEN,

@@ -423,24 +423,26 @@ int gs__diagnostics_create(const gs__diagnostics_opts *o, gs__coordinator *co,
   }
   gs__rpc_auth rd = o->open_reads ? GS__AUTH_OPEN : GS__AUTH_TOKEN;
   d->methods[M_STATUS] =
-      (gs__method){DIAG("GetStatus"), GS__RPC_UNARY, rd, on_status, NULL, NULL, 0, 0};
+      (gs__method){DIAG("GetStatus"), GS__RPC_UNARY, rd, on_status, NULL, NULL, 0, 0, 0};
   d->methods[M_PENDING] =
-      (gs__method){DIAG("ListPending"), GS__RPC_UNARY, rd, on_pending, NULL, NULL, 0, 0};
+      (gs__method){DIAG("ListPending"), GS__RPC_UNARY, rd, on_pending, NULL, NULL, 0, 0,
+                   /* missing_ranks may name every rank (5 bytes each as varints) */
+                   (size_t)GS__MAX_WORLD * 6 + GS__DEFAULT_MAX_REQUEST};
   d->methods[M_STALLS] =
-      (gs__method){DIAG("ListStalls"), GS__RPC_UNARY, rd, on_stalls, NULL, NULL, 0, 0};
+      (gs__method){DIAG("ListStalls"), GS__RPC_UNARY, rd, on_stalls, NULL, NULL, 0, 0, 0};
   d->methods[M_LOCALS] =
-      (gs__method){DIAG("ListLocalVars"), GS__RPC_UNARY, rd, on_locals, NULL, NULL, 0, 0};
+      (gs__method){DIAG("ListLocalVars"), GS__RPC_UNARY, rd, on_locals, NULL, NULL, 0, 0, 0};
   d->methods[M_EVENTS] =
       (gs__method){DIAG("WatchEvents"), GS__RPC_SERVER_STREAM, rd, on_watch, NULL,
-                   on_watch_close,      WATCHER_QUEUE_BYTES,   0};
+                   on_watch_close,      WATCHER_QUEUE_BYTES,   0,  0};
   d->methods[M_METRICS] =
-      (gs__method){DIAG("GetMetrics"), GS__RPC_UNARY, rd, on_metrics, NULL, NULL, 0, 0};
+      (gs__method){DIAG("GetMetrics"), GS__RPC_UNARY, rd, on_metrics, NULL, NULL, 0, 0, 0};
   d->methods[M_TL_START] = (gs__method){
-      DIAG("StartTimeline"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_timeline_start, NULL, NULL, 0, 0};
+      DIAG("StartTimeline"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_timeline_start, NULL, NULL, 0, 0, 0};
   d->methods[M_TL_STOP] = (gs__method){
-      DIAG("StopTimeline"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_timeline_stop, NULL, NULL, 0, 0};
+      DIAG("StopTimeline"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_timeline_stop, NULL, NULL, 0, 0, 0};
   d->methods[M_ABORT] =
-      (gs__method){DIAG("AbortJob"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_abort, NULL, NULL, 0, 0};
+      (gs__method){DIAG("AbortJob"), GS__RPC_UNARY, GS__AUTH_TOKEN, on_abort, NULL, NULL, 0, 0, 0};
   d->service = (gs__service){.name = "gradsync.v1.Diagnostics",
                              .methods = d->methods,
                              .n_methods = M_COUNT,

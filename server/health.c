@@ -145,7 +145,7 @@ int gs__health_create(const char *const *names, size_t n, gs__health **out) {
   }
   h->serving = 1;
   h->methods[0] = (gs__method){
-      "/grpc.health.v1.Health/Check", GS__RPC_UNARY, GS__AUTH_OPEN, on_check, NULL, NULL, 0, 0};
+      "/grpc.health.v1.Health/Check", GS__RPC_UNARY, GS__AUTH_OPEN, on_check, NULL, NULL, 0, 0, 0};
   h->methods[1] = (gs__method){"/grpc.health.v1.Health/Watch",
                                GS__RPC_SERVER_STREAM,
                                GS__AUTH_OPEN,
@@ -153,6 +153,7 @@ int gs__health_create(const char *const *names, size_t n, gs__health **out) {
                                NULL,
                                on_watch_close,
                                64 << 10,
+                               0,
                                0};
   h->service = (gs__service){.name = "grpc.health.v1.Health",
                              .methods = h->methods,

@@ -187,6 +187,8 @@ int main(int argc, char **argv) {
   so.listen = gs__settings_str(&cfg, GS__S_LISTEN);
   so.token = gs__settings_str(&cfg, GS__S_JOB_TOKEN);
   so.shutdown_grace_ms = (int)gs__settings_int(&cfg, GS__S_SHUTDOWN_GRACE) * 1000;
+  so.grpc_memory_max_bytes = (size_t)gs__settings_int(&cfg, GS__S_GRPC_MEMORY_MAX_BYTES);
+  so.max_streams_per_connection = (int)gs__settings_int(&cfg, GS__S_MAX_STREAMS_PER_CONNECTION);
   o.job_id = gs__settings_str(&cfg, GS__S_JOB_ID);
   o.world_size = (int32_t)gs__settings_int(&cfg, GS__S_WORLD_SIZE);
   o.job.cycle_time_us = (uint32_t)gs__settings_int(&cfg, GS__S_CYCLE_TIME);

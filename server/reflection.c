@@ -71,6 +71,7 @@ int gs__reflection_create(const char *const *names, size_t n, gs__reflection **o
                             on_msg,
                             NULL,
                             4 << 20,
+                            64 << 10,
                             64 << 10};
   r->m_v1 = r->m_alpha;
   r->m_v1.path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";

@@ -15,6 +15,7 @@
  * UNIMPLEMENTED. */
 #include "transport.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,21 @@
 /* Of the shutdown grace: kept for closing after the drain (see
  * gs__server_run). */
 #define CLOSE_RESERVE_MS 2000
+/* Header bytes (all metadata of one batch) a call may carry: the token and
+ * the rank's identity need under 300. */
+#define MAX_METADATA_BYTES (16 << 10)
 
-typedef enum { T_NEW, T_UNARY, T_START, T_RECV, T_SEND, T_STATUS, T_CLOSE, T_SHUTDOWN } tag_kind;
+typedef enum {
+  T_NEW,
+  T_PAYLOAD,
+  T_UNARY,
+  T_START,
+  T_RECV,
+  T_SEND,
+  T_STATUS,
+  T_CLOSE,
+  T_SHUTDOWN
+} tag_kind;
 
 typedef struct tag {
   tag_kind kind;
@@ -78,10 +92,10 @@ struct gs__call {
   gpr_timespec deadline;
   grpc_metadata_array req_md;
   grpc_call_details details; /* catch-all calls only */
-  grpc_byte_buffer *payload; /* unary / server-streaming request */
+  grpc_byte_buffer *payload; /* unary / server-streaming request, read after the auth check */
   uint8_t *req;
   size_t req_len;
-  tag t_new, t_unary, t_start, t_recv, t_send, t_status, t_close;
+  tag t_new, t_payload, t_unary, t_start, t_recv, t_send, t_status, t_close;
   int pending; /* batches started and not yet completed */
   int cancelled, closed;
   int opened;      /* on_call ran: on_close is owed (streams; unary calls that watch) */
@@ -149,6 +163,7 @@ static gs__call *call_new(gs__server *s, int idx) {
   grpc_metadata_array_init(&c->req_md);
   grpc_call_details_init(&c->details);
   c->t_new = (tag){T_NEW, c};
+  c->t_payload = (tag){T_PAYLOAD, c};
   c->t_unary = (tag){T_UNARY, c};
   c->t_start = (tag){T_START, c};
   c->t_recv = (tag){T_RECV, c};
@@ -370,6 +385,59 @@ static void stream_arm_recv(gs__call *c) {
   start_batch(c, &op, 1, &c->t_recv);
 }
 
+/* Unary and server-streaming requests are read only once the call passed
+ * the auth check (the methods are registered GRPC_SRM_PAYLOAD_NONE): a
+ * caller without the token makes gradsyncd read none of its message. */
+static void payload_arm(gs__call *c) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->payload;
+  start_batch(c, &op, 1, &c->t_payload);
+}
+
+static size_t request_limit(const gs__method *m) {
+  return m->max_request_bytes ? m->max_request_bytes : GS__DEFAULT_MAX_REQUEST;
+}
+
+/* The request of a unary or server-streaming call arrived (or not): judged
+ * by its length, copied, handed to the method. */
+static void payload_ready(gs__call *c, int ok) {
+  const method_slot *ms = &c->srv->methods[c->idx];
+  int unary = ms->m->kind == GS__RPC_UNARY;
+  grpc_status_code code = GRPC_STATUS_OK;
+  char msg[300] = "";
+  size_t limit = request_limit(ms->m);
+  if (!ok || !c->payload) {
+    code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(msg, sizeof msg, "request message missing");
+  } else if (grpc_byte_buffer_length(c->payload) > limit) {
+    code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(msg, sizeof msg,
+             "the request of a %s call (%zu bytes) exceeds the limit of %zu bytes; refused "
+             "without reading it",
+             call_path(c), grpc_byte_buffer_length(c->payload), limit);
+    GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+  } else if (gs__bb_to_bytes(c->payload, &c->req, &c->req_len) != 0) {
+    code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(msg, sizeof msg, "out of memory reading the request");
+  }
+  if (c->payload) {
+    grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+  }
+  if (!unary && c->closed) return; /* the peer went away meanwhile: nothing was opened */
+  if (code != GRPC_STATUS_OK) {
+    if (unary)
+      unary_finish(c, NULL, code, msg);
+    else
+      gs__call_finish(c, code, msg);
+    return;
+  }
+  if (!unary) c->opened = 1;
+  ms->m->on_call(ms->svc->svc, c);
+}
+
 static void stream_begin(gs__call *c) {
   gs__server *s = c->srv;
   const method_slot *ms = &s->methods[c->idx];
@@ -387,17 +455,10 @@ static void stream_begin(gs__call *c) {
     return;
   }
   if (ms->m->kind == GS__RPC_SERVER_STREAM) {
-    if (!c->payload) {
-      gs__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "request message missing");
-      return;
-    }
-    if (gs__bb_to_bytes(c->payload, &c->req, &c->req_len) != 0) {
-      gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading the request");
-      return;
-    }
-  } else {
-    stream_arm_recv(c);
+    payload_arm(c); /* opened in payload_ready */
+    return;
   }
+  stream_arm_recv(c);
   c->opened = 1;
   ms->m->on_call(ms->svc->svc, c);
 }
@@ -423,15 +484,7 @@ static void on_new_call(gs__call *c) {
     return;
   }
   /* The payload can be NULL: the client half-closed without a message. */
-  if (!c->payload) {
-    unary_finish(c, NULL, GRPC_STATUS_INVALID_ARGUMENT, "request message missing");
-    return;
-  }
-  if (gs__bb_to_bytes(c->payload, &c->req, &c->req_len) != 0) {
-    unary_finish(c, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading the request");
-    return;
-  }
-  ms->m->on_call(ms->svc->svc, c);
+  payload_arm(c);
 }
 
 static void notify_close(gs__call *c) {
@@ -457,6 +510,9 @@ static void on_event(gs__server *s, tag *t, int ok) {
     if (!s->closing) call_request(s, c->idx); /* also while draining */
     on_new_call(c);
     break;
+  case T_PAYLOAD:
+    payload_ready(c, ok);
+    break;
   case T_UNARY:
     if (!c->close_armed) c->closed = 1; /* RECV_CLOSE_ON_SERVER was part of the batch */
     break;
@@ -474,6 +530,20 @@ static void on_event(gs__server *s, tag *t, int ok) {
                "refused without reading it",
                call_path(c), grpc_byte_buffer_length(c->recv_bb),
                s->methods[c->idx].m->max_first_message);
+      GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+      grpc_byte_buffer_destroy(c->recv_bb);
+      c->recv_bb = NULL;
+      gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+      break;
+    }
+    if (ok && c->recv_bb && c->got_first && s->methods[c->idx].m->max_request_bytes &&
+        grpc_byte_buffer_length(c->recv_bb) > s->methods[c->idx].m->max_request_bytes) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "a message of a %s call (%zu bytes) exceeds the limit of %zu bytes; refused "
+               "without reading it",
+               call_path(c), grpc_byte_buffer_length(c->recv_bb),
+               s->methods[c->idx].m->max_request_bytes);
       GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
       grpc_byte_buffer_destroy(c->recv_bb);
       c->recv_bb = NULL;
@@ -558,9 +628,9 @@ static void call_request(gs__server *s, int idx) {
     e = grpc_server_request_call(s->server, &c->call, &c->details, &c->req_md, s->cq, s->cq,
                                  &c->t_new);
   } else {
-    e = grpc_server_request_registered_call(
-        s->server, s->methods[idx].handle, &c->call, &c->deadline, &c->req_md,
-        s->methods[idx].m->kind == GS__RPC_BIDI ? NULL : &c->payload, s->cq, s->cq, &c->t_new);
+    e = grpc_server_request_registered_call(s->server, s->methods[idx].handle, &c->call,
+                                            &c->deadline, &c->req_md, NULL, s->cq, s->cq,
+                                            &c->t_new);
   }
   if (e != GRPC_CALL_OK) {
     GS_LOG_ERROR("internal: request call failed: %s", grpc_call_error_to_string(e));
@@ -614,8 +684,20 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
   s->o.token = s->token;
 
   grpc_init();
+  /* What a peer can make gRPC hold before a call reaches us (and so before
+   * the token is checked): the connections' buffers under one memory quota,
+   * streams per connection, header bytes; messages are read only after
+   * the auth check (payload_arm), each judged by its method's limit. */
+  grpc_resource_quota *quota = NULL;
+  if (o->grpc_memory_max_bytes) {
+    quota = grpc_resource_quota_create("gradsyncd");
+    grpc_resource_quota_resize(quota, o->grpc_memory_max_bytes);
+  }
   grpc_arg args[] = {
-      gs__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20),
+      gs__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)GS__MAX_MESSAGE),
+      gs__int_arg(GRPC_ARG_MAX_METADATA_SIZE, MAX_METADATA_BYTES),
+      gs__int_arg(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                  o->max_streams_per_connection > 0 ? o->max_streams_per_connection : INT_MAX),
       gs__int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1),
       /* workers ping every couple of seconds: allow it */
       gs__int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500),
@@ -623,9 +705,14 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
       gs__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 5000),
       /* a second coordinator on the same port must fail, not share it */
       gs__int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0),
+      /* last: only with a quota */
+      {.type = GRPC_ARG_POINTER,
+       .key = (char *)GRPC_ARG_RESOURCE_QUOTA,
+       .value.pointer = {quota, grpc_resource_quota_arg_vtable()}},
   };
-  grpc_channel_args ca = {sizeof args / sizeof *args, args};
+  grpc_channel_args ca = {sizeof args / sizeof *args - (quota ? 0 : 1), args};
   s->server = grpc_server_create(&ca, NULL);
+  if (quota) grpc_resource_quota_unref(quota); /* the server holds its own reference */
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
   *out = s;
@@ -643,10 +730,8 @@ int gs__server_add_service(gs__server *s, const gs__service *svc) {
     method_slot *ms = &s->methods[s->n_methods++];
     ms->m = m;
     ms->svc = svc;
-    ms->handle = grpc_server_register_method(
-        s->server, m->path, NULL,
-        m->kind == GS__RPC_BIDI ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
-        0);
+    /* Every request is read by the transport, after the auth check. */
+    ms->handle = grpc_server_register_method(s->server, m->path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
   }
   s->services[s->n_services++] = svc;
   return GS__OK;

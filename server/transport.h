@@ -59,7 +59,19 @@ typedef struct gs__method {
    * RESOURCE_EXHAUSTED, judged by its length before it is copied or
    * decoded. */
   size_t max_first_message;
+  /* Unary and server-streaming: the request may be at most this long (0 =
+   * GS__DEFAULT_MAX_REQUEST); bidi: every message after the first (0 = no
+   * limit beyond the 64 MiB message size). A longer one is refused with
+   * RESOURCE_EXHAUSTED naming the limit, judged by its length before it is
+   * copied or decoded. */
+  size_t max_request_bytes;
 } gs__method;
+
+/* What a unary or server-streaming request may be by default. */
+#define GS__DEFAULT_MAX_REQUEST ((size_t)64 << 10)
+/* The largest message gRPC accepts on any method (the Session's request
+ * batches; every other method has its own, smaller limit). */
+#define GS__MAX_MESSAGE ((size_t)64 << 20)
 
 typedef struct gs__service {
   const char *name; /* "gradsync.v1.Coordinator" */
@@ -87,6 +99,12 @@ typedef struct gs__server_opts {
   const char *tls_cert, *tls_key; /* PEM files: serve TLS (NULL = plaintext) */
   const char *tls_client_ca;      /* PEM file: mTLS, client certificates required */
   int shutdown_grace_ms;
+  /* gRPC's memory quota (grpc_resource_quota) for everything the
+   * connections hold: past it gRPC closes idle connections and cancels
+   * streams (RESOURCE_EXHAUSTED "Buffers full"). 0 = no quota. */
+  size_t grpc_memory_max_bytes;
+  /* Streams one connection may have open at once (0 = gRPC's default). */
+  int max_streams_per_connection;
 } gs__server_opts;
 
 /* Creates the server (calls grpc_init); nothing listens yet. Returns GS__OK

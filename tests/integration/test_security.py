@@ -459,9 +459,12 @@ def test_kv_waiter_cap():
     code, det, rep = unary(ch, "Join", join_request(0, 2), md(token))
     expect(code == grpc.StatusCode.OK, "join: %s %s" % (code, det))
     who = md(token, 0, parse(rep)[6][0])
-    get = ch.unary_unary(SVC + "KvGet")
-    waiting = [get.future(kv_get("later", 120000), metadata=md(token), timeout=150)
-               for _ in range(4096)]
+    # from 16 connections: one may have 256 calls open (--max-streams-per-connection)
+    chans = [grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(16)]
+    waiting = [c.unary_unary(SVC + "KvGet").future(kv_get("later", 120000), metadata=md(token),
+                                                   timeout=150)
+               for c in chans for _ in range(256)]
     # The 4096 reach gradsyncd in their own time: probe (each probe waits
     # 50 ms, so it is a waiter too) until the cap refuses one.
     deadline, refused = time.time() + 60, None
@@ -546,6 +549,114 @@ def test_first_message_flood():
     expect_ops_passed(ranks)
 
 
+def flood_calls(addr, method, msg, conns, per_conn, meta=(), timeout=60):
+    """per_conn calls of method with msg at once on each of conns separate
+    connections (a subchannel pool per channel); returns [(code, details)]."""
+    chans = [grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", -1),
+                                                  ("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(conns)]
+    futs = [ch.unary_unary(method).future(msg, metadata=meta, timeout=timeout)
+            for ch in chans for _ in range(per_conn)]
+    codes = []
+    for f in futs:
+        try:
+            f.result()
+            codes.append((grpc.StatusCode.OK, ""))
+        except grpc.RpcError as e:
+            codes.append((e.code(), e.details() or ""))
+    for ch in chans:
+        ch.close()
+    return codes
+
+
+def test_unauthenticated_flood():
+    """What a peer without the token can make gradsyncd hold. 16 MiB
+    messages on 8 connections x 8 calls at once to every token method (gRPC
+    read them before the token check until the fix: +250 MB) are refused
+    unread; oversized requests to the open Health/Check are refused by its
+    64 KiB limit; headers over 16 KiB are refused; peak RSS stays bounded and
+    a job that runs meanwhile passes its value checks. A second gradsyncd with
+    a small --grpc-memory-max-bytes stays within it under a larger flood."""
+    token = secrets.token_hex(16)
+    # --serve-forever: one job during the floods, one after them
+    d, addr = start_gradsyncd(["--world-size", "2", "--serve-forever"],
+                              {"GRADSYNC_JOB_TOKEN": token})
+    ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    time.sleep(0.5)
+    base = vm_hwm_kib(d.pid)
+    big = b"\x0a" + varint(16 << 20) + b"k" * (16 << 20)
+    for method in ("Join", "KvSet", "KvGet", "KvDelete"):
+        codes = flood_calls(addr, SVC + method, big, 8, 8)
+        expect(all(c == grpc.StatusCode.UNAUTHENTICATED and "missing or wrong job token" in det
+                   for c, det in codes), "unauthenticated 16 MiB %s: %s" %
+               (method, set((str(c), det[:80]) for c, det in codes)), d)
+    for method in ("GetStatus", "ListPending", "AbortJob"):
+        codes = flood_calls(addr, "/gradsync.v1.Diagnostics/" + method, big, 2, 4)
+        expect(all(c == grpc.StatusCode.UNAUTHENTICATED for c, _ in codes),
+               "unauthenticated 16 MiB %s: %s" % (method, set(str(c) for c, _ in codes)), d)
+    after_token = vm_hwm_kib(d.pid)
+    # generous: measured +20 MB (+250 MB before the token was checked first)
+    expect(sanitized(d.pid) or after_token < base + 96 * 1024, "peak RSS after the "
+           "token-method floods %d KiB >= base %d KiB + 96 MiB" % (after_token, base), d)
+    codes = flood_calls(addr, "/grpc.health.v1.Health/Check", big, 8, 8)
+    limit = ("the request of a /grpc.health.v1.Health/Check call (%d bytes) exceeds the limit of "
+             "65536 bytes; refused without reading it" % len(big))
+    expect(all(c == grpc.StatusCode.RESOURCE_EXHAUSTED and det == limit for c, det in codes),
+           "16 MiB Health/Check: %s" % set((str(c), det[:100]) for c, det in codes), d)
+    after_open = vm_hwm_kib(d.pid)
+    # headers past 16 KiB: gRPC refuses the call (and may drop that
+    # connection: a channel of its own)
+    ch = channel(addr)
+    code, det, _ = unary(ch, "KvGet", kv_get("a"), md(token) + [("x-pad", "p" * (64 << 10))])
+    expect(code != grpc.StatusCode.OK, "64 KiB of headers accepted", d)
+    hdr = "%s %s" % (code, det)
+    ch.close()
+    ch = channel(addr)
+    code, det, _ = unary(ch, "KvGet", kv_get("a"), md(token))
+    expect(code == grpc.StatusCode.OK, "KvGet after the floods: %s %s" % (code, det), d)
+    ch.close()
+    print("unauthenticated flood: gradsyncd VmHWM %d KiB before, %d KiB after 16 MiB messages "
+          "to the token methods (%d calls), %d KiB after 64 to Health/Check; 64 KiB of "
+          "headers: %s" % (base, after_token, 4 * 64 + 3 * 8, after_open, hdr), flush=True)
+    expect_ops_passed(ranks)
+    ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    expect_ops_passed(ranks)
+    expect(d.poll() is None, "gradsyncd died", d)
+    # the quota, alone: 64 x 32 MiB at the open method
+    quota = 64 << 20
+    q, qaddr = start_gradsyncd(["--world-size", "2", "--grpc-memory-max-bytes", str(quota)],
+                               {"GRADSYNC_JOB_TOKEN": token})
+    time.sleep(0.5)
+    qbase = vm_hwm_kib(q.pid)
+    huge = b"\x0a" + varint(32 << 20) + b"k" * (32 << 20)
+    codes = flood_calls(qaddr, "/grpc.health.v1.Health/Check", huge, 8, 8)
+    # past the quota gRPC cancels streams itself (RST_STREAM, "Buffers full")
+    # and closes connections (GOAWAY, or a broken pipe while sending)
+    expect(all(c in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+               for c, _ in codes)
+           and any(det.startswith("the request of a /grpc.health.v1.Health/Check call")
+                   for _, det in codes),
+           "32 MiB Health/Check under a quota: %s" % set((str(c), det[:100]) for c, det in codes), q)
+    qpeak = vm_hwm_kib(q.pid)
+    ch = channel(qaddr)
+    r = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+    expect(parse(r).get(1) == [1], "Health/Check after the flood: SERVING: %r" % r, q)
+    ch.close()
+    print("quota: gradsyncd --grpc-memory-max-bytes %d: VmHWM %d KiB before, %d KiB after 64 "
+          "32 MiB messages to Health/Check (%s)" %
+          (quota, qbase, qpeak, sorted(set(det[:60] for _, det in codes))), flush=True)
+    if sanitized(d.pid):
+        print("unauthenticated flood: AddressSanitizer build, RSS bounds not checked")
+        return
+    # generous: measured about +150 MB after Health/Check (1 GiB sent) and
+    # +70 MB under the 64 MiB quota (2 GiB sent; 4.8 GB resident for 64 x 60
+    # MiB without quota and limits before the fix)
+    expect(after_open < base + 512 * 1024, "peak RSS after the Health/Check flood %d KiB >= "
+           "base %d KiB + 512 MiB (the default quota)" % (after_open, base), d)
+    expect(qpeak < qbase + quota // 1024 + 128 * 1024, "peak RSS under the quota %d KiB >= base "
+           "%d KiB + the quota + 128 MiB" % (qpeak, qbase), q)
+
+
 def make_certs():
     """A CA, a server certificate for 127.0.0.1 and a client certificate."""
     make_ca(TMP, "ca", "/CN=gradsync test CA", 1)
@@ -620,7 +731,7 @@ def test_tls_and_mtls():
 TESTS = [test_token_required_everywhere, test_gradsync_run_token, test_listen_refusals,
          test_malformed_bytes_every_method, test_identity_and_kv_ownership,
          test_session_hijack_during_job, test_kv_limits_and_waiters, test_kv_waiter_cap,
-         test_first_message_flood, test_tls_and_mtls]
+         test_first_message_flood, test_unauthenticated_flood, test_tls_and_mtls]
 
 
 def main():
