@@ -597,8 +597,7 @@ static void ctx_free(gs_ctx *ctx) {
   while (ctx->plans_head) { /* left by a failed gs_init only */
     plan_node *n = ctx->plans_head;
     ctx->plans_head = n->next;
-    gs__plan_free(&n->plan);
-    free(n);
+    gs__plan_node_free(n);
   }
   free(ctx->done_plans);
   gs__cache_clear(ctx);
@@ -774,8 +773,15 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
         gs__set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", hs[0]->req.name);
   }
   for (size_t i = 0; i < n && !st; i++) {
+    /* The name is hashed here once: the table of ops in flight keeps the
+     * value (hh.hashv), and the response cache, keyed by the same name,
+     * is searched with it when the request goes out (background.c). */
     struct gs_handle *dup = NULL;
-    HASH_FIND_STR(ctx->inflight, hs[i]->req.name, dup);
+    size_t len = strlen(hs[i]->req.name);
+    unsigned hv;
+    HASH_VALUE(hs[i]->req.name, len, hv);
+    hs[i]->hh.hashv = hv;
+    HASH_FIND_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, len, hv, dup);
     for (size_t k = 0; k < i && !dup; k++)
       if (!strcmp(hs[k]->req.name, hs[i]->req.name)) dup = hs[k];
     if (dup)
@@ -787,7 +793,8 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   }
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
-    HASH_ADD_STR(ctx->inflight, req.name, h);
+    HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, strlen(h->req.name), h->hh.hashv,
+                                h);
     ctx->nunplanned++;
     h->queued = 1;
     if (ctx->sub_tail)

@@ -45,6 +45,14 @@ void gs__handle_unref(struct gs_handle *h) {
   }
 }
 
+void gs__plan_node_free(plan_node *n) {
+  for (size_t i = 0; i < n->nops; i++)
+    if (n->ops[i]) gs__handle_unref(n->ops[i]);
+  free(n->ops);
+  gs__plan_free(&n->plan);
+  free(n);
+}
+
 int gs__comm_wake_locked(gs_ctx *ctx, int requests) {
   if (!ctx->comm_running || ctx->kicked || ctx->comm_send_busy) return 0;
   if (requests && ctx->comm_req_held) return 0; /* they go with the answer */
@@ -155,19 +163,24 @@ static void cache_drop(gs_ctx *ctx, gs__wcache *c) {
   free(c);
 }
 
-/* Remembers that req is cached under id (replacing what the name had). */
-static void cache_put(gs_ctx *ctx, uint32_t id, const gs__tensor_request *req) {
+/* Remembers that req is cached under id (replacing what the name had).
+ * req is an op in flight: its hh.hashv is its name's hash. */
+static void cache_put(gs_ctx *ctx, uint32_t id, const struct gs_handle *h) {
+  const gs__tensor_request *req = &h->req;
   gs__wcache *c = NULL;
-  HASH_FIND(hh_name, ctx->cache_by_name, req->name, strlen(req->name), c);
-  /* Every plan names the cache id again: in steady state nothing changes. */
-  if (c && c->id == id && gs__tensor_request_equal(&c->req, req)) return;
-  if (c) cache_drop(ctx, c);
+  /* Every plan names the cache id again: in steady state nothing changes,
+   * which the id alone finds (no walk by name). */
   HASH_FIND(hh_id, ctx->cache_by_id, &id, sizeof id, c);
+  if (c && gs__tensor_request_equal(&c->req, req)) return;
+  if (c) cache_drop(ctx, c);
+  c = NULL;
+  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, strlen(req->name), h->hh.hashv, c);
   if (c) cache_drop(ctx, c);
   if (!(c = calloc(1, sizeof *c))) return; /* only a cache hit is lost */
   c->id = id;
   c->req = *req;
-  HASH_ADD(hh_name, ctx->cache_by_name, req.name, strlen(c->req.name), c);
+  HASH_ADD_KEYPTR_BYHASHVALUE(hh_name, ctx->cache_by_name, c->req.name, strlen(c->req.name),
+                              h->hh.hashv, c);
   HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
 }
 
@@ -219,18 +232,21 @@ static int apply_templates(gs_ctx *ctx, gs__plan *plan) {
   return 0;
 }
 
-/* 1 when running plan p needs no data plane: only errors, and barriers of
- * ops in flight (the exec thread completes those without a backend, too;
- * a barrier naming an op this rank never submitted is left to it, which
- * reports that as the gradsync bug it is). Caller holds ctx->mu. */
-static int control_only_locked(gs_ctx *ctx, const gs__plan *p) {
-  for (size_t i = 0; i < p->nresponses; i++) {
-    const gs__response *r = &p->responses[i];
+/* 1 when running plan node n needs no data plane: only errors, and
+ * barriers of ops in flight (the exec thread completes those without a
+ * backend, too; a barrier naming an op this rank never submitted is left
+ * to it, which reports that as the gradsync bug it is). Caller holds
+ * ctx->mu. */
+static int control_only_locked(const plan_node *n) {
+  size_t base = 0;
+  for (size_t i = 0; i < n->plan.nresponses; i++) {
+    const gs__response *r = &n->plan.responses[i];
+    size_t at = base;
+    base += r->ntensors;
     if (r->kind == GS__RESP_ERROR) continue;
     if (r->kind != GS__RESP_COLLECTIVE || r->op != GS__OP_BARRIER || !r->ntensors) return 0;
-    struct gs_handle *h = NULL;
-    HASH_FIND_STR(ctx->inflight, r->tensors[0].name, h);
-    if (!h) return 0;
+    const struct gs_handle *h = n->ops[at];
+    if (!h || atomic_load_explicit(&h->done, memory_order_relaxed)) return 0;
   }
   return 1;
 }
@@ -256,40 +272,56 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   }
   n->plan = *plan;
   memset(plan, 0, sizeof *plan);
+  size_t nops = 0;
+  for (size_t i = 0; i < n->plan.nresponses; i++) nops += n->plan.responses[i].ntensors;
+  if (nops && !(n->ops = calloc(nops, sizeof *n->ops))) {
+    gs__plan_node_free(n); /* nops 0: no references yet */
+    fail_job(ctx, GS_ERR_NO_MEMORY, "out of memory queueing a plan");
+    return;
+  }
   pthread_mutex_lock(&ctx->mu); /* application threads read the cache too */
   for (size_t i = 0; i < n->plan.nevicted; i++) {
     gs__wcache *c = NULL;
     HASH_FIND(hh_id, ctx->cache_by_id, &n->plan.evicted[i], sizeof(uint32_t), c);
     if (c) cache_drop(ctx, c);
   }
-  /* A plan without data-plane work, while the exec thread has nothing to
-   * do, is run here: one thread hand-off less for a barrier. */
-  int here =
-      !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only_locked(ctx, &n->plan);
-  if (here) GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 1);
+  n->nops = nops;
+  /* The one lookup by name of each tensor on this rank's side: the exec
+   * thread (or this thread, below) takes the ops from n->ops. */
+  size_t j = 0;
   for (size_t i = 0; i < n->plan.nresponses; i++)
-    for (size_t k = 0; k < n->plan.responses[i].ntensors; k++) {
-      const gs__response *r = &n->plan.responses[i];
-      const gs__plan_tensor *t = &r->tensors[k];
+    for (size_t k = 0; k < n->plan.responses[i].ntensors; k++, j++) {
+      const gs__plan_tensor *t = &n->plan.responses[i].tensors[k];
       struct gs_handle *h = NULL;
       HASH_FIND_STR(ctx->inflight, t->name, h);
       if (!h) continue;
+      atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed); /* the node's */
+      n->ops[j] = h;
       if (!h->planned) ctx->nunplanned--;
       h->planned = 1;
-      if (t->cache_id) cache_put(ctx, t->cache_id, &h->req);
-      if (!here) continue;
-      if (r->kind == GS__RESP_ERROR)
-        complete_locked(ctx, h, (gs_status)r->error_status,
-                        r->error_message ? r->error_message : "error from the coordinator");
-      else
-        complete_locked(ctx, h, GS_OK, NULL);
+      if (t->cache_id) cache_put(ctx, t->cache_id, h);
     }
+  /* A plan without data-plane work, while the exec thread has nothing to
+   * do, is run here: one thread hand-off less for a barrier. */
+  int here = !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only_locked(n);
   if (here) {
+    GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 1);
+    j = 0;
+    for (size_t i = 0; i < n->plan.nresponses; i++)
+      for (size_t k = 0; k < n->plan.responses[i].ntensors; k++, j++) {
+        const gs__response *r = &n->plan.responses[i];
+        struct gs_handle *h = n->ops[j];
+        if (!h) continue;
+        if (r->kind == GS__RESP_ERROR)
+          complete_locked(ctx, h, (gs_status)r->error_status,
+                          r->error_message ? r->error_message : "error from the coordinator");
+        else
+          complete_locked(ctx, h, GS_OK, NULL);
+      }
     gs__plan_done_locked(ctx, n->plan.seq); /* goes out with this thread's next message */
     GS_TRACE(GS__TR_PLAN_DONE, n->plan.seq, 1);
     pthread_mutex_unlock(&ctx->mu);
-    gs__plan_free(&n->plan);
-    free(n);
+    gs__plan_node_free(n);
     return;
   }
   if (ctx->plans_tail)
@@ -419,8 +451,9 @@ static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m)
   }
   for (struct gs_handle *h = list; h; h = h->next_submit) {
     h->queued = 0;
-    gs__wcache *c = NULL;
-    HASH_FIND(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name), c);
+    gs__wcache *c = NULL; /* h is in flight: hh.hashv is its name's hash (submit_many) */
+    HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name),
+                          h->hh.hashv, c);
     if (c && gs__tensor_request_equal(&c->req, &h->req)) {
       m->cached[m->ncached++] = c->id;
       continue;

@@ -16,12 +16,12 @@
 #include "status.h"
 #include "worker.h"
 
-static struct gs_handle *find_op(gs_ctx *ctx, const char *name) {
-  struct gs_handle *h = NULL;
-  pthread_mutex_lock(&ctx->mu);
-  HASH_FIND_STR(ctx->inflight, name, h);
-  pthread_mutex_unlock(&ctx->mu);
-  return h;
+/* The op the plan node holds for a tensor (plan_node.ops: found by the
+ * comm thread when the plan came), or NULL when there was none or it has
+ * completed since (failed with the job): as a lookup in ctx->inflight
+ * now would find, without one. */
+static struct gs_handle *live_op(struct gs_handle *h) {
+  return h && !atomic_load_explicit(&h->done, memory_order_acquire) ? h : NULL;
 }
 
 static int job_failed(gs_ctx *ctx) {
@@ -136,7 +136,8 @@ static int run_segments(gs__backend *b, const gs__response *r, struct gs_handle 
  * fusion staging at the offsets of the shared layout, reduced once, and
  * unpacked (with postscale, one batch). Returns GS__OK, or a failure that
  * ends the job (message in err). */
-static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+static int run_allreduce(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops,
+                         char *err, size_t errlen) {
   size_t n = r->ntensors, esize = gs__dtype_size(r->dtype);
   struct gs_handle **hs = calloc(n, sizeof *hs);
   uint64_t *offs = calloc(n, sizeof *offs);
@@ -154,7 +155,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, char *err, size_t e
   }
   int missing = 0;
   for (size_t i = 0; i < n; i++) {
-    hs[i] = find_op(ctx, r->tensors[i].name);
+    hs[i] = live_op(ops[i]);
     if (hs[i]) continue;
     if (job_failed(ctx)) goto out_free; /* its op was failed with the job */
     pthread_mutex_lock(&ctx->mu);
@@ -272,10 +273,11 @@ out_free:
   return rc;
 }
 
-/* The ops a non-fused response names, or a job failure. */
-static int lone_op(gs_ctx *ctx, const gs__response *r, struct gs_handle **h, char *err,
-                   size_t errlen) {
-  *h = find_op(ctx, r->tensors[0].name);
+/* The op a non-fused response names (ops: the plan node's), or a job
+ * failure. */
+static int lone_op(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops,
+                   struct gs_handle **h, char *err, size_t errlen) {
+  *h = live_op(ops[0]);
   if (*h || job_failed(ctx)) return GS__OK;
   snprintf(err, errlen,
            "internal: plan names tensor '%s', which rank %d has not submitted (a gradsync bug; "
@@ -312,7 +314,8 @@ static int size_overflow(gs_ctx *ctx, const char *name, const char *op, size_t q
  * rows rank q contributes to each, so every rank computes the same block
  * sizes from the plan alone; the gathered rows are then split per tensor
  * into buffers the handles own (on the backend's device). */
-static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+static int run_allgather(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops,
+                         char *err, size_t errlen) {
   size_t n = r->ntensors, nr = (size_t)ctx->size, me = (size_t)ctx->rank;
   struct gs_handle **hs = calloc(n, sizeof *hs);
   uint64_t *row = calloc(n, sizeof *row);
@@ -340,7 +343,7 @@ static int run_allgather(gs_ctx *ctx, const gs__response *r, char *err, size_t e
       rc = GS__ERR_INTERNAL;
       goto out_free;
     }
-    hs[i] = find_op(ctx, t->name);
+    hs[i] = live_op(ops[i]);
     if (!hs[i]) {
       if (!job_failed(ctx)) {
         snprintf(err, errlen,
@@ -453,9 +456,10 @@ out_free:
   return rc;
 }
 
-static int run_broadcast(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+static int run_broadcast(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops,
+                         char *err, size_t errlen) {
   struct gs_handle *h;
-  int rc = lone_op(ctx, r, &h, err, errlen);
+  int rc = lone_op(ctx, r, ops, &h, err, errlen);
   if (rc || !h) return rc;
   gs__backend *b = backend_of(ctx, r, err, errlen);
   if (!b) return GS__ERR_INTERNAL;
@@ -478,9 +482,10 @@ static int no_backend_op(const char *name, const char *what, char *err, size_t e
  * plane (so the coordinator never carries the size x size matrix), then
  * exchange the rows on the tensor's device. The result and the rows
  * received from each rank stay with the handle. */
-static int run_alltoall(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+static int run_alltoall(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops, char *err,
+                        size_t errlen) {
   struct gs_handle *h;
-  int rc = lone_op(ctx, r, &h, err, errlen);
+  int rc = lone_op(ctx, r, ops, &h, err, errlen);
   if (rc || !h) return rc;
   gs__backend *b = backend_of(ctx, r, err, errlen), *host = ctx->backends[GS__DEVICE_CPU];
   if (!b) return GS__ERR_INTERNAL;
@@ -551,9 +556,10 @@ out_free:
 /* Reducescatter: rank r keeps rows [start_r, start_r + rows_r) of the
  * reduced tensor, the rows split as evenly as possible with the extra rows
  * on the lowest ranks (as Horovod). */
-static int run_reducescatter(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+static int run_reducescatter(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops,
+                             char *err, size_t errlen) {
   struct gs_handle *h;
-  int rc = lone_op(ctx, r, &h, err, errlen);
+  int rc = lone_op(ctx, r, ops, &h, err, errlen);
   if (rc || !h) return rc;
   gs__backend *b = backend_of(ctx, r, err, errlen);
   if (!b) return GS__ERR_INTERNAL;
@@ -611,23 +617,24 @@ out_free:
   return rc;
 }
 
-/* Runs one collective response. */
-static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t errlen) {
+/* Runs one collective response; ops: its tensors' ops (plan_node.ops). */
+static int run_collective(gs_ctx *ctx, const gs__response *r, struct gs_handle *const *ops,
+                          char *err, size_t errlen) {
   switch (r->op) {
   case GS__OP_ALLREDUCE:
-    return run_allreduce(ctx, r, err, errlen);
+    return run_allreduce(ctx, r, ops, err, errlen);
   case GS__OP_ALLGATHER:
-    return run_allgather(ctx, r, err, errlen);
+    return run_allgather(ctx, r, ops, err, errlen);
   case GS__OP_BROADCAST:
-    return run_broadcast(ctx, r, err, errlen);
+    return run_broadcast(ctx, r, ops, err, errlen);
   case GS__OP_ALLTOALL:
-    return run_alltoall(ctx, r, err, errlen);
+    return run_alltoall(ctx, r, ops, err, errlen);
   case GS__OP_REDUCESCATTER:
-    return run_reducescatter(ctx, r, err, errlen);
+    return run_reducescatter(ctx, r, ops, err, errlen);
   case GS__OP_JOIN: {
     /* Every rank has joined: the join round is over. */
     struct gs_handle *h;
-    int rc = lone_op(ctx, r, &h, err, errlen);
+    int rc = lone_op(ctx, r, ops, &h, err, errlen);
     pthread_mutex_lock(&ctx->mu);
     ctx->joined = 0;
     pthread_mutex_unlock(&ctx->mu);
@@ -640,7 +647,7 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t 
   case GS__OP_BARRIER: {
     /* The plan itself is the barrier: every rank has arrived. */
     struct gs_handle *h;
-    int rc = lone_op(ctx, r, &h, err, errlen);
+    int rc = lone_op(ctx, r, ops, &h, err, errlen);
     if (!rc && h) gs__handle_complete(ctx, h, GS_OK, NULL);
     return rc;
   }
@@ -648,7 +655,7 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t 
     break;
   }
   for (size_t i = 0; i < r->ntensors; i++) {
-    struct gs_handle *h = find_op(ctx, r->tensors[i].name);
+    struct gs_handle *h = live_op(ops[i]);
     char msg[512];
     snprintf(msg, sizeof msg, "tensor '%s': %s is not supported by this library version",
              r->tensors[i].name, gs__op_type_name(r->op));
@@ -657,20 +664,23 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, char *err, size_t 
   return GS__OK;
 }
 
-static int run_plan(gs_ctx *ctx, const gs__plan *p, char *err, size_t errlen) {
+static int run_plan(gs_ctx *ctx, const plan_node *n, char *err, size_t errlen) {
+  const gs__plan *p = &n->plan;
+  struct gs_handle *const *ops = n->ops;
   for (size_t i = 0; i < p->nresponses; i++) {
     const gs__response *r = &p->responses[i];
     if (r->kind == GS__RESP_ERROR) {
       for (size_t k = 0; k < r->ntensors; k++) {
-        struct gs_handle *h = find_op(ctx, r->tensors[k].name);
+        struct gs_handle *h = live_op(ops[k]);
         if (h)
           gs__handle_complete(ctx, h, (gs_status)r->error_status,
                               r->error_message ? r->error_message : "error from the coordinator");
       }
-      continue;
+    } else {
+      int rc = run_collective(ctx, r, ops, err, errlen);
+      if (rc) return rc;
     }
-    int rc = run_collective(ctx, r, err, errlen);
-    if (rc) return rc;
+    ops += r->ntensors;
   }
   return GS__OK;
 }
@@ -723,7 +733,7 @@ void *gs__executor_main(void *arg) {
     GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 0);
     /* After a failure the job is over: drop the plans, their ops already
      * failed with it. */
-    int rc = failed ? GS__OK : run_plan(ctx, &n->plan, err, sizeof err);
+    int rc = failed ? GS__OK : run_plan(ctx, n, err, sizeof err);
     GS_TRACE(GS__TR_PLAN_DONE, n->plan.seq, 0);
     if (rc == GS__ERR_DATA_PLANE) await_verdict(ctx);
     if (rc) {
@@ -739,8 +749,7 @@ void *gs__executor_main(void *arg) {
     int kick = ctx->nunplanned ? gs__comm_wake_locked(ctx, 0) : 0;
     pthread_mutex_unlock(&ctx->mu);
     if (kick) gs__comm_kick(ctx);
-    gs__plan_free(&n->plan);
-    free(n);
+    gs__plan_node_free(n);
     pthread_mutex_lock(&ctx->mu);
   }
   pthread_mutex_unlock(&ctx->mu);

@@ -69,8 +69,23 @@ struct gs_handle {
 
 typedef struct plan_node {
   gs__plan plan;
+  /* This rank's ops the plan names, tensor after tensor over all its
+   * responses (ops[base + k] for tensor k of a response, base counting the
+   * tensors of the responses before it): looked up by name once, by the
+   * comm thread when the plan arrives (ctx->inflight, under mu), so the
+   * exec thread walks no table. NULL where the name was not in flight then
+   * (a rank that joined contributes zeros). Each entry holds a reference to
+   * its handle until the node is freed (gs__plan_node_free): a handle
+   * failed with the job meanwhile and freed by the application stays
+   * readable to the exec thread; it checks done before using one. */
+  struct gs_handle **ops;
+  size_t nops;
   struct plan_node *next;
 } plan_node;
+
+/* Frees a plan node: its plan and its references to the ops (any thread,
+ * without ctx->mu). */
+void gs__plan_node_free(plan_node *n);
 
 /* The worker's copy of the coordinator's response cache (changed by the comm
  * thread, read by whichever thread sends requests; under ctx->mu). */
