@@ -165,13 +165,13 @@ done
 echo
 echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"
 echo
-echo "| np | gradsync step | gs_barrier | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| np | gradsync step | gs_barrier | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for np in $nps; do
   g=$(med ctl.gs step_ms "$np") bar=$(med ctl.gs barrier_ms "$np")
   mc=$(med ctl.mpi.cached step_ms "$np") me=$(med ctl.mpi.cached.exec step_ms "$np")
   mu=$(med ctl.mpi.uncached step_ms "$np")
-  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") |"
+  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
 done
 echo
 echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"

@@ -20,7 +20,10 @@
  * that last-submitted op, a proxy for "last gradient -> planned and reduced
  * at every rank"), tail (last submission to last completion), and the
  * gs_get_stats deltas (collectives, tensors, fused collectives, requests,
- * cache hits, bytes and messages to the coordinator) and the time of the
+ * cache hits, plans the coordinator sent as a replay of a plan template it
+ * defined before (plans_replayed; replay_rate: replayed / plans over all
+ * measured steps, the plans of the steps' barriers included: those are
+ * never replays), bytes and messages to the coordinator) and the time of the
  * step's barrier (one control-plane round trip). After the run one
  * allreduce (max) gathers the worst rank of every step; rank 0 prints the
  * medians as one line starting with "RESULT ", key=value pairs, for
@@ -74,6 +77,7 @@ enum {
   M_FUSED,
   M_REQS,
   M_HITS,
+  M_REPLAYED,
   M_UPBYTES,
   M_MSGS,
   M_BARRIER,
@@ -277,6 +281,7 @@ static void stats_delta(const gs_stats *a, const gs_stats *b, double *row) {
   row[M_FUSED] = (double)(b->fused_collectives - a->fused_collectives);
   row[M_REQS] = (double)(b->requests_sent - a->requests_sent);
   row[M_HITS] = (double)(b->cache_hits - a->cache_hits);
+  row[M_REPLAYED] = (double)(b->plans_replayed - a->plans_replayed);
   row[M_UPBYTES] = (double)(b->bytes_to_coordinator - a->bytes_to_coordinator);
   row[M_MSGS] = (double)(b->messages_to_coordinator - a->messages_to_coordinator);
 }
@@ -341,7 +346,7 @@ static int run_step(job *j, long step, const options *o, double *row) {
 static void report(const options *o, const char *label, int size, uint64_t total_bytes,
                    size_t ntensors, const double *rows, long steps) {
   double *col = malloc((size_t)steps * sizeof *col);
-  double med[M_COUNT], q1[M_COUNT], q3[M_COUNT];
+  double med[M_COUNT], q1[M_COUNT], q3[M_COUNT], replayed = 0, plans = 0;
   if (!col) {
     fprintf(stderr, "gradsync-bench: out of memory for the report\n");
     return;
@@ -353,6 +358,10 @@ static void report(const options *o, const char *label, int size, uint64_t total
     q3[m] = quantile(col, (size_t)steps, 0.75);
   }
   free(col);
+  for (long s = 0; s < steps; s++) {
+    replayed += rows[s * M_COUNT + M_REPLAYED];
+    plans += rows[s * M_COUNT + M_PLANS];
+  }
   double per_op = med[M_COLL] > 0 ? med[M_TENSORS] / med[M_COLL] : 0;
   double hit_rate = med[M_REQS] > 0 ? med[M_HITS] / med[M_REQS] : 0;
   double busbw = med[M_STEP] > 0
@@ -362,11 +371,13 @@ static void report(const options *o, const char *label, int size, uint64_t total
          " steps=%ld gap_us=%ld step_ms=%.3f step_q1=%.3f step_q3=%.3f submit_ms=%.3f "
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
-         "up_bytes=%.0f up_msgs=%.0f barrier_ms=%.3f busbw_gbs=%.3f\n",
+         "plans_replayed=%.0f replay_rate=%.3f up_bytes=%.0f up_msgs=%.0f barrier_ms=%.3f "
+         "busbw_gbs=%.3f\n",
          label, size, o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps,
          o->gap_us, med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT],
          q3[M_CRIT], med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS],
-         med[M_HITS], hit_rate, med[M_UPBYTES], med[M_MSGS], med[M_BARRIER], busbw);
+         med[M_HITS], hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES],
+         med[M_MSGS], med[M_BARRIER], busbw);
   fflush(stdout);
 }
 
