@@ -200,7 +200,7 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, struct gs_handle *c
     /* Reduce straight from and into the tensors' own buffers (shm, the
      * TCP ring, hierarchical): no pack or unpack pass. Not with a prescale
      * or compression (the pack applies those); a backend that cannot (the
-     * ring for 16-bit floats or in deterministic mode, NCCL) says so before
+     * ring in deterministic mode, NCCL) says so before
      * doing anything, and the fused buffer is packed instead. */
     rc = run_segments(b, r, hs, offs, total, err, errlen);
     if (rc == GS__OK) goto out_done;

@@ -1270,6 +1270,23 @@ static void add_pieces(const seg_map *m, size_t lo, size_t hi, int fwd, int raw,
   }
 }
 
+/* Grows the segmented allreduce's piece arrays for a map of nseg
+ * segments: a chunk boundary splits at most one segment, so each stream
+ * has at most 2 * (nseg + size) pieces. */
+static int seg_pieces(ring *r, size_t nseg, char *err, size_t errlen) {
+  size_t need = 3 * (nseg + (size_t)r->size) + 2;
+  if (need <= r->seg_cap) return GS__OK;
+  piece *s = realloc(r->seg_send, need * sizeof *s);
+  if (s) r->seg_send = s;
+  piece *v = s ? realloc(r->seg_recv, need * sizeof *v) : NULL;
+  if (!s || !v) {
+    snprintf(err, errlen, "tcp ring: allreduce: out of memory for %zu segments", nseg);
+    return GS__ERR_NO_MEMORY;
+  }
+  r->seg_recv = v, r->seg_cap = need;
+  return GS__OK;
+}
+
 /* The ring allreduce of ring_allreduce over a seg_map instead of one
  * buffer: the same chunks, the same bytes on the wire in the same order
  * and the same arithmetic (local (op) incoming), so a rank may run this
@@ -1277,17 +1294,7 @@ static void add_pieces(const seg_map *m, size_t lo, size_t hi, int fwd, int raw,
 static int ring_allreduce_map(ring *r, const seg_map *m, size_t count, gs__reduce_op op,
                               finishing fin, gs__dtype dt, char *err, size_t errlen) {
   int n = r->size, nch = 2 * (n - 1);
-  size_t need = 3 * (m->nseg + (size_t)n) + 2;
-  if (need > r->seg_cap) {
-    piece *s = realloc(r->seg_send, need * sizeof *s);
-    if (s) r->seg_send = s;
-    piece *v = s ? realloc(r->seg_recv, need * sizeof *v) : NULL;
-    if (!s || !v) {
-      snprintf(err, errlen, "tcp ring: allreduce: out of memory for %zu segments", m->nseg);
-      return GS__ERR_NO_MEMORY;
-    }
-    r->seg_recv = v, r->seg_cap = need;
-  }
+  if (seg_pieces(r, m->nseg, err, errlen)) return GS__ERR_NO_MEMORY;
   piece *sp = r->seg_send, *rp = r->seg_recv;
   int ns = 0, nr = 0, nreduce = 0, fin_from = 0;
   /* recv: as ring_allreduce, chunk by chunk, each split at the segments */
@@ -1320,19 +1327,80 @@ static int ring_allreduce_map(ring *r, const seg_map *m, size_t count, gs__reduc
   return run_stream(r, &st, err, errlen);
 }
 
+/* The 16-bit ring of allreduce() with the allgather over a seg_map: the
+ * reduce-scatter runs on the float32 workspace w (converted straight from
+ * the members), the owned block is finished and rounded into own_out (its
+ * 16-bit result, contiguous, sent as the allgather's first piece) and the
+ * allgather lands in the map (dt). The same pieces on the wire in the same
+ * order and the same arithmetic as the packed path; the caller copies
+ * own_out into the map afterwards. */
+static int ring_allreduce_half_map(ring *r, float *w, const seg_map *m, char *own_out, size_t count,
+                                   gs__reduce_op op, finishing fin, gs__dtype dt, char *err,
+                                   size_t errlen) {
+  int n = r->size, nch = 2 * (n - 1);
+  if (seg_pieces(r, m->nseg, err, errlen)) return GS__ERR_NO_MEMORY;
+  piece *sp = r->seg_send, *rp = r->seg_recv;
+  int ns = 0, nr = 0;
+  size_t fes = sizeof *w;
+  for (int j = 0; j < n - 1; j++) { /* reduce-scatter: one workspace piece per step */
+    int c = mod(r->rank - j - 1, n);
+    size_t off = chunk_off(count, n, c), end = chunk_off(count, n, c + 1);
+    rp[nr++] = (piece){(char *)(w + off), (end - off) * fes, 1, NULL};
+  }
+  for (int j = n - 1; j < nch; j++) { /* allgather: into the map */
+    int c = mod(r->rank - (j - (n - 1)), n);
+    add_pieces(m, chunk_off(count, n, c), chunk_off(count, n, c + 1), j < nch - 1, 0, rp, &nr);
+  }
+  size_t off = chunk_off(count, n, r->rank), end = chunk_off(count, n, r->rank + 1);
+  sp[ns++] = (piece){(char *)(w + off), (end - off) * fes, 0, NULL};
+  for (int j = 0; j < n - 2; j++) sp[ns++] = (piece){rp[j].p, rp[j].len, 0, NULL};
+  int own = mod(r->rank + 1, n);
+  size_t oo = chunk_off(count, n, own), oe = chunk_off(count, n, own + 1);
+  sp[ns++] = (piece){own_out, (oe - oo) * m->es, 0, NULL};
+  for (int i = n - 1; i < nr; i++)
+    if (rp[i].fwd) sp[ns++] = (piece){rp[i].p, rp[i].len, 0, NULL};
+  stream st = {.what = "allreduce",
+               .send = sp,
+               .nsend = ns,
+               .pre = sp[0].len,
+               .recv = rp,
+               .nrecv = nr,
+               .nreduce = n - 1,
+               .dt = GS__FLOAT32,
+               .op = op,
+               .finish = 1,
+               .fin_from = n - 2,
+               .divisor = fin.divisor,
+               .factor = fin.factor,
+               .out = own_out,
+               .out_dt = dt};
+  return run_stream(r, &st, err, errlen);
+}
+
+/* Copies elements [lo, hi) of the collective from the contiguous from
+ * into the map. */
+static void map_write(const seg_map *m, size_t lo, size_t hi, const char *from) {
+  for (size_t k = 0; k < m->nseg && lo < hi; k++) {
+    size_t a = lo > m->start[k] ? lo : m->start[k];
+    size_t e = hi < m->start[k + 1] ? hi : m->start[k + 1];
+    if (e > a)
+      memcpy(m->at[k] + (a - m->start[k]) * m->es, from + (a - lo) * m->es, (e - a) * m->es);
+  }
+}
+
+static int det_allreduce_map(ring *r, const seg_map *cm, size_t count, gs__reduce_op op,
+                             finishing fin, gs__dtype dt, char *err, size_t errlen);
+
 /* allreduce_segs: the ring reads each member's send buffer and writes its
  * recv buffer, so a fused allreduce needs no pack or unpack pass. Padding
  * and the members of a rank that joined (NULL source and destination)
- * live in zeroed fill from the fusion staging. 16-bit floats (reduced in
- * a float32 workspace) and deterministic mode take the packed path. */
+ * live in zeroed fill from the fusion staging. 16-bit floats are
+ * converted from the members into the float32 workspace and allgathered
+ * into them (ring_allreduce_half_map); in deterministic mode every dtype
+ * is exchanged, reduced and gathered over the members (det_allreduce_map). */
 static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t nseg, gs__dtype dt,
                                   gs__reduce_op op, double postscale, char *err, size_t errlen) {
   ring *r = (ring *)b;
-  if (is_half(dt) || r->deterministic) { /* the same answer on every rank */
-    snprintf(err, errlen, "tcp ring: segmented allreduce of %s%s is not supported",
-             gs__dtype_name(dt), r->deterministic ? " in deterministic mode" : "");
-    return GS__ERR_UNSUPPORTED;
-  }
   int rc = check_usable(r, "allreduce", err, errlen);
   if (rc == GS__OK) rc = gs__host_reduce_args("tcp ring", "allreduce", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
@@ -1365,21 +1433,39 @@ static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t ns
     }
     return GS__OK;
   }
+  /* 16-bit floats: the members converted straight into the float32
+   * workspace; the owned block's 16-bit result in own_out after fill */
+  int half = is_half(dt) && !r->deterministic, own = mod(r->rank + 1, r->size);
+  size_t oo = chunk_off(count, r->size, own), oe = chunk_off(count, r->size, own + 1);
+  float *w = half ? workspace(r, count, "allreduce", err, errlen) : NULL;
+  if (half && !w) return GS__ERR_NO_MEMORY;
+  size_t staging = fill_bytes + (half ? (oe - oo) * es + 1 : 0);
   size_t *start = malloc((nseg + 1) * sizeof *start);
   char **at = malloc(nseg * sizeof *at);
   const char **local = malloc(nseg * sizeof *local);
   char *fill = NULL;
-  if (fill_bytes && !(fill = gs__host_staging(&r->fusion, &r->fusion_cap, fill_bytes, err, errlen)))
+  if (staging && !(fill = gs__host_staging(&r->fusion, &r->fusion_cap, staging, err, errlen)))
     rc = GS__ERR_NO_MEMORY;
   if (!start || !at || !local) {
     snprintf(err, errlen, "tcp ring: allreduce: out of memory for %zu segments", nseg);
     rc = GS__ERR_NO_MEMORY;
   }
   if (rc != GS__OK) goto out_free;
+  if (half) { /* the packed path's conversion, member by member */
+    size_t el = 0;
+    for (size_t k = 0; k < nseg; k++) {
+      if (segs[k].src)
+        half_to_f32(dt, w + el, segs[k].src, segs[k].count);
+      else
+        memset(w + el, 0, segs[k].count * sizeof *w);
+      el += segs[k].count;
+    }
+  }
   /* The ring's view: large members in place; runs of consecutive small
    * members (and padding) packed into fill, where a piece of a few bytes
    * would cost more in syscalls and kernel calls than its copy; a large
-   * member whose result is not wanted reduced in fill. */
+   * member whose result is not wanted reduced in fill. 16-bit floats: the
+   * allgather's view (their contributions are in the workspace). */
   size_t used = 0, at_el = 0, nmap = 0;
   int in_run = 0;
   for (size_t k = 0; k < nseg; k++) {
@@ -1388,9 +1474,9 @@ static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t ns
     if (bytes < SEG_SMALL_BYTES) {
       if (!in_run) start[nmap] = at_el, at[nmap] = fill + used, local[nmap++] = NULL;
       in_run = 1;
-      if (sg->src)
+      if (!half && sg->src)
         memcpy(fill + used, sg->src, bytes);
-      else if (bytes)
+      else if (!half && bytes)
         memset(fill + used, 0, bytes);
       used += bytes;
     } else {
@@ -1402,7 +1488,9 @@ static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t ns
         at[nmap] = fill + used;
         used += bytes;
       }
-      if (!sg->src) { /* zeros (0.0 in every dtype) contributed in place */
+      if (half) {
+        local[nmap] = NULL;
+      } else if (!sg->src) { /* zeros (0.0 in every dtype) contributed in place */
         memset(at[nmap], 0, bytes);
         local[nmap] = NULL;
       }
@@ -1412,7 +1500,14 @@ static int ring_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t ns
   }
   start[nmap] = at_el;
   seg_map m = {nmap, es, start, at, local};
-  rc = ring_allreduce_map(r, &m, count, rop, fin, dt, err, errlen);
+  if (half) {
+    rc = ring_allreduce_half_map(r, w, &m, fill + fill_bytes, count, rop, fin, dt, err, errlen);
+    if (rc == GS__OK) map_write(&m, oo, oe, fill + fill_bytes);
+  } else if (r->deterministic) {
+    rc = det_allreduce_map(r, &m, count, rop, fin, dt, err, errlen);
+  } else {
+    rc = ring_allreduce_map(r, &m, count, rop, fin, dt, err, errlen);
+  }
   if (rc == GS__OK) { /* the small members' results out of fill */
     used = 0;
     for (size_t k = 0; k < nseg; k++) {
@@ -1604,20 +1699,32 @@ static size_t relay_size(const ring *r, const uint64_t *m) {
   return bytes;
 }
 
+/* A seg_map's contribution, elements offs[d]..offs[d+1] for rank d (the
+ * deterministic mode's exchange over the members' own buffers). */
+typedef struct seg_send {
+  const seg_map *map;
+  const size_t *offs;
+} seg_send;
+
 /* The personalized exchange over the ring (see alltoallv below), sizes
  * known to every rank: this rank's block for rank d is at send + soff[d]
- * (m[me*n+d] bytes), the block from rank o lands at recv + roff[o]; this
- * rank's own block is not moved. relay holds relay_size(m) bytes; sp and
- * rp have room for n*n pieces. */
-static int exchange(ring *r, const char *what, const void *send, const size_t *soff, void *recv,
-                    const size_t *roff, const uint64_t *m, char *relay, piece *sp, piece *rp,
-                    char *err, size_t errlen) {
+ * (m[me*n+d] bytes), or when from is set the pieces of its map's elements
+ * from->offs[d]..from->offs[d+1]; the block from rank o lands at
+ * recv + roff[o]; this rank's own block is not moved. relay holds
+ * relay_size(m) bytes; rp has room for n*n pieces, sp for n*n more than the
+ * map has segments. */
+static int exchange(ring *r, const char *what, const void *send, const size_t *soff,
+                    const seg_send *from, void *recv, const size_t *roff, const uint64_t *m,
+                    char *relay, piece *sp, piece *rp, char *err, size_t errlen) {
   int n = r->size, me = r->rank, ns = 0, nr = 0;
   size_t pre = 0, rel = 0;
   for (int k = 1; k < n; k++) {
     int d = mod(me + k, n);
     size_t len = (size_t)m[(size_t)me * (size_t)n + (size_t)d];
-    sp[ns++] = (piece){(char *)send + soff[d], len, 0, NULL};
+    if (from)
+      add_pieces(from->map, from->offs[d], from->offs[d + 1], 0, 1, sp, &ns);
+    else
+      sp[ns++] = (piece){(char *)send + soff[d], len, 0, NULL};
     pre += len;
   }
   for (int g = 0; g < n - 1; g++) {
@@ -1703,7 +1810,7 @@ static int det_reduce(ring *r, const char *what, char *buf, const size_t *offs, 
   size_t tmp_bytes = (size_t)(n - 1) * ob, relay = relay_size(r, m);
   char *tmp = det_scratch(r, tmp_bytes + relay + 1, what, err, errlen);
   if (!tmp) goto out_free;
-  status = exchange(r, what, buf, soff, tmp, roff, m, tmp + tmp_bytes, sp, rp, err, errlen);
+  status = exchange(r, what, buf, soff, NULL, tmp, roff, m, tmp + tmp_bytes, sp, rp, err, errlen);
   if (status != GS__OK) goto out_free;
   char *own = buf + offs[me] * es;
   for (int q = 0; q < n; q++) srcs[q] = q == me ? own : tmp + roff[q];
@@ -1741,6 +1848,85 @@ static int det_allreduce(ring *r, char *buf, gs__dtype dt, char *out, gs__dtype 
 out_free:
   free(offs);
   free(bytes);
+  return status;
+}
+
+/* The gather of det_allreduce over a seg_map: this rank's block (elements
+ * offs[rank]..offs[rank+1]) is sent from the map, the others land in it. */
+static int gather_map(ring *r, const char *what, const seg_map *m, const size_t *offs, char *err,
+                      size_t errlen) {
+  int n = r->size, ns = 0, nr = 0;
+  if (seg_pieces(r, m->nseg, err, errlen)) return GS__ERR_NO_MEMORY;
+  piece *sp = r->seg_send, *rp = r->seg_recv;
+  for (int j = 0; j < n - 1; j++) {
+    int c = mod(r->rank - j - 1, n);
+    add_pieces(m, offs[c], offs[c + 1], j < n - 2, 0, rp, &nr);
+  }
+  add_pieces(m, offs[r->rank], offs[r->rank + 1], 0, 0, sp, &ns);
+  size_t pre = 0;
+  for (int i = 0; i < ns; i++) pre += sp[i].len;
+  for (int i = 0; i < nr; i++)
+    if (rp[i].fwd) sp[ns++] = (piece){rp[i].p, rp[i].len, 0, NULL};
+  stream st = {.what = what,
+               .send = sp,
+               .nsend = ns,
+               .pre = pre,
+               .recv = rp,
+               .nrecv = nr,
+               .nreduce = 0,
+               .dt = GS__UINT8,
+               .op = GS__SUM};
+  return run_stream(r, &st, err, errlen);
+}
+
+/* det_allreduce over a seg_map (the segmented allreduce in deterministic
+ * mode): the contributions are sent from the members, this rank's block is
+ * reduced in rank order straight into them (elementwise, so cut at the
+ * members' boundaries it gives the packed path's bits) and the gather
+ * lands in them. The same bytes on the wire as det_allreduce. */
+static int det_allreduce_map(ring *r, const seg_map *cm, size_t count, gs__reduce_op op,
+                             finishing fin, gs__dtype dt, char *err, size_t errlen) {
+  const char *what = "allreduce (deterministic)";
+  int n = r->size, me = r->rank, status = GS__ERR_NO_MEMORY;
+  size_t es = cm->es, nn = (size_t)n * (size_t)n;
+  size_t *offs = malloc(((size_t)n + 1) * sizeof *offs), *roff = malloc((size_t)n * sizeof *roff);
+  uint64_t *m = malloc(nn * sizeof *m);
+  piece *sp = malloc((nn + cm->nseg) * sizeof *sp), *rp = malloc(nn * sizeof *rp);
+  const void **srcs = malloc((size_t)n * sizeof *srcs);
+  if (!offs || !roff || !m || !sp || !rp || !srcs) {
+    snprintf(err, errlen, "tcp ring: %s: out of memory for %zu segments", what, cm->nseg);
+    goto out_free;
+  }
+  for (int c = 0; c <= n; c++) offs[c] = chunk_off(count, n, c);
+  size_t lo = offs[me], hi = offs[me + 1], ob = (hi - lo) * es;
+  for (int o = 0; o < n; o++)
+    for (int d = 0; d < n; d++)
+      m[(size_t)o * (size_t)n + (size_t)d] = o == d ? 0 : (offs[d + 1] - offs[d]) * es;
+  for (int q = 0; q < n; q++) roff[q] = (size_t)(q < me ? q : q > me ? q - 1 : 0) * ob;
+  size_t tmp_bytes = (size_t)(n - 1) * ob, relay = relay_size(r, m);
+  char *tmp = det_scratch(r, tmp_bytes + relay + 1, what, err, errlen);
+  if (!tmp) goto out_free;
+  seg_send from = {cm, offs};
+  status = exchange(r, what, NULL, NULL, &from, tmp, roff, m, tmp + tmp_bytes, sp, rp, err, errlen);
+  if (status != GS__OK) goto out_free;
+  for (size_t k = 0; k < cm->nseg; k++) { /* this rank's block, member by member */
+    size_t a = lo > cm->start[k] ? lo : cm->start[k];
+    size_t e = hi < cm->start[k + 1] ? hi : cm->start[k + 1];
+    if (e <= a) continue;
+    size_t off = (a - cm->start[k]) * es;
+    char *dst = cm->at[k] + off;
+    for (int q = 0; q < n; q++)
+      srcs[q] = q != me ? tmp + roff[q] + (a - lo) * es : cm->local[k] ? cm->local[k] + off : dst;
+    gs__reduce_many(dst, dt, srcs, (size_t)n, dt, e - a, op, fin.divisor, fin.factor);
+  }
+  status = gather_map(r, what, cm, offs, err, errlen);
+out_free:
+  free(offs);
+  free(roff);
+  free(m);
+  free(sp);
+  free(rp);
+  free(srcs);
   return status;
 }
 
@@ -1825,8 +2011,9 @@ static int ring_alltoallv_vt(gs__backend *b, const void *send, const size_t *sen
     status = GS__ERR_NO_MEMORY;
     goto out_free;
   }
-  status = n > 1 ? exchange(r, "alltoallv", send, soff, recv, roff, m, relay, sp, rp, err, errlen)
-                 : GS__OK;
+  status =
+      n > 1 ? exchange(r, "alltoallv", send, soff, NULL, recv, roff, m, relay, sp, rp, err, errlen)
+            : GS__OK;
 out_free:
   free(relay);
   free(m);
