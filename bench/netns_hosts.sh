@@ -4,6 +4,7 @@
 #
 #   bench/netns_hosts.sh [--build DIR] [--rounds R] [--hosts H] [--np "2 4"]
 #                        [--sizes B,B,...] [--iters I] [--out FILE] [--markdown FILE]
+#                        [--workload FILE] [--step-np N] [--steps S] [--no-step]
 #
 # Builds the network of tests/integration/netns.sh: a hub namespace with a
 # bridge, one namespace for the coordinator (192.0.2.1) and one per host
@@ -28,6 +29,15 @@
 #               no network in between, measured in the same round
 #   gs-tcp-lo   likewise gradsync's TCP ring on loopback (gradsync-run,
 #               GRADSYNC_BACKEND=tcp)
+# Then per round a training step across the hosts (unless --no-step):
+#   gs-step     gradsync-bench --workload FILE (default ResNet-50), S steps
+#               (default 8) + 1 warm-up, GS_AVERAGE, --step-np N ranks
+#               (default 2 per host: hierarchical), laid out as above; the
+#               median step of the slowest rank
+#   ompi-step-hier, ompi-step-tcp  OpenMPI's MPI_Allreduce of the step's
+#               bytes (one float32 buffer), btl self,vader,tcp and self,tcp
+#               across the same hosts, S calls: what one allreduce of a
+#               step's bytes costs OpenMPI (as run.sh --steps on one host)
 # OpenMPI's set-up, the same as on loopback (bench/transport.sh), because
 # every "host" here is the same machine:
 # - --bind-to none: OpenMPI's default binding (to a core, per node) pins the
@@ -58,6 +68,9 @@ sizes="1048576,4194304,16777216,67108864"
 iters=10
 out=""
 md=""
+workload=$root/bench/workloads/resnet50.txt
+step_np=""
+steps=8
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
@@ -68,20 +81,30 @@ while [ $# -gt 0 ]; do
   --iters) iters=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --markdown) md=$2; shift 2 ;;
-  -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --workload) workload=$2; shift 2 ;;
+  --step-np) step_np=$2; shift 2 ;;
+  --steps) steps=$2; shift 2 ;;
+  --no-step) step_np=0; shift ;;
+  -h | --help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "netns_hosts.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 bin=$build/bin
 [ "$(id -u)" = 0 ] || { echo "netns_hosts.sh: needs root (ip netns)" >&2; exit 1; }
 command -v ip >/dev/null || { echo "netns_hosts.sh: ip(8) not found (apt-get install iproute2)" >&2; exit 1; }
-for f in gradsyncd gradsync-run gradsync-dataplane; do
+for f in gradsyncd gradsync-run gradsync-dataplane gradsync-bench; do
   [ -x "$bin/$f" ] || { echo "netns_hosts.sh: $bin/$f not found; build first" >&2; exit 1; }
 done
 for np in $nps; do
   [ $((np % hosts)) = 0 ] && [ "$np" -ge "$hosts" ] ||
     { echo "netns_hosts.sh: np=$np is not a multiple of --hosts $hosts" >&2; exit 2; }
 done
+[ -n "$step_np" ] || step_np=$((2 * hosts))
+if [ "$step_np" != 0 ]; then
+  [ $((step_np % hosts)) = 0 ] ||
+    { echo "netns_hosts.sh: --step-np $step_np is not a multiple of --hosts $hosts" >&2; exit 2; }
+  [ -r "$workload" ] || { echo "netns_hosts.sh: workload $workload not found (--workload FILE)" >&2; exit 1; }
+fi
 mpi=$bin/mpi-allreduce
 if [ ! -x "$mpi" ] || [ "$here/mpi_allreduce.c" -nt "$mpi" ]; then
   command -v mpicc >/dev/null || { echo "netns_hosts.sh: mpicc not found (apt-get install libopenmpi-dev)" >&2; exit 1; }
@@ -150,13 +173,13 @@ hostlist() { # NP -> "ip:per,ip:per"
   echo "$l"
 }
 ompi_flags=(--allow-run-as-root --bind-to none --mca pml ob1 -x MALLOC_MMAP_THRESHOLD_)
-ompi_net() { # ROUND NP BTL TAG
-  local y=0
+ompi_net() { # ROUND NP BTL TAG [SIZES REPS]
+  local y=0 sz=${5:-$sizes} reps=${6:-$iters}
   [ "$2" -gt "$(nproc)" ] && y=1
   ip netns exec "$COORD_NS" timeout -k 5 300 mpirun "${ompi_flags[@]}" -np "$2" -H "$(hostlist "$2")" \
     --mca mpi_yield_when_idle $y \
     --mca plm_rsh_agent "$TMP/agent" --mca btl "$3" --mca btl_tcp_if_include eth0 \
-    --mca oob_tcp_if_include eth0 "$mpi" --sizes "$sizes" --reps "$iters" --tag "$4" >"$TMP/mpi.out" 2>&1
+    --mca oob_tcp_if_include eth0 "$mpi" --sizes "$sz" --reps "$reps" --tag "$4" >"$TMP/mpi.out" 2>&1
   keep "$1" "$4" "$2" "$TMP/mpi.out"
 }
 ompi_lo() { # ROUND NP
@@ -177,8 +200,11 @@ keep() { # ROUND TAG NP FILE: its RESULT lines, normalized, into $out
   # OpenMPI's notices (e.g. about routed/oob) are worth seeing
   case $2 in ompi*) grep -v 'RESULT' "$4" | grep -m3 -e WARNING -e NOTICE -e 'MCA param' >&2 ;; esac
 }
-gs_net() { # ROUND NP
-  local np=$2 per=$(($2 / hosts)) coord addr="" i pids=() p
+gs_job() { # NP PROGRAM ARGS...: gradsyncd in its namespace, rank i of NP in
+  # host i / (NP / hosts)'s namespace running PROGRAM; rank i's output in
+  # $TMP/rank$i.out. Returns 1 when gradsyncd did not start.
+  local np=$1 per=$(($1 / hosts)) coord addr="" i pids=() p
+  shift
   ip netns exec "$COORD_NS" timeout -k 5 300 "$bin/gradsyncd" --listen "$COORD_IP:0" \
     --world-size "$np" --token-file "$TMP/token" >"$TMP/coord.out" 2>&1 &
   coord=$!
@@ -193,18 +219,38 @@ gs_net() { # ROUND NP
     tail -n 3 "$TMP/coord.out" >&2
     kill $coord 2>/dev/null
     wait $coord 2>/dev/null
-    return
+    return 1
   fi
   for i in $(seq 0 $((np - 1))); do
     ip netns exec "$P-h$((i / per))" env GRADSYNC_COORDINATOR="$addr" GRADSYNC_RANK=$i \
       GRADSYNC_SIZE=$np GRADSYNC_LOCAL_RANK=$((i % per)) GRADSYNC_LOCAL_SIZE=$per \
-      GRADSYNC_JOB_TOKEN="$TOKEN" GRADSYNC_BACKEND=auto timeout -k 5 300 "$bin/gradsync-dataplane" \
-      --mode e2e --op sum --sizes "${sizes//,/ }" --iters "$iters" >"$TMP/rank$i.out" 2>&1 &
+      GRADSYNC_JOB_TOKEN="$TOKEN" GRADSYNC_BACKEND=auto timeout -k 5 300 "$@" >"$TMP/rank$i.out" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
   wait $coord 2>/dev/null
-  keep "$1" gs "$np" "$TMP/rank0.out"
+  return 0
+}
+gs_net() { # ROUND NP
+  gs_job "$2" "$bin/gradsync-dataplane" --mode e2e --op sum --sizes "${sizes//,/ }" --iters "$iters" &&
+    keep "$1" gs "$2" "$TMP/rank0.out"
+}
+step_bytes=""
+gs_step() { # ROUND NP: the workload's step across hosts, then OpenMPI's allreduce of its bytes
+  local line ms
+  gs_job "$2" "$bin/gradsync-bench" --workload "$workload" --steps "$steps" --warmup 1 || return
+  line=$(grep -m1 '^RESULT ' "$TMP/rank0.out")
+  ms=$(echo "$line" | sed -n 's/.* step_ms=\([0-9.]*\).*/\1/p')
+  step_bytes=$(echo "$line" | sed -n 's/.* bytes=\([0-9]*\).*/\1/p')
+  if [ -z "$ms" ] || [ -z "$step_bytes" ]; then
+    echo "netns_hosts.sh: gs-step np=$2 (round $1) failed; rank 0's output:" >&2
+    tail -n 8 "$TMP/rank0.out" >&2
+    return
+  fi
+  awk -v r="$1" -v n="$2" -v b="$step_bytes" -v ms="$ms" \
+    'BEGIN { printf "RESULT round=%s impl=gs-step np=%s bytes=%s us=%.1f\n", r, n, b, ms * 1000 }' >>"$out"
+  [ "$2" -gt "$hosts" ] && ompi_net "$1" "$2" self,vader,tcp ompi-step-hier "$step_bytes" "$steps"
+  ompi_net "$1" "$2" self,tcp ompi-step-tcp "$step_bytes" "$steps"
 }
 gs_lo() { # ROUND NP
   timeout -k 5 300 "$bin/gradsync-run" -np "$2" env GRADSYNC_BACKEND=tcp "$bin/gradsync-dataplane" \
@@ -234,6 +280,10 @@ for round in $(seq 1 "$rounds"); do
     ompi_lo "$round" "$np"
     gs_lo "$round" "$np"
   done
+  if [ "$step_np" != 0 ]; then
+    echo "netns_hosts.sh: round $round/$rounds step np=$step_np ($(($(date +%s) - start)) s so far)" >&2
+    gs_step "$round" "$step_np"
+  fi
 done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - start))
@@ -267,6 +317,20 @@ table() {
         "$(cell "$(med ompi-tcp-lo "$np" "$s")" "$np" "$s") | $(cell "$(med gs-tcp-lo "$np" "$s")" "$np" "$s") |"
     done
   done
+  [ "$step_np" != 0 ] || return 0
+  local g h o
+  g=$(med gs-step "$step_np" "$step_bytes") h=$(med ompi-step-hier "$step_np" "$step_bytes")
+  o=$(med ompi-step-tcp "$step_np" "$step_bytes")
+  msec() { awk -v m="$1" 'BEGIN { if (m == "-") print "-"; else printf "%.1f", m / 1e3 }'; }
+  echo
+  echo "A $(basename "$workload" .txt) step across the same hosts: gradsync-bench, $step_np ranks ($((step_np / hosts)) per host:" \
+    "$([ "$step_np" -gt "$hosts" ] && echo "hierarchical, shm inside a host" || echo "TCP ring")), GS_AVERAGE, $steps steps + 1 warm-up per round," \
+    "median step of the slowest rank; OpenMPI = one MPI_Allreduce of the step's $(human "${step_bytes:-0}") (float32), $steps calls per round."
+  echo "Median over rounds, ms; ratio = OpenMPI time / gradsync step (≥ 1: a gradsync step costs at most one OpenMPI allreduce of its bytes)."
+  echo
+  echo "| np (ranks per host) | gradsync step | OpenMPI shm+tcp allreduce | OpenMPI tcp allreduce | ratio shm+tcp | ratio tcp |"
+  echo "|---|---|---|---|---|---|"
+  echo "| $step_np ($((step_np / hosts))) | $(msec "$g") | $(msec "$h") | $(msec "$o") | $(rat "$h" "$g") | $(rat "$o" "$g") |"
 }
 echo
 if [ -n "$md" ]; then table | tee "$md"; else table; fi

@@ -149,15 +149,15 @@ if [ "$mode" = all ]; then
   fi
   if has_part hosts; then
     if [ "$(id -u)" = 0 ]; then
-      hsz=()
-      [ "$quick" = 1 ] && hsz=(--sizes 1048576,16777216)
+      hsz=(--workload "$workloads/resnet50.txt")
+      [ "$quick" = 1 ] && hsz+=(--sizes 1048576,16777216 --steps 4)
       hosts_md() {
         "$here/netns_hosts.sh" "$@" >"$raw/hosts.log" 2>&1
         local rc=$?
         cat "$raw/hosts.md" 2>/dev/null
         return $rc
       }
-      part hosts "Across hosts: gradsync tcp and hierarchical vs OpenMPI tcp (network namespaces)" \
+      part hosts "Across hosts: gradsync tcp and hierarchical vs OpenMPI tcp (network namespaces), and a ResNet-50 step" \
         hosts_md --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/hosts.txt" \
         --markdown "$raw/hosts.md" "${hsz[@]}"
     else
