@@ -2,7 +2,7 @@
 # bench/run.sh — gradsync's side-by-side benchmark comparisons (docs/benchmarks.md).
 #
 #   bench/run.sh [--quick] [--build DIR] [--doc FILE | --no-doc] [--parts "LIST"]
-#     everything, in this order (parts: dataplane steps transport hosts
+#     everything, in this order (parts: transport dataplane steps hosts
 #     control settings), each part's tables into the generated section of
 #     docs/benchmarks.md (between its run.sh:begin/end markers) and its plots
 #     into docs/img/run-*.svg; builds a Release tree in build-bench first when
@@ -13,6 +13,7 @@
 #     fusion, emission policy and cache settings (then bench/control.sh
 #     unless --no-control); --control-only runs only bench/control.sh
 #   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
+#                [--sweep-from FILE]
 #     (the data plane next to OpenMPI: see "data plane" below)
 #   bench/run.sh --steps [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
 #     ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes
@@ -42,8 +43,9 @@ workloads=${GRADSYNC_WORKLOADS:-$root/bench/workloads}
 control=1
 mode=all
 doc=$root/docs/benchmarks.md
-parts="dataplane steps transport hosts control settings"
+parts="transport dataplane steps hosts control settings"
 dp_svg=$root/docs/benchmarks-dataplane.svg
+sweep=""
 rounds_set=0
 
 while [ $# -gt 0 ]; do
@@ -63,6 +65,7 @@ while [ $# -gt 0 ]; do
   --no-doc) doc=""; shift ;;
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
+  --sweep-from) sweep=$2; shift 2 ;;
   -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -132,20 +135,25 @@ if [ "$mode" = all ]; then
   : >"$raw/sections.md"
   has_part() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
   strip_log() { grep -v -e '^\[coord\]' -e '^run\.sh: ' -e '^transport\.sh: .* raw lines' ; }
-  if has_part dataplane; then
-    part dataplane "Data plane vs OpenMPI on one host, and the ResNet-50 / BERT-base steps" \
-      "$here/run.sh" --dataplane --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/dataplane.txt" \
-      --plot "$img/run-dataplane.svg"
-  fi
-  if has_part steps; then
-    part steps "ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes" \
-      "$here/run.sh" --steps --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/steps.txt" "${q[@]}"
-  fi
+  # transport first: the data-plane part's size sweep (OpenMPI shm and tcp,
+  # gradsync end to end and its TCP ring alone) is read from its lines
+  # rather than measured a second time
   if has_part transport; then
     tsz=()
     [ "$quick" = 1 ] && tsz=(--sizes 4096,1048576,16777216)
     part transport "Host transports: gradsync shm and tcp (direct and end to end) vs OpenMPI shm and tcp" \
       "$here/transport.sh" --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/transport.txt" "${tsz[@]}"
+  fi
+  if has_part dataplane; then
+    sw=()
+    [ -s "$raw/transport.txt" ] && sw=(--sweep-from "$raw/transport.txt")
+    part dataplane "Data plane vs OpenMPI on one host, and the ResNet-50 / BERT-base steps" \
+      "$here/run.sh" --dataplane --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/dataplane.txt" \
+      --plot "$img/run-dataplane.svg" "${sw[@]}"
+  fi
+  if has_part steps; then
+    part steps "ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes" \
+      "$here/run.sh" --steps --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/steps.txt" "${q[@]}"
   fi
   if has_part hosts; then
     if [ "$(id -u)" = 0 ]; then
@@ -256,6 +264,14 @@ start=$(date +%s)
 # tables (stdout) and a gnuplot plot of bus bandwidth (docs/benchmarks-dataplane.svg).
 # OpenMPI runs with MALLOC_MMAP_THRESHOLD_ raised (its 64 MiB temporaries
 # are otherwise page-faulted on every call: 2x slower there).
+# --sweep-from FILE (the full run passes bench/transport.sh's raw lines):
+# the first table and the plot take OpenMPI shm and tcp, gradsync end to
+# end (transport.sh's gs-shm, GRADSYNC_BACKEND=shm: what auto picks on
+# one host) and the TCP ring alone (gs-tcp-direct) from FILE, at its sizes,
+# instead of measuring them again; this part then runs gradsync end to end
+# only at the sizes its GS_AVERAGE and deterministic ratios need and its
+# ring alone only at 64 MiB (the CPU-time ratio), so every ratio still
+# compares runs of one part.
 # ---- training steps vs OpenMPI shm (bench/run.sh --steps) ---------------------
 # The ResNet-50 and BERT-base gradient sets (gradsync-bench, default
 # coordinator settings, GS_AVERAGE, submitted back to back in reverse order)
@@ -347,10 +363,15 @@ if [ "$dataplane" = 1 ]; then
     for np in $nps; do
       echo "run.sh: data plane np=$np round $r/$rounds ($(($(date +%s) - start)) s so far)" >&2
       kv=$(mktemp -d /tmp/gradsync-kv.XXXXXX)
-      dprun mpi.shm "$r" mpirun_np "$np" self,vader --sizes "${sizes// /,}" --reps $iters
-      dprun mpi.tcp "$r" mpirun_np "$np" self,tcp --sizes "${sizes// /,}" --reps $iters
-      dprun gs.e2e "$r" gsrun "$np" "$dp" --mode e2e --sizes "$sizes" --iters $iters
-      dprun gs.direct "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --sizes "$sizes" --iters $iters
+      if [ -z "$sweep" ]; then
+        dprun mpi.shm "$r" mpirun_np "$np" self,vader --sizes "${sizes// /,}" --reps $iters
+        dprun mpi.tcp "$r" mpirun_np "$np" self,tcp --sizes "${sizes// /,}" --reps $iters
+        dprun gs.e2e "$r" gsrun "$np" "$dp" --mode e2e --sizes "$sizes" --iters $iters
+        dprun gs.direct "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --sizes "$sizes" --iters $iters
+      else # the sweep is the transport part's: only what this part's ratios need
+        dprun gs.e2e "$r" gsrun "$np" "$dp" --mode e2e --sizes "1048576 16777216 67108864" --iters $iters
+        dprun gs.direct "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --sizes 67108864 --iters $iters
+      fi
       rm -rf "$kv"
       dprun gs.avg "$r" gsrun "$np" "$dp" --mode e2e --op average --sizes "16777216 67108864" --iters $iters
       kv=$(mktemp -d /tmp/gradsync-kv.XXXXXX)
@@ -395,20 +416,43 @@ if [ "$dataplane" = 1 ]; then
         print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2 }' "$out"
   }
   dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+  # swmed CASE NP BYTES: the first table's median µs; with --sweep-from,
+  # over the rounds of transport.sh's matching lines
+  swmed() {
+    if [ -z "$sweep" ]; then
+      dmed "$1" "$2" "$3" us
+      return
+    fi
+    local impl
+    case $1 in mpi.shm) impl=ompi-shm ;; mpi.tcp) impl=ompi-tcp ;; gs.e2e) impl=gs-shm ;; gs.direct) impl=gs-tcp-direct ;; esac
+    awk -v im="impl=$impl" -v np="np=$2" -v by="bytes=$3" '
+      index(" " $0 " ", " " im " ") && index(" " $0 " ", " " np " ") && index(" " $0 " ", " " by " ") {
+        for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "median_us") a[n++] = kv[2] + 0 } }
+      END {
+        if (!n) { print "nan"; exit }
+        for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+        print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2 }' "$sweep"
+  }
+  tsizes=$sizes
+  [ -n "$sweep" ] && tsizes=$(sed -n 's/^RESULT .* bytes=\([0-9]*\) .*/\1/p' "$sweep" | sort -nu | tr '\n' ' ')
   human() { awk -v b="$1" 'BEGIN { if (b >= 1048576) printf "%d MiB", b / 1048576; else printf "%d KiB", b / 1024 }'; }
   echo
   echo "gradsync data plane vs OpenMPI — $(nproc) CPUs, loopback, rounds=$rounds, $(date -u +%Y-%m-%dT%H:%MZ), $(sed -n "s/^model name[^:]*: //p" /proc/cpuinfo | head -1), load average $load0 at the start, $load1 at the end; raw lines: $out"
   echo
-  echo "Median time per allreduce (µs) and bus bandwidth (GB/s, 2(n-1)/n·bytes/time):"
+  if [ -n "$sweep" ]; then
+    echo "Median time per allreduce (µs) and bus bandwidth (GB/s, 2(n-1)/n·bytes/time), from the transport part's run (bench/transport.sh, $(basename "$sweep")): OpenMPI shm and tcp = ompi-shm, ompi-tcp; end to end = gs-shm (GS_AVERAGE, gradsync-bench --raw-allreduce); data plane alone = gs-tcp-direct (the TCP ring called directly):"
+  else
+    echo "Median time per allreduce (µs) and bus bandwidth (GB/s, 2(n-1)/n·bytes/time):"
+  fi
   echo
   echo "| np | size | OpenMPI shm | OpenMPI tcp | gradsync end to end | gradsync data plane alone | e2e / shm | alone / shm | e2e / tcp |"
   echo "|---|---|---|---|---|---|---|---|---|"
   plotdat=$out.plot
   : >"$plotdat"
   for np in $nps; do
-    for b in $sizes; do
-      s=$(dmed mpi.shm "$np" "$b" us) t=$(dmed mpi.tcp "$np" "$b" us)
-      e=$(dmed gs.e2e "$np" "$b" us) d=$(dmed gs.direct "$np" "$b" us)
+    for b in $tsizes; do
+      s=$(swmed mpi.shm "$np" "$b") t=$(swmed mpi.tcp "$np" "$b")
+      e=$(swmed gs.e2e "$np" "$b") d=$(swmed gs.direct "$np" "$b")
       bw() { awk -v b="$b" -v n="$np" -v t="$1" 'BEGIN { if (t == "nan" || t == 0) print "n/a"; else printf "%.2f", b * 2 * (n - 1) / n / (t * 1e-6) / 1e9 }'; }
       printf "| %s | %s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s | %s | %s |\n" "$np" "$(human "$b")" \
         "$s" "$(bw "$s")" "$t" "$(bw "$t")" "$e" "$(bw "$e")" "$d" "$(bw "$d")" \
