@@ -53,6 +53,25 @@
 /* Header bytes (all metadata of one batch) a call may carry: the token and
  * the rank's identity need under 300. */
 #define MAX_METADATA_BYTES (16 << 10)
+/* Open methods (no token: health checks) whose request gRPC reads at
+ * once: one per OPEN_READ_QUOTA_SHARE bytes of the gRPC memory quota (each
+ * may be up to GS__MAX_MESSAGE while gRPC reads it, before its length can
+ * be judged), at least 1 and at most MAX_OPEN_READS. The rest wait, unread,
+ * in a FIFO of at most MAX_OPEN_QUEUED calls; past it a call is refused. A
+ * waiting call's message stays in the peer but for the HTTP/2 stream window
+ * (64 KiB: the BDP probe, which grows every stream's window, is off).
+ * Not gated: the reflection streams (bidi), whose messages gRPC reads as
+ * they come (docs/security.md, Bounded memory). */
+#define MAX_OPEN_READS 16
+#define OPEN_READ_QUOTA_SHARE ((size_t)4 * GS__MAX_MESSAGE)
+#define MAX_OPEN_QUEUED 256
+/* An open call being read that has not sent its whole request after this
+ * long is cut off (DEADLINE_EXCEEDED), so that calls that never send cannot
+ * hold the read slots: a health request is a few bytes. */
+#define OPEN_READ_TIMEOUT_MS 2000
+/* Warnings about refused requests (one per call a peer makes): at most
+ * this many a second, then one line saying how many were suppressed. */
+#define MAX_REFUSAL_WARNINGS_PER_S 5
 
 typedef enum {
   T_NEW,
@@ -114,6 +133,10 @@ struct gs__call {
   int send_busy, finishing, status_sent;
   grpc_status_code final_status;
   char *final_msg;
+  /* open methods: waiting for a read slot (in srv's FIFO), or reading */
+  int open_waiting, open_reading, open_cut;
+  uint64_t open_read_since;
+  struct gs__call *open_prev, *open_next;
 };
 
 struct gs__server {
@@ -134,6 +157,13 @@ struct gs__server {
   size_t live_calls;
   tag t_shutdown;
   gs__tls_files *tls; /* NULL: plaintext */
+  /* open-method requests being read, and the FIFO of those waiting */
+  size_t open_reading, open_waiting, max_open_reads;
+  gs__call *open_readers[MAX_OPEN_READS];
+  gs__call *open_head, *open_tail;
+  /* refusal warnings: the current one-second window */
+  uint64_t warn_window_ms;
+  unsigned warn_count, warn_suppressed;
 };
 
 static void call_request(gs__server *s, int idx);
@@ -220,6 +250,30 @@ static int auth_ok(const gs__server *s, const gs__call *c) {
 static const char k_unauth[] =
     "missing or wrong job token: set GRADSYNC_JOB_TOKEN to the token gradsyncd was started with";
 
+/* Says how many refusal warnings the window that ended suppressed. */
+static void warn_flush(gs__server *s, uint64_t now) {
+  if (now - s->warn_window_ms < 1000) return;
+  if (s->warn_suppressed)
+    GS_LOG_WARN("suppressed %u similar warnings about refused requests in the last %.1f s",
+                s->warn_suppressed, (double)(now - s->warn_window_ms) / 1000.0);
+  s->warn_window_ms = now;
+  s->warn_count = 0;
+  s->warn_suppressed = 0;
+}
+
+/* A request refused by a limit: logged, at most MAX_REFUSAL_WARNINGS_PER_S
+ * a second, so that a flood of them cannot flood the log. */
+static void warn_refused(gs__call *c, const char *msg) {
+  gs__server *s = c->srv;
+  warn_flush(s, gs__now_ms());
+  if (s->warn_count >= MAX_REFUSAL_WARNINGS_PER_S) {
+    s->warn_suppressed++;
+    return;
+  }
+  s->warn_count++;
+  GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+}
+
 /* ---- unary calls -------------------------------------------------------- */
 
 static void unary_finish(gs__call *c, grpc_byte_buffer *resp, grpc_status_code code,
@@ -264,7 +318,11 @@ void gs__call_fail(gs__call *c, grpc_status_code code, const char *msg) {
 }
 
 void gs__call_watch_close(gs__call *c) {
-  if (c->answered || c->close_armed || c->closed) return;
+  if (c->answered || c->closed) return;
+  if (c->close_armed) { /* armed while the call waited for a read slot */
+    c->opened = 1;
+    return;
+  }
   grpc_op op;
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -396,6 +454,119 @@ static void payload_arm(gs__call *c) {
   start_batch(c, &op, 1, &c->t_payload);
 }
 
+static int is_open(const gs__call *c) {
+  return c->srv->methods[c->idx].m->auth == GS__AUTH_OPEN;
+}
+
+static void open_read_start(gs__call *c) {
+  gs__server *s = c->srv;
+  for (size_t i = 0; i < MAX_OPEN_READS; i++) {
+    if (s->open_readers[i]) continue;
+    s->open_readers[i] = c;
+    s->open_reading++;
+    c->open_reading = 1;
+    c->open_read_since = gs__now_ms();
+    payload_arm(c);
+    return;
+  }
+  GS_LOG_ERROR("internal: no free open read slot");
+  abort();
+}
+
+/* Cuts off the open calls that are read for longer than
+ * OPEN_READ_TIMEOUT_MS; their slots free when the read completes. */
+static void open_reads_check(gs__server *s, uint64_t now) {
+  for (size_t i = 0; i < MAX_OPEN_READS; i++) {
+    gs__call *c = s->open_readers[i];
+    if (!c || c->open_cut || now - c->open_read_since < OPEN_READ_TIMEOUT_MS) continue;
+    c->open_cut = 1;
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "the request of this %s call did not arrive within %d ms; gradsyncd reads only %zu "
+             "requests of open calls (health checks) at once and cut this one off",
+             call_path(c), OPEN_READ_TIMEOUT_MS, s->max_open_reads);
+    warn_refused(c, msg);
+    grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+  }
+}
+
+static void open_unlink(gs__call *c) {
+  gs__server *s = c->srv;
+  if (c->open_prev)
+    c->open_prev->open_next = c->open_next;
+  else
+    s->open_head = c->open_next;
+  if (c->open_next)
+    c->open_next->open_prev = c->open_prev;
+  else
+    s->open_tail = c->open_prev;
+  c->open_prev = c->open_next = NULL;
+  c->open_waiting = 0;
+  s->open_waiting--;
+}
+
+/* The request of a call that passed the auth check is read: at once for
+ * the token methods; for the open methods, while fewer than max_open_reads
+ * are being read, else once one of those is done (FIFO), or refused when
+ * MAX_OPEN_QUEUED wait already. A peer without the token thus makes gRPC
+ * hold at most max_open_reads messages, whoever else floods. */
+static void payload_request(gs__call *c) {
+  gs__server *s = c->srv;
+  if (!is_open(c)) {
+    payload_arm(c);
+    return;
+  }
+  if (s->open_reading < s->max_open_reads) {
+    open_read_start(c);
+    return;
+  }
+  if (s->open_waiting >= MAX_OPEN_QUEUED) {
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "gradsyncd reads at most %zu requests of open calls (health checks) at once and "
+             "queues %d more; this %s call was refused unread; try again",
+             s->max_open_reads, MAX_OPEN_QUEUED, call_path(c));
+    warn_refused(c, msg);
+    if (s->methods[c->idx].m->kind == GS__RPC_UNARY)
+      unary_finish(c, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+    else
+      gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+    return;
+  }
+  if (!c->close_armed) {
+    /* the cancel signal, so that a call that gives up leaves the queue */
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled;
+    c->close_armed = 1;
+    start_batch(c, &op, 1, &c->t_close);
+  }
+  c->open_waiting = 1;
+  c->open_prev = s->open_tail;
+  if (s->open_tail)
+    s->open_tail->open_next = c;
+  else
+    s->open_head = c;
+  s->open_tail = c;
+  s->open_waiting++;
+}
+
+/* An open-method request was read (or its call ended): the next waiting
+ * one is read. */
+static void open_read_done(gs__call *c) {
+  gs__server *s = c->srv;
+  if (!c->open_reading) return;
+  c->open_reading = 0;
+  s->open_reading--;
+  for (size_t i = 0; i < MAX_OPEN_READS; i++)
+    if (s->open_readers[i] == c) s->open_readers[i] = NULL;
+  gs__call *next = s->open_head;
+  if (!next) return;
+  open_unlink(next);
+  open_read_start(next);
+}
+
 static size_t request_limit(const gs__method *m) {
   return m->max_request_bytes ? m->max_request_bytes : GS__DEFAULT_MAX_REQUEST;
 }
@@ -408,6 +579,7 @@ static void payload_ready(gs__call *c, int ok) {
   grpc_status_code code = GRPC_STATUS_OK;
   char msg[300] = "";
   size_t limit = request_limit(ms->m);
+  open_read_done(c);
   if (!ok || !c->payload) {
     code = GRPC_STATUS_INVALID_ARGUMENT;
     snprintf(msg, sizeof msg, "request message missing");
@@ -417,7 +589,7 @@ static void payload_ready(gs__call *c, int ok) {
              "the request of a %s call (%zu bytes) exceeds the limit of %zu bytes; refused "
              "without reading it",
              call_path(c), grpc_byte_buffer_length(c->payload), limit);
-    GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+    warn_refused(c, msg);
   } else if (gs__bb_to_bytes(c->payload, &c->req, &c->req_len) != 0) {
     code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     snprintf(msg, sizeof msg, "out of memory reading the request");
@@ -455,7 +627,7 @@ static void stream_begin(gs__call *c) {
     return;
   }
   if (ms->m->kind == GS__RPC_SERVER_STREAM) {
-    payload_arm(c); /* opened in payload_ready */
+    payload_request(c); /* opened in payload_ready */
     return;
   }
   stream_arm_recv(c);
@@ -484,7 +656,7 @@ static void on_new_call(gs__call *c) {
     return;
   }
   /* The payload can be NULL: the client half-closed without a message. */
-  payload_arm(c);
+  payload_request(c);
 }
 
 static void notify_close(gs__call *c) {
@@ -530,7 +702,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
                "refused without reading it",
                call_path(c), grpc_byte_buffer_length(c->recv_bb),
                s->methods[c->idx].m->max_first_message);
-      GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+      warn_refused(c, msg);
       grpc_byte_buffer_destroy(c->recv_bb);
       c->recv_bb = NULL;
       gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
@@ -544,7 +716,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
                "without reading it",
                call_path(c), grpc_byte_buffer_length(c->recv_bb),
                s->methods[c->idx].m->max_request_bytes);
-      GS_LOG_WARN("%s (from %s)", msg, gs__call_peer(c));
+      warn_refused(c, msg);
       grpc_byte_buffer_destroy(c->recv_bb);
       c->recv_bb = NULL;
       gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
@@ -606,6 +778,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
     break;
   case T_CLOSE:
     c->closed = 1;
+    if (c->open_waiting) open_unlink(c);
     queue_drop(c);
     notify_close(c);
     break;
@@ -703,6 +876,12 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
       gs__int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500),
       gs__int_arg(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0),
       gs__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 5000),
+      /* The BDP probe grows every stream's window, also of a stream whose
+       * message nobody asked for (an open call waiting for a read slot:
+       * measured 2.7 MB held per unread 16 MiB message after 18 s, and
+       * growing; 64 KiB without it). A stream being read gets a window
+       * for its whole message anyway. */
+      gs__int_arg(GRPC_ARG_HTTP2_BDP_PROBE, 0),
       /* a second coordinator on the same port must fail, not share it */
       gs__int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0),
       /* last: only with a quota */
@@ -713,6 +892,9 @@ int gs__server_create(const gs__server_opts *o, gs__server **out, char *err, siz
   grpc_channel_args ca = {sizeof args / sizeof *args - (quota ? 0 : 1), args};
   s->server = grpc_server_create(&ca, NULL);
   if (quota) grpc_resource_quota_unref(quota); /* the server holds its own reference */
+  size_t reads =
+      o->grpc_memory_max_bytes ? o->grpc_memory_max_bytes / OPEN_READ_QUOTA_SHARE : MAX_OPEN_READS;
+  s->max_open_reads = reads < 1 ? 1 : reads > MAX_OPEN_READS ? MAX_OPEN_READS : reads;
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
   *out = s;
@@ -844,6 +1026,8 @@ static void loop_once(gs__server *s, loop *l) {
       on_event(s, ev.tag, ev.success);
     }
     tick_all(s);
+    warn_flush(s, gs__now_ms());
+    open_reads_check(s, gs__now_ms());
     l->next_tick = gs__now_ms() + l->period;
     return;
   }

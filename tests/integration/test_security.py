@@ -589,7 +589,11 @@ def test_unauthenticated_flood():
     unread; oversized requests to the open Health/Check are refused by its
     64 KiB limit; headers over 16 KiB are refused; peak RSS stays bounded and
     a job that runs meanwhile passes its value checks. A second gradsyncd with
-    a small --grpc-memory-max-bytes stays within it under a larger flood."""
+    a small --grpc-memory-max-bytes (128 MiB), whose gRPC cancelled a rank's
+    Session under a larger flood before open requests were read one at a
+    time, runs a job through 2 GiB of Health/Check calls, logs at most 5
+    refusal warnings a second and counts the rest, and cuts off calls that
+    never send their request; beyond 256 waiting, calls are refused unread."""
     token = secrets.token_hex(16)
     # --serve-forever: one job during the floods, one after them
     d, addr = start_gradsyncd(["--world-size", "2", "--serve-forever"],
@@ -635,30 +639,91 @@ def test_unauthenticated_flood():
     ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
     expect_ops_passed(ranks)
     expect(d.poll() is None, "gradsyncd died", d)
-    # the quota, alone: 64 x 32 MiB at the open method
-    quota = 64 << 20
-    q, qaddr = start_gradsyncd(["--world-size", "2", "--grpc-memory-max-bytes", str(quota)],
+    # A small quota (128 MiB: a Health/Check flood of this size cancelled
+    # rank 0's Session before open requests were read a few at a time) with
+    # a job running during 64 x 32 MiB at Health/Check: each refused by its
+    # length, none by gRPC, and the job passes its value checks.
+    san = sanitized(d.pid)
+    kill_all()  # (its log file is the next one's)
+    quota = 128 << 20
+    q, qaddr = start_gradsyncd(["--world-size", "2", "--serve-forever",
+                                "--grpc-memory-max-bytes", str(quota)],
                                {"GRADSYNC_JOB_TOKEN": token})
     time.sleep(0.5)
     qbase = vm_hwm_kib(q.pid)
     huge = b"\x0a" + varint(32 << 20) + b"k" * (32 << 20)
-    codes = flood_calls(qaddr, "/grpc.health.v1.Health/Check", huge, 8, 8)
-    # past the quota gRPC cancels streams itself (RST_STREAM, "Buffers full")
-    # and closes connections (GOAWAY, or a broken pipe while sending)
-    expect(all(c in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
-               for c, _ in codes)
-           and any(det.startswith("the request of a /grpc.health.v1.Health/Check call")
-                   for _, det in codes),
-           "32 MiB Health/Check under a quota: %s" % set((str(c), det[:100]) for c, det in codes), q)
+    got = []
+    t0 = time.time()
+    fl = threading.Thread(target=lambda: got.extend(
+        flood_calls(qaddr, "/grpc.health.v1.Health/Check", huge, 8, 8, timeout=120)))
+    fl.start()
+    time.sleep(0.5)
+    ranks = [start_rank(qaddr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    expect_ops_passed(ranks)
+    fl.join()
+    took = time.time() - t0
+    limit = ("the request of a /grpc.health.v1.Health/Check call (%d bytes) exceeds the limit of "
+             "65536 bytes; refused without reading it" % len(huge))
+    expect(len(got) == 64 and all(c == grpc.StatusCode.RESOURCE_EXHAUSTED and det == limit
+                                  for c, det in got),
+           "32 MiB Health/Check under a quota: %s" % set((str(c), det[:100]) for c, det in got), q)
     qpeak = vm_hwm_kib(q.pid)
-    ch = channel(qaddr)
-    r = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
-    expect(parse(r).get(1) == [1], "Health/Check after the flood: SERVING: %r" % r, q)
-    ch.close()
+    # one warning per refused request, at most 5 a second, the rest counted
+    time.sleep(1.5)  # the window that counts the last suppressed ones ends
+    log = output(q).splitlines()
+    shown = sum(1 for line in log if limit in line and "(from " in line)
+    suppressed = sum(int(line.split("suppressed ")[1].split()[0]) for line in log
+                     if "similar warnings about refused requests" in line)
+    expect(shown >= 5 and shown + suppressed == 64,
+           "warnings: %d shown + %d suppressed (64 refusals)" % (shown, suppressed), q)
+    expect(shown <= 5 * (int(took) + 3), "%d refusal warnings in %.1f s (at most 5 a second)" %
+           (shown, took), q)
     print("quota: gradsyncd --grpc-memory-max-bytes %d: VmHWM %d KiB before, %d KiB after 64 "
-          "32 MiB messages to Health/Check (%s)" %
-          (quota, qbase, qpeak, sorted(set(det[:60] for _, det in codes))), flush=True)
-    if sanitized(d.pid):
+          "32 MiB messages to Health/Check in %.1f s while a job ran; %d warnings logged, %d "
+          "suppressed" % (quota, qbase, qpeak, took, shown, suppressed), flush=True)
+    # Calls that never send their request hold the read slot (one under
+    # this quota) for at most 2 s each; 256 more wait, the rest are refused
+    # unread; a health probe behind them is answered once they are gone.
+    hold = threading.Event()
+
+    def never():
+        hold.wait(120)
+        return
+        yield
+
+    chans = [grpc.insecure_channel(qaddr, options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(3)]
+    futs = [ch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
+            for ch in chans for _ in range(90)]
+    refused = ("gradsyncd reads at most 1 requests of open calls (health checks) at once and "
+               "queues 256 more; this /grpc.health.v1.Health/Check call was refused unread; "
+               "try again")
+    cut = ("the request of this /grpc.health.v1.Health/Check call did not arrive within 2000 ms; "
+           "gradsyncd reads only 1 requests of open calls (health checks) at once and cut "
+           "this one off")
+    deadline = time.time() + 60
+    while time.time() < deadline and sum(f.done() for f in futs) < 270 - 256:
+        time.sleep(0.1)
+    done = [f for f in futs if f.done()]
+    outcomes = set((f.exception().code(), f.exception().details()) for f in done)
+    expect(len(done) >= 270 - 256 and outcomes <= {(grpc.StatusCode.RESOURCE_EXHAUSTED, refused),
+                                                    (grpc.StatusCode.DEADLINE_EXCEEDED, cut)}
+           and (grpc.StatusCode.RESOURCE_EXHAUSTED, refused) in outcomes,
+           "calls that never send: %d ended: %s" % (len(done), outcomes), q)
+    n_refused = sum(1 for f in done if f.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
+    for f in futs:
+        f.cancel()
+    hold.set()
+    ch = channel(qaddr)
+    r = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
+    expect(parse(r).get(1) == [1], "Health/Check after the calls that never send: %r" % r, q)
+    ch.close()
+    for c in chans:
+        c.close()
+    expect(q.poll() is None, "gradsyncd died", q)
+    print("open read slots: of 270 calls that never send, %d refused unread, %d cut off; a "
+          "probe after them: SERVING" % (n_refused, len(done) - n_refused), flush=True)
+    if san:
         print("unauthenticated flood: AddressSanitizer build, RSS bounds not checked")
         return
     # generous: measured about +150 MB after Health/Check (1 GiB sent) and
