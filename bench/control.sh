@@ -16,6 +16,9 @@
 #   negotiation over OpenMPI (bench/mpi_negotiation.c) on the same list,
 #   cache on (bit-vector allreduce) and off (gather + bcast), negotiation
 #   only and with the fused tiny allreduces executed;
+# - the floors of issue 14's targets: one round trip through gradsyncd (the
+#   rank simulator's floor round with one rank: one request, one answer) and
+#   the TCP ring alone at 4 B and 16 KiB (gs-transport-bench, when built);
 # - the rank simulator (gradsync-rank-sim) at each N: per-step negotiation
 #   latency of the ResNet-50 list, cache on and off, beside the floor round
 #   of the same run; the coordinator's CPU per step and peak RSS (in the
@@ -54,7 +57,7 @@ while [ $# -gt 0 ]; do
   --plots) plots=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
   --quick) quick=1; rounds=1; simn="8 64"; shift ;;
-  -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -105,9 +108,19 @@ mp() { # NP ARGS...: the MPI peer
   "${mpirun_[@]}" -np "$np" "$bin/mpi-negotiation" "$@"
 }
 
+ring=0
+[ -x "$bin/gs-transport-bench" ] && ring=1
 for r in $(seq 1 "$rounds"); do
   echo "control.sh: round $r/$rounds ($(($(date +%s) - start)) s so far)" >&2
+  # the floors of issue 14's targets: one round trip through gradsyncd (the
+  # rank simulator's floor round with one rank) and the TCP ring alone
+  rec rtt "$r" 1 "$bin/gradsync-rank-sim" --ranks 1 --workload "$resnet" --cache 1 --steps 200 --warmup 5
   for np in $nps; do
+    if [ "$ring" = 1 ]; then
+      for b in 4 16384; do
+        rec "ring.$b" "$r" "$np" "$bin/gs-transport-bench" --transport tcp --np "$np" --sizes "$b" --reps 200
+      done
+    fi
     for b in $sizes; do
       rec "lat.gs.$b" "$r" "$np" gs "$np" --raw-allreduce "$b" --steps 200 --warmup 10
       [ "$mpi" = 1 ] && rec "lat.mpi.$b" "$r" "$np" mp "$np" --allreduce-bytes "$b" --steps 200 --warmup 10
@@ -161,6 +174,16 @@ for np in $nps; do
     g=$(med "lat.gs.$b" step_ms "$np") m=$(med "lat.mpi.$b" step_ms "$np")
     echo "| $b | $np | $(us "$g") | $(us "$m") | $(ratio "$g" "$m") |"
   done
+done
+echo
+echo "Floors of the targets, median µs: one round trip through gradsyncd (gradsync-rank-sim --ranks 1, its floor"
+echo "round: the rank sends one request, the coordinator answers) and the TCP ring alone (gs-transport-bench --transport tcp):"
+echo
+echo "| np | round trip | TCP ring 4 B | TCP ring 16 KiB |"
+echo "|---|---|---|---|"
+for np in $nps; do
+  echo "| $np | $(us "$(med rtt floor_ms 1)") | $(awk -v u="$(med ring.4 median_us "$np")" 'BEGIN { if (u == "nan") print "n/a"; else print u }') |" \
+    "$(awk -v u="$(med ring.16384 median_us "$np")" 'BEGIN { if (u == "nan") print "n/a"; else print u }') |"
 done
 echo
 echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"

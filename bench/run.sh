@@ -5,7 +5,8 @@
 #     everything, in this order (parts: transport dataplane steps hosts
 #     control settings), each part's tables into the generated section of
 #     docs/benchmarks.md (between its run.sh:begin/end markers) and its plots
-#     into docs/img/run-*.svg; builds a Release tree in build-bench first when
+#     into docs/img/run-*.svg, then the table against the targets of issues
+#     14 and 15 (bench/targets.py); builds a Release tree in build-bench first when
 #     it is missing, installs gnuplot-nox when missing (as root); --quick:
 #     one round and fewer sizes everywhere, no settings part
 #   bench/run.sh --settings [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
@@ -66,7 +67,7 @@ while [ $# -gt 0 ]; do
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
   --sweep-from) sweep=$2; shift 2 ;;
-  -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -210,6 +211,14 @@ if [ "$mode" = all ]; then
     [ -r "$img/run-negotiation_vs_ranks.svg" ] && has_part control &&
       printf '![ResNet-50 negotiation vs simulated ranks, up to 1024](img/run-negotiation_vs_ranks.svg)\n\n'
     sed 's/[[:space:]]*$//' "$raw/sections.md" | strip_log | cat -s
+    # the targets of issues 14 and 15 against this run's raw lines
+    if command -v python3 >/dev/null; then
+      python3 "$here/targets.py" "$raw" --np "$nps" ||
+        printf '### Against the targets of issues 14 and 15 (this run)\n\nbench/targets.py failed (see its stderr).\n'
+    else
+      printf '### Against the targets of issues 14 and 15 (this run)\n\nNot computed: python3 not found.\n'
+    fi
+    echo
     echo "<!-- bench/run.sh:end -->"
   } >"$gen"
   if [ -n "$doc" ]; then

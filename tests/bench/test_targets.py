@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""bench/targets.py: the table against the targets of issues 14 and 15 from raw lines.
+
+Feeds it raw files in the formats the parts of bench/run.sh write (control,
+dataplane, steps, transport, hosts) and checks the ratios, verdicts and the
+rows of parts that did not run.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGETS = os.path.join(HERE, "..", "..", "bench", "targets.py")
+
+CONTROL = """\
+CASE rtt round=1 np=1 case=sim ranks=1 tensors=161 cache=1 steps=200 floor_ms=0.100 step_ms=0.2
+CASE rtt round=2 np=1 case=sim ranks=1 tensors=161 cache=1 steps=200 floor_ms=0.080 step_ms=0.2
+CASE rtt round=3 np=1 case=sim ranks=1 tensors=161 cache=1 steps=200 floor_ms=0.900 step_ms=0.2
+CASE ring.4 round=1 np=2 impl=gs-tcp-direct np=2 bytes=4 median_us=20.0 busbw_gbs=0.00
+CASE ring.16384 round=1 np=2 impl=gs-tcp-direct np=2 bytes=16384 median_us=50.0 busbw_gbs=0.2
+CASE lat.gs.4 round=1 np=2 workload=raw4 np=2 tensors=1 bytes=4 step_ms=0.300 barrier_ms=0.1
+CASE ctl.gs round=1 np=2 workload=resnet50 np=2 tensors=161 bytes=644 step_ms=0.600 barrier_ms=0.360
+CASE ctl.mpi.cached round=1 np=2 case=mpi.negotiation np=2 tensors=161 cache=1 step_ms=0.500
+CASE gap.gs round=1 np=2 workload=resnet50 np=2 tensors=161 collectives=40 tensors_per_op=4.03 crit_ms=0.250
+CASE ring.4 round=1 np=4 impl=gs-tcp-direct np=4 bytes=4 median_us=100.0 busbw_gbs=0.00
+CASE lat.gs.4 round=1 np=4 workload=raw4 np=4 tensors=1 bytes=4 step_ms=0.900
+CASE ctl.gs round=1 np=4 workload=resnet50 np=4 tensors=161 bytes=644 step_ms=1.000 barrier_ms=0.100
+CASE ctl.mpi.cached round=1 np=4 case=mpi.negotiation np=4 tensors=161 cache=1 step_ms=0.500
+CASE sim.64.c1 round=1 np=1 case=sim ranks=64 floor_ms=1.5 step_ms=4.5 step_over_floor=3.00 coord_cpu_us_per_rank_step=62.5 coord_peak_rss_kib=20000
+CASE sim.64.c0 round=1 np=1 case=sim ranks=64 floor_ms=1.5 step_ms=7.0 step_over_floor=4.67 coord_cpu_us_per_rank_step=135 coord_peak_rss_kib=22000
+"""
+TRANSPORT = """\
+RESULT round=1 impl=ompi-shm np=2 bytes=1048576 median_us=800.0 busbw_gbs=1.3
+RESULT round=1 impl=gs-shm np=2 bytes=1048576 median_us=900.0 busbw_gbs=1.1
+RESULT round=1 impl=ompi-shm np=2 bytes=16777216 median_us=16000.0 busbw_gbs=1.0
+RESULT round=1 impl=gs-shm np=2 bytes=16777216 median_us=8000.0 busbw_gbs=2.0
+RESULT round=1 impl=ompi-shm np=4 bytes=1048576 median_us=1000.0 busbw_gbs=1.3
+RESULT round=1 impl=gs-shm np=4 bytes=1048576 median_us=2000.0 busbw_gbs=0.5
+"""
+HOSTS = """\
+RESULT round=1 impl=gs np=2 bytes=1048576 us=2000.0 busbw_gbs=0.5
+RESULT round=1 impl=ompi-tcp np=2 bytes=1048576 us=24000.0 busbw_gbs=0.04
+RESULT round=1 impl=gs np=4 bytes=1048576 us=4000.0 busbw_gbs=0.4
+RESULT round=1 impl=ompi-tcp np=4 bytes=1048576 us=3000.0 busbw_gbs=0.5
+RESULT round=1 impl=gs-step np=4 bytes=102228128 us=40000.0
+RESULT round=1 impl=ompi-step-tcp np=4 bytes=102228128 us=30000.0 busbw_gbs=1
+"""
+
+
+def table(files):
+    with tempfile.TemporaryDirectory() as d:
+        for name, text in files.items():
+            with open(os.path.join(d, name + ".txt"), "w") as f:
+                f.write(text)
+        out = subprocess.run([sys.executable, TARGETS, d, "--np", "2 4"], capture_output=True, text=True,
+                             timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("| 1"):
+            cols = [c.strip() for c in line.strip("|").split("|")]
+            rows.setdefault(cols[1], cols)
+    return out.stdout, rows
+
+
+def find(rows, start):
+    for k, v in rows.items():
+        if k.startswith(start):
+            return v
+    raise AssertionError("no row starting with %r in %r" % (start, list(rows)))
+
+
+class Targets(unittest.TestCase):
+    def test_control_rows(self):
+        text, rows = table({"control": CONTROL})
+        self.assertIn("### Against the targets of issues 14 and 15 (this run)", text)
+        # round trip: the median of 0.100, 0.080, 0.900 ms = 0.100 ms
+        lone = find(rows, "Lone 4 B allreduce")
+        self.assertIn("0.3 ms / (0.1 ms + 20.0 µs) = **2.50×**", lone[2])
+        self.assertIn("with the 19 µs ping-pong: **7.69×**", lone[2])  # 0.3 / 0.039
+        self.assertIn("0.9 ms / (0.1 ms + 100.0 µs) = **4.50×**", lone[3])
+        self.assertEqual(lone[4], "against the round trip through gradsyncd: not met at np=4 "
+                         "(np=4: 1.50× the bound); against the 19 µs ping-pong: not met "
+                         "(np=2: 2.56× the bound; np=4: 2.52× the bound)")
+        ctl = find(rows, "ResNet-50 control-only step")
+        self.assertIn("**1.20×** (≤ 1.5)", ctl[2])
+        self.assertIn("**2.00×** (≤ 1.0)", ctl[3])
+        self.assertEqual(ctl[4], "not met at np=4 (np=4: 2.00× the bound)")
+        bar = find(rows, "`gs_barrier`")
+        self.assertIn("0.36 ms / (2 × 0.1 ms) = **1.80×**", bar[2])
+        self.assertIn("0.1 ms / (2 × 0.1 ms) = **0.50×**", bar[3])
+        gap = find(rows, "No loss of batching")
+        self.assertIn("40 collectives per step for 161 tensors (4.03 per op); crit 0.25 ms / "
+                      "2 × (0.1 ms + 50.0 µs) = **0.83×**", gap[2])
+        self.assertTrue(gap[3].startswith("not measured in this run"), gap[3])  # no ring.16384 at np=4
+        self.assertIn("np=4 not measured in this run", gap[4])
+        sim = find(rows, "Simulator, N = 64")
+        self.assertEqual(sim[2], "4.5 ms / 1.5 ms = **3.00×**")
+        self.assertEqual(sim[4], "not met (1.50× the bound)")
+        big = find(rows, "Simulator, N = 1024")
+        self.assertEqual(big[2], "not measured in this run")
+        cpu = find(rows, "Coordinator CPU per rank per step")
+        self.assertEqual(cpu[2], "N=64: 62 / 135")
+        # issue 15's parts did not run
+        self.assertEqual(find(rows, "Across hosts")[2], "not measured in this run (no `hosts` part)")
+        self.assertEqual(find(rows, "Across hosts")[4], "not measured in this run")
+        self.assertIn("`test_deterministic`", find(rows, "Deterministic mode")[2])
+        self.assertIn("`test_shm`", find(rows, "No segment left")[2])
+
+    def test_dataplane_rows(self):
+        _, rows = table({"transport": TRANSPORT, "hosts": HOSTS})
+        e2e = find(rows, "End to end (through the coordinator): bus bandwidth")
+        self.assertEqual(e2e[2], "16 MiB 2.00×")
+        self.assertEqual(e2e[3], "not measured in this run")
+        self.assertEqual(e2e[4], "met; np=4 not measured in this run")
+        t1 = find(rows, "End to end: time ≤ 1.25 × OpenMPI shm's at 1 MiB — `transport` part")
+        self.assertEqual(t1[2], "1 MiB: 900.0 µs / 800.0 µs = **1.12×**")
+        self.assertEqual(t1[4], "not met at np=4 (np=4: 1.60× the bound)")
+        hosts = find(rows, "Across hosts")
+        self.assertEqual(hosts[2], "1 MiB 12.00×")
+        self.assertEqual(hosts[3], "1 MiB 0.75×")
+        self.assertEqual(hosts[4], "not met at np=4 (np=4: 0.75× at 1 MiB)")
+        step = find(rows, "… a ResNet-50 step across hosts")
+        self.assertEqual(step[2], "not measured in this run")
+        self.assertEqual(step[3], "30.00 ms / 40.00 ms = **0.75×**")
+        self.assertEqual(step[4], "not met (np=4: 0.75×); np=2 not measured in this run")
+        self.assertTrue(find(rows, "Lone 4 B")[2].startswith("not measured in this run (no `control` part)"))
+        self.assertTrue(find(rows, "… the same — `dataplane` part (gradsync-dataplane e2e")[2].startswith(
+            "not measured in this run (no `dataplane` part)"))
+
+    def test_dataplane_reads_the_transport_sweep(self):
+        # the full run: the data-plane part has no OpenMPI sweep of its own
+        dp = ("CASE gs.e2e round=1 impl=gradsync mode=e2e np=2 op=sum det=0 bytes=67108864 us=40000.0 cpu_us=1\n"
+              "CASE gs.avg round=1 impl=gradsync mode=e2e np=2 op=average det=0 bytes=67108864 us=40800.0 cpu_us=1\n"
+              "CASE step.resnet50 round=1 workload=resnet50 np=2 tensors=161 bytes=102228128 step_ms=60.0\n"
+              "CASE mpi.step.resnet50 round=1 impl=x np=2 bytes=102228128 us=50000.0 busbw_gbs=1\n")
+        _, rows = table({"dataplane": dp, "transport": TRANSPORT})
+        self.assertTrue(find(rows, "… the same — `dataplane` part (gradsync-dataplane e2e")[2].startswith(
+            "measured once, in the `transport` part"))
+        avg = find(rows, "GS_AVERAGE ≤ 1.03 × GS_SUM at 64 MiB: time end to end")
+        self.assertEqual(avg[2], "40.80 ms / 40.00 ms = **1.02×**")
+        self.assertEqual(avg[4], "met; np=4 not measured in this run")
+        st = find(rows, "… the ResNet-50 step, the same — `dataplane` part")
+        self.assertEqual(st[2], "60 ms / 50 ms = **1.20×**")
+        self.assertEqual(st[4], "not met (np=2: 1.20× the bound); np=4 not measured in this run")
+
+
+if __name__ == "__main__":
+    unittest.main()
