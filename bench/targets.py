@@ -333,31 +333,27 @@ def main():
     dp_row("… 4 KiB with the TCP ring alone — `dataplane` part",
            time_cells(dp, "gs.direct", "mpi.shm", [4096], "us", 2.0))
 
+    def step_cells(src, gkey, mkey, mfield):
+        """Per np: a step (ms) over OpenMPI shm's allreduce of its bytes (µs);
+        per round the median, then the median over rounds."""
+        cells = []
+        for np in nps:
+            g = med(src, gkey, "step_ms", np=np)
+            m = med(src, mkey, mfield, np=np)
+            if g is None or m is None or m == 0:
+                cells.append(Cell())
+                continue
+            r = g / (m / 1000)
+            cells.append(Cell("%s / %s = **%.2f×**" % (ms(g), ms(m / 1000), r), r <= 1, le_over(r, 1)))
+        return cells
+
     for w, name in (("resnet50", "ResNet-50"), ("bert_base", "BERT-base")):
-        cells = []
-        for np in nps:
-            # steps part: per round the median step; then the median over rounds (as run.sh --steps)
-            g = med(sp, "gs." + w, "step_ms", np=np)
-            m = med(sp, "mpi." + w, "median_us", np=np)
-            if g is None or m is None or m == 0:
-                cells.append(Cell())
-                continue
-            r = g / (m / 1000)
-            cells.append(Cell("%s / %s = **%.2f×**" % (ms(g), ms(m / 1000), r), r <= 1, le_over(r, 1)))
         row(15, "%s step ≤ OpenMPI shm's allreduce of the same bytes — `steps` part%s" %
-            (name, " (BERT-base full size at every np)" if w == "bert_base" else ""), cells, part="steps")
-        cells = []
-        for np in nps:
-            g = med(dp, "step." + w, "step_ms", np=np)
-            m = med(dp, "mpi.step." + w, "us", np=np)
-            if g is None or m is None or m == 0:
-                cells.append(Cell())
-                continue
-            r = g / (m / 1000)
-            cells.append(Cell("%s / %s = **%.2f×**" % (ms(g), ms(m / 1000), r), r <= 1, le_over(r, 1)))
+            (name, " (BERT-base full size at every np)" if w == "bert_base" else ""),
+            step_cells(sp, "gs." + w, "mpi." + w, "median_us"), part="steps")
         row(15, "… the %s step, the same — `dataplane` part%s" % (name, " (BERT-base / 4 at np > 2)"
                                                                   if w == "bert_base" else ""),
-            cells, part="dataplane")
+            step_cells(dp, "step." + w, "mpi.step." + w, "us"), part="dataplane")
 
     cells = []
     for np in nps:
