@@ -187,12 +187,31 @@ static void close_fd(int *fd) {
   *fd = -1;
 }
 
+/* Where the system's congestion control is BBR, the ring's sockets ask for
+ * CUBIC (or, where only the allowed list's algorithms may be chosen, Reno):
+ * BBR paces every send with a timer, and the ring's bursts of a chunk at a
+ * time, between ranks one hop apart, only wait for it. Measured with
+ * gs-transport-bench, np=2, float32 SUM, 1 MiB: between two network
+ * namespaces over a veth pair 790-860 us under BBR, 345-460 under CUBIC or
+ * Reno; on loopback 470-510 against 350-415. Any other algorithm the
+ * administrator chose is left as it is. */
+static void avoid_bbr(int fd) {
+  char cur[16] = {0};
+  socklen_t len = sizeof cur - 1;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &len) != 0 || strcmp(cur, "bbr") != 0)
+    return;
+  static const char *const alt[] = {"cubic", "reno"};
+  for (size_t i = 0; i < sizeof alt / sizeof alt[0]; i++)
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, alt[i], (socklen_t)strlen(alt[i])) == 0) return;
+}
+
 static void tune_socket(int fd) {
   int one = 1, buf = SOCK_BUF_BYTES;
   /* best effort: a failure only costs speed */
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  avoid_bbr(fd);
 }
 
 /* Splits "host:port" / "[v6]:port" into its parts. 0 on success. */
