@@ -246,6 +246,14 @@ static const gs__setting table[GS__S_COUNT] = {
                              "that identical runs give bitwise-identical results whatever the "
                              "fusion and timing (costs bandwidth above 2 ranks: see "
                              "docs/benchmarks.md). Every rank must set the same value."},
+    [GS__S_TCP_CONGESTION] =
+        {"tcp_congestion", NULL, "GRADSYNC_TCP_CONGESTION", NULL, GS__T_STRING, "auto", NULL, 0, 0,
+         NULL, GS__FOR_WORKER, "NAME",
+         "Congestion control of the TCP ring's sockets. auto: cubic (else reno) only where the "
+         "system's is bbr, which paces every send and made the ring 1.7-2.9x slower between hosts "
+         "(see docs/troubleshooting.md); system: the kernel's choice, untouched; an algorithm "
+         "name (reno, cubic, ...): asked for on every ring socket, and where the kernel refuses "
+         "it (not in net.ipv4.tcp_allowed_congestion_control) one warning and the system's."},
     [GS__S_CUDA_DEVICE] = {"cuda_device", NULL, "GRADSYNC_CUDA_DEVICE", NULL, GS__T_INT, NULL,
                            "the local rank", 0, 65535, NULL, GS__FOR_WORKER, "N",
                            "CUDA device the nccl backend uses."},
@@ -406,6 +414,13 @@ int gs__settings_set(gs__settings *s, gs__setting_id id, const char *text, gs__s
     break;
   case GS__T_STRING:
   case GS__T_SECRET:
+    if (id == GS__S_TCP_CONGESTION) {
+      size_t n = strspn(text, "abcdefghijklmnopqrstuvwxyz0123456789_-");
+      if (n == 0 || text[n] || n > 15)
+        return bad(err, errlen, from, text,
+                   "auto, system or an algorithm name of 1 to 15 lower-case letters, digits, "
+                   "_ or - (e.g. cubic)");
+    }
     break;
   case GS__T_CHOICE:
     i = choice_index(d->choices, text);

@@ -73,6 +73,7 @@ typedef enum gs__setting_id {
   GS__S_DATA_PORT_RANGE,
   GS__S_BACKEND,
   GS__S_DETERMINISTIC,
+  GS__S_TCP_CONGESTION,
   GS__S_CUDA_DEVICE,
   GS__S_TLS_CA,
   GS__S_TLS_CERT,

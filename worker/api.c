@@ -148,6 +148,7 @@ typedef struct resolved {
   int rank, size, local_rank, local_size, join_timeout_ms, data_timeout_ms, scale_local,
       cuda_device, deterministic;
   const char *backend;                     /* auto, tcp, nccl or shm */
+  const char *tcp_congestion;              /* GRADSYNC_TCP_CONGESTION */
   const char *tls_ca, *tls_cert, *tls_key; /* PEM files; NULL = plaintext */
   /* where rank, size, local rank and local size came from */
   const char *rank_from, *size_from, *local_rank_from, *local_size_from;
@@ -266,6 +267,7 @@ static gs_status resolve(const gs_options *given, resolved *r) {
   r->scale_local =
       o->scale_local >= 0 ? (o->scale_local != 0) : (int)gs__settings_int(set, GS__S_SCALE_LOCAL);
   r->deterministic = (int)gs__settings_int(set, GS__S_DETERMINISTIC);
+  r->tcp_congestion = gs__settings_str(set, GS__S_TCP_CONGESTION);
   r->token = gs__settings_str(set, GS__S_JOB_TOKEN);
   r->advertise = gs__settings_str(set, GS__S_ADVERTISE_ADDR);
   r->data_addr = gs__settings_str(set, GS__S_DATA_ADDR);
@@ -515,7 +517,8 @@ static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, 
                           .io_timeout_ms = r->data_timeout_ms,
                           .kv = kv,
                           .ring_key = ctx->join.ring_key,
-                          .deterministic = r->deterministic};
+                          .deterministic = r->deterministic,
+                          .congestion = r->tcp_congestion};
   int rc =
       gs__backend_create(GS__BACKEND_TCP, &ro, &ctx->backends[GS__DEVICE_CPU], err, sizeof err);
   if (rc)

@@ -20,7 +20,9 @@
 #include <time.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -144,6 +146,7 @@ typedef struct job {
   char prefix[64];
   const uint8_t (*keys)[GS__SECRET_BYTES]; /* per-rank ring keys; NULL = k_key */
   int deterministic;                       /* GRADSYNC_DETERMINISTIC */
+  const char *congestion;                  /* GRADSYNC_TCP_CONGESTION */
   /* for tests where a rank waits for another to finish */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -188,6 +191,7 @@ static void *rank_main(void *arg) {
       .kv = {.ctx = NULL, .set = kv_set, .get = kv_get},
       .ring_key = j->keys ? j->keys[rc->rank] : k_key,
       .deterministic = j->deterministic,
+      .congestion = j->congestion,
   };
   /* through the factory, as gs_init creates it */
   rc->create_rc =
@@ -1519,6 +1523,96 @@ static void body_bad_args(rank_ctx *rc) {
   if (buf[0] != 1.0f) rc->bad++;
 }
 
+/* ---- GRADSYNC_TCP_CONGESTION --------------------------------------------------- */
+
+/* The congestion control of every connected TCP socket of this process (the
+ * ring's, while its ranks are parked at the barrier): the count, the names
+ * joined by spaces. */
+static pthread_barrier_t g_cc_barrier;
+static int g_cc_count;
+static char g_cc_names[512];
+
+static void scan_tcp_congestion(void) {
+  g_cc_count = 0;
+  g_cc_names[0] = 0;
+  DIR *d = opendir("/proc/self/fd");
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d));) {
+    int fd = atoi(e->d_name), proto = 0, listening = 0;
+    socklen_t l = sizeof proto;
+    if (e->d_name[0] == '.' || getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) != 0 ||
+        proto != IPPROTO_TCP)
+      continue;
+    l = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) != 0 || listening) continue;
+    char name[16] = {0};
+    l = sizeof name - 1;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &l) != 0) continue;
+    size_t n = strlen(g_cc_names);
+    snprintf(g_cc_names + n, sizeof g_cc_names - n, "%s%s", n ? " " : "", name);
+    g_cc_count++;
+  }
+  closedir(d);
+}
+
+static void body_congestion(rank_ctx *rc) {
+  pthread_barrier_wait(&g_cc_barrier); /* every rank's ring is connected */
+  if (rc->rank == 0) scan_tcp_congestion();
+  pthread_barrier_wait(&g_cc_barrier); /* none is destroyed before the scan */
+}
+
+/* Runs an np=2 ring with GRADSYNC_TCP_CONGESTION=cc and returns the
+ * algorithms of its 4 sockets (each rank's send and receive sockets). */
+static const char *ring_congestion(const char *cc) {
+  assert_int_equal(pthread_barrier_init(&g_cc_barrier, NULL, 2), 0);
+  job j = {.size = 2, .body = body_congestion, .congestion = cc};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  free_job(&j, rcs);
+  pthread_barrier_destroy(&g_cc_barrier);
+  if (g_cc_count != 4)
+    fail_msg("GRADSYNC_TCP_CONGESTION=%s: %d TCP sockets (%s), want 4", cc ? cc : "(unset)",
+             g_cc_count, g_cc_names);
+  return g_cc_names;
+}
+
+static void test_tcp_congestion(void **state) {
+  (void)state;
+  /* the kernel's default, as a new socket gets it */
+  char sys[16] = {0}, want[128];
+  int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t l = sizeof sys - 1;
+  assert_true(probe >= 0);
+  assert_int_equal(getsockopt(probe, IPPROTO_TCP, TCP_CONGESTION, sys, &l), 0);
+  close(probe);
+  snprintf(want, sizeof want, "%s %s %s %s", sys, sys, sys, sys);
+
+  /* system: the kernel's choice, whatever it is (bbr included) */
+  assert_string_equal(ring_congestion("system"), want);
+  /* a name an unprivileged process may always choose: on every socket */
+  assert_string_equal(ring_congestion("reno"), "reno reno reno reno");
+  /* a name the kernel refuses: a warning, and the ring runs on the system's */
+  assert_string_equal(ring_congestion("nosuchcc"), want);
+  /* auto (the default): never bbr; any other system choice is left alone */
+  const char *got = ring_congestion(NULL);
+  if (strcmp(sys, "bbr") == 0)
+    assert_null(strstr(got, "bbr"));
+  else
+    assert_string_equal(got, want);
+  assert_string_equal(ring_congestion("auto"), got);
+
+  /* a name the kernel could never take is refused up front */
+  static const char *const bad[] = {"", "sixteen_letters_"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    gs__tcp_ring_opts o = {.rank = 0, .size = 1, .congestion = bad[i]};
+    gs__backend *b = NULL;
+    char err[512];
+    assert_int_equal(gs__tcp_ring_create(&o, &b, err, sizeof err), GS__ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "is not valid: give auto, system or an algorithm name"));
+    assert_null(b);
+  }
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   job j = {.size = 2, .body = body_bad_args};
@@ -1694,6 +1788,7 @@ int main(void) {
       cmocka_unit_test(test_mixed_sequence),
       cmocka_unit_test(test_published_address),
       cmocka_unit_test(test_data_addr_and_port_range),
+      cmocka_unit_test(test_tcp_congestion),
       cmocka_unit_test(test_port_range_in_use),
       cmocka_unit_test(test_ipv6_ring),
       cmocka_unit_test(test_rendezvous_missing_rank),

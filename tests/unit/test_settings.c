@@ -180,6 +180,21 @@ static void test_refusals(void **state) {
                    GS__OK);
   assert_int_equal(s.v[GS__S_DATA_PORT_RANGE].i, 29500);
   assert_int_equal(s.v[GS__S_DATA_PORT_RANGE].i2, 29599);
+  /* GRADSYNC_TCP_CONGESTION: auto by default; a name the kernel could take */
+  assert_string_equal(gs__settings_str(&s, GS__S_TCP_CONGESTION), "auto");
+  assert_int_equal(
+      gs__settings_set(&s, GS__S_TCP_CONGESTION, "Cubic;", GS__SRC_ENV, NULL, err, sizeof err),
+      GS__ERR_INVALID_ARG);
+  assert_string_equal(err, "GRADSYNC_TCP_CONGESTION='Cubic;' is not valid: expected auto, system "
+                           "or an algorithm name of 1 to 15 lower-case letters, digits, _ or - "
+                           "(e.g. cubic)");
+  assert_int_equal(gs__settings_set(&s, GS__S_TCP_CONGESTION, "sixteen_letters_", GS__SRC_ENV, NULL,
+                                    err, sizeof err),
+                   GS__ERR_INVALID_ARG);
+  assert_int_equal(
+      gs__settings_set(&s, GS__S_TCP_CONGESTION, "reno", GS__SRC_ENV, NULL, err, sizeof err),
+      GS__OK);
+  assert_string_equal(gs__settings_str(&s, GS__S_TCP_CONGESTION), "reno");
   assert_int_equal(
       gs__settings_set(&s, GS__S_CACHE_CAPACITY, "12abc", GS__SRC_ENV, NULL, err, sizeof err),
       GS__ERR_INVALID_ARG);

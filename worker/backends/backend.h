@@ -163,6 +163,12 @@ typedef struct gs__tcp_ring_opts {
    * results do not depend on fusion or timing (costs bandwidth at n > 2).
    * Every rank must agree (gs_init checks). */
   int deterministic;
+  /* GRADSYNC_TCP_CONGESTION: the congestion control the ring's sockets ask
+   * for. NULL or "auto": cubic (else reno) only where the system's is bbr;
+   * "system": the kernel's choice; else an algorithm name (at most 15
+   * characters) asked for on every socket, with one warning per ring where
+   * the kernel refuses it. */
+  const char *congestion;
 } gs__tcp_ring_opts;
 
 /* Options of the NCCL backend (GPU). */

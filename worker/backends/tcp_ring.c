@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "log.h"
 #include "messages.h"
 #include "netaddr.h"
 #include "secret.h"
@@ -91,6 +92,16 @@ typedef struct piece {
   const char *local;
 } piece;
 
+/* GRADSYNC_TCP_CONGESTION, resolved once per ring: which congestion control
+ * the ring's sockets ask for. */
+typedef struct cc_pref {
+  int mode;      /* CC_AUTO, CC_SYSTEM or CC_NAMED */
+  char name[16]; /* CC_NAMED: the algorithm (TCP_CA_NAME_MAX is 16) */
+  int rank;      /* for the warning */
+  int warned;    /* the one warning about a refused name was logged */
+} cc_pref;
+enum { CC_AUTO, CC_SYSTEM, CC_NAMED };
+
 typedef struct ring {
   gs__backend base;
   int rank, size, left, right;
@@ -117,6 +128,7 @@ typedef struct ring {
   void *fusion;                        /* host fusion staging (gs__host_staging) */
   size_t fusion_cap;
   int deterministic; /* reduce every element in rank order (see det_reduce) */
+  cc_pref cc;        /* GRADSYNC_TCP_CONGESTION */
   char *det;         /* its scratch: contributions received and relayed */
   size_t det_cap;
 } ring;
@@ -187,15 +199,38 @@ static void close_fd(int *fd) {
   *fd = -1;
 }
 
-/* Where the system's congestion control is BBR, the ring's sockets ask for
+/* auto: where the socket's algorithm (the system's default) is BBR, ask for
  * CUBIC (or, where only the allowed list's algorithms may be chosen, Reno):
  * BBR paces every send with a timer, and the ring's bursts of a chunk at a
  * time, between ranks one hop apart, only wait for it. Measured with
  * gs-transport-bench, np=2, float32 SUM, 1 MiB: between two network
  * namespaces over a veth pair 790-860 us under BBR, 345-460 under CUBIC or
  * Reno; on loopback 470-510 against 350-415. Any other algorithm the
- * administrator chose is left as it is. */
-static void avoid_bbr(int fd) {
+ * administrator chose is left as it is. system: never touched. A name: asked
+ * for on every socket; where the kernel refuses, one warning per ring and the
+ * system's algorithm stays. */
+static void set_congestion(int fd, cc_pref *cc) {
+  if (!cc || cc->mode == CC_SYSTEM) return;
+  if (cc->mode == CC_NAMED) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc->name, (socklen_t)strlen(cc->name)) == 0 ||
+        cc->warned)
+      return;
+    int e = errno;
+    char eb[128], allowed[256] = "unreadable";
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_allowed_congestion_control", "r");
+    if (f) {
+      if (!fgets(allowed, sizeof allowed, f)) snprintf(allowed, sizeof allowed, "unreadable");
+      fclose(f);
+      allowed[strcspn(allowed, "\n")] = 0;
+    }
+    cc->warned = 1;
+    GS_LOG_WARN("tcp ring: rank %d: the kernel refused GRADSYNC_TCP_CONGESTION=%s (%s); the ring "
+                "keeps the system's algorithm. An unprivileged process may choose only those of "
+                "net.ipv4.tcp_allowed_congestion_control (here: %s); load the module or add the "
+                "name there, or set GRADSYNC_TCP_CONGESTION=auto",
+                cc->rank, cc->name, errtext(e, eb, sizeof eb), allowed);
+    return;
+  }
   char cur[16] = {0};
   socklen_t len = sizeof cur - 1;
   if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &len) != 0 || strcmp(cur, "bbr") != 0)
@@ -205,13 +240,13 @@ static void avoid_bbr(int fd) {
     if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, alt[i], (socklen_t)strlen(alt[i])) == 0) return;
 }
 
-static void tune_socket(int fd) {
+static void tune_socket(int fd, cc_pref *cc) {
   int one = 1, buf = SOCK_BUF_BYTES;
   /* best effort: a failure only costs speed */
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-  avoid_bbr(fd);
+  set_congestion(fd, cc);
 }
 
 /* Splits "host:port" / "[v6]:port" into its parts. 0 on success. */
@@ -272,8 +307,8 @@ static int local_addr_toward(const char *coordinator, char *out, size_t outlen, 
  * IPv4 where the host has no IPv6); on the first free port of [lo, hi] when
  * lo > 0, else on a port the kernel picks. Returns the socket and its port,
  * or -1 with a message. */
-static int listen_on(const char *data_addr, int lo, int hi, int rank, int *port_out, char *err,
-                     size_t errlen) {
+static int listen_on(const char *data_addr, int lo, int hi, int rank, cc_pref *cc, int *port_out,
+                     char *err, size_t errlen) {
   char eb[128];
   struct addrinfo hints = {.ai_family = AF_UNSPEC,
                            .ai_socktype = SOCK_STREAM,
@@ -313,7 +348,7 @@ static int listen_on(const char *data_addr, int lo, int hi, int rank, int *port_
     (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (p->ai_family == AF_INET6 && !node)
       (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    tune_socket(fd); /* inherited by the accepted socket */
+    tune_socket(fd, cc); /* inherited by the accepted socket */
     int first = lo > 0 ? lo : 0, last = lo > 0 ? hi : 0;
     for (int port = first; port <= last; port++) {
       if (p->ai_family == AF_INET6)
@@ -424,7 +459,8 @@ static int io_exact(int fd, void *buf, size_t len, int writing, int64_t deadline
 /* Dials host:port until it answers or the deadline passes, retrying while
  * the peer refuses (not listening yet) or is unreachable for a moment.
  * Returns the connected non-blocking socket, or -1 with *last_errno. */
-static int dial(const char *addr, int64_t deadline, int *last_errno, char *why, size_t whylen) {
+static int dial(const char *addr, cc_pref *cc, int64_t deadline, int *last_errno, char *why,
+                size_t whylen) {
   char host[256], port[32];
   *last_errno = ETIMEDOUT;
   if (split_host_port(addr, host, sizeof host, port, sizeof port) != 0) {
@@ -446,7 +482,7 @@ static int dial(const char *addr, int64_t deadline, int *last_errno, char *why, 
         snprintf(why, whylen, "socket() failed");
         return -1;
       }
-      tune_socket(fd); /* before connect: the window scale is fixed at SYN */
+      tune_socket(fd, cc); /* before connect: the window scale is fixed at SYN */
       int e = 0;
       if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
         e = errno;
@@ -658,7 +694,7 @@ static int handshake(ring *r, int lfd, const unsigned char nonce_d[NONCE_BYTES],
       if (k == 0 && now >= cand[i].deadline) k = -1;
       if (k == 0) continue;
       if (k > 0 && r->recv_fd < 0) {
-        tune_socket(cand[i].fd);
+        tune_socket(cand[i].fd, &r->cc);
         r->recv_fd = cand[i].fd;
       } else {
         close(cand[i].fd);
@@ -705,7 +741,7 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
   int status = GS__ERR_DATA_PLANE;
 
   int my_port = 0;
-  int lfd = listen_on(o->data_addr, o->port_lo, o->port_hi, r->rank, &my_port, err, errlen);
+  int lfd = listen_on(o->data_addr, o->port_lo, o->port_hi, r->rank, &r->cc, &my_port, err, errlen);
   if (lfd < 0) return GS__ERR_DATA_PLANE;
 
   if (o->advertise_addr && *o->advertise_addr) {
@@ -761,7 +797,7 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
    * first and accepting second cannot wait in a cycle. */
   int e = 0;
   char why[400] = "";
-  r->send_fd = dial(r->right_addr, deadline, &e, why, sizeof why);
+  r->send_fd = dial(r->right_addr, &r->cc, deadline, &e, why, sizeof why);
   if (r->send_fd < 0) {
     snprintf(err, errlen,
              "tcp ring: rank %d could not connect to rank %d at %s within %d ms: %s%s%s. Check "
@@ -2181,6 +2217,15 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
     }
   }
 
+  const char *cc = opts->congestion;
+  if (cc && (!*cc || strlen(cc) > 15)) {
+    snprintf(err, errlen,
+             "tcp ring: congestion control \"%.64s\" is not valid: give auto, system or an "
+             "algorithm name of 1 to 15 characters (GRADSYNC_TCP_CONGESTION)",
+             cc);
+    return GS__ERR_INVALID_ARG;
+  }
+
   int status = GS__ERR_NO_MEMORY;
   ring *r = calloc(1, sizeof *r);
   if (!r) goto out_nomem;
@@ -2191,6 +2236,9 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
   r->right = mod(r->rank + 1, r->size);
   r->io_timeout_ms = opts->io_timeout_ms;
   r->deterministic = opts->deterministic;
+  r->cc.rank = opts->rank;
+  r->cc.mode = !cc || !strcmp(cc, "auto") ? CC_AUTO : !strcmp(cc, "system") ? CC_SYSTEM : CC_NAMED;
+  if (r->cc.mode == CC_NAMED) snprintf(r->cc.name, sizeof r->cc.name, "%s", cc);
   r->send_fd = r->recv_fd = -1;
   if (opts->ring_key) memcpy(r->key, opts->ring_key, sizeof r->key);
   snprintf(r->prefix, sizeof r->prefix, "%s", opts->key_prefix ? opts->key_prefix : "");
