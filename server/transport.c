@@ -691,31 +691,19 @@ static void on_event(gs__server *s, tag *t, int ok) {
   case T_START:
   case T_STATUS:
     break;
-  case T_RECV:
-    if (ok && c->recv_bb && !c->got_first && s->methods[c->idx].m->max_first_message &&
-        grpc_byte_buffer_length(c->recv_bb) > s->methods[c->idx].m->max_first_message) {
-      /* Nobody is known before the first message was accepted: refuse an
-       * oversized one by its length, before copying or decoding it. */
+  case T_RECV: {
+    /* The first message (before it, nobody is known) and every later one
+     * have their own limits: an oversized one is refused by its length,
+     * before it is copied or decoded. */
+    const gs__method *m = s->methods[c->idx].m;
+    size_t limit = c->got_first ? m->max_request_bytes : m->max_first_message;
+    if (ok && c->recv_bb && limit && grpc_byte_buffer_length(c->recv_bb) > limit) {
       char msg[256];
       snprintf(msg, sizeof msg,
-               "the first message of a %s call (%zu bytes) exceeds the limit of %zu bytes; "
-               "refused without reading it",
-               call_path(c), grpc_byte_buffer_length(c->recv_bb),
-               s->methods[c->idx].m->max_first_message);
-      warn_refused(c, msg);
-      grpc_byte_buffer_destroy(c->recv_bb);
-      c->recv_bb = NULL;
-      gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
-      break;
-    }
-    if (ok && c->recv_bb && c->got_first && s->methods[c->idx].m->max_request_bytes &&
-        grpc_byte_buffer_length(c->recv_bb) > s->methods[c->idx].m->max_request_bytes) {
-      char msg[256];
-      snprintf(msg, sizeof msg,
-               "a message of a %s call (%zu bytes) exceeds the limit of %zu bytes; refused "
-               "without reading it",
-               call_path(c), grpc_byte_buffer_length(c->recv_bb),
-               s->methods[c->idx].m->max_request_bytes);
+               "%s of a %s call (%zu bytes) exceeds the limit of %zu bytes; refused without "
+               "reading it",
+               c->got_first ? "a message" : "the first message", call_path(c),
+               grpc_byte_buffer_length(c->recv_bb), limit);
       warn_refused(c, msg);
       grpc_byte_buffer_destroy(c->recv_bb);
       c->recv_bb = NULL;
@@ -760,6 +748,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
       gs__call_finish(c, GRPC_STATUS_OK, NULL);
     }
     break;
+  }
   case T_SEND:
     grpc_byte_buffer_destroy(c->send_bb);
     c->send_bb = NULL;
