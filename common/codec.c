@@ -294,7 +294,35 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   pb.register_local = reg;
   pb.n_unregister_local = m->nunreg;
   pb.unregister_local = unreg;
-  int rc = gs__codec_pack(&pb.base, out, len);
+  pb.escalate_round = m->escalate_round;
+  Gradsync__V1__FastReport report = GRADSYNC__V1__FAST_REPORT__INIT;
+  if (m->has_fast_report) {
+    report.rounds = m->fast_report.rounds;
+    report.tensors = m->fast_report.tensors;
+    report.collectives = m->fast_report.collectives;
+    report.bytes = m->fast_report.bytes;
+    pb.fast_report = &report;
+  }
+  Gradsync__V1__FastPending *fp = NULL, **fpp = NULL;
+  int rc = GS__OK;
+  if (m->nfast_pending) {
+    fp = calloc(m->nfast_pending, sizeof *fp);
+    fpp = calloc(m->nfast_pending, sizeof *fpp);
+    if (!fp || !fpp) rc = GS__ERR_NO_MEMORY;
+    for (size_t i = 0; !rc && i < m->nfast_pending; i++) {
+      gradsync__v1__fast_pending__init(&fp[i]);
+      fp[i].name = (char *)m->fast_pending[i].name;
+      fp[i].cache_id = m->fast_pending[i].cache_id;
+      fp[i].age_ms = m->fast_pending[i].age_ms;
+      fpp[i] = &fp[i];
+    }
+  }
+  pb.n_fast_pending = fpp ? m->nfast_pending : 0;
+  pb.fast_pending = fpp;
+  pb.fast_pending_update = m->fast_pending_update ? 1 : 0;
+  if (!rc) rc = gs__codec_pack(&pb.base, out, len);
+  free(fp);
+  free(fpp);
   free(reg);
   free(unreg);
   free(blocked);
@@ -396,6 +424,32 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
   if (!rc)
     rc = copy_names(&m->unreg, &m->nunreg, pb->unregister_local, pb->n_unregister_local, 65536,
                     "local unregistrations", err, errlen);
+  m->escalate_round = pb->escalate_round;
+  if (pb->fast_report) {
+    m->has_fast_report = 1;
+    m->fast_report.rounds = pb->fast_report->rounds;
+    m->fast_report.tensors = pb->fast_report->tensors;
+    m->fast_report.collectives = pb->fast_report->collectives;
+    m->fast_report.bytes = pb->fast_report->bytes;
+  }
+  m->fast_pending_update = pb->fast_pending_update;
+  if (!rc && pb->n_fast_pending > GS__MAX_BLOCKED)
+    rc = gs__codec_fail(err, errlen, "%zu fast-pending ops exceed the limit of %d",
+                        pb->n_fast_pending, GS__MAX_BLOCKED);
+  if (!rc && pb->n_fast_pending) {
+    m->fast_pending = calloc(pb->n_fast_pending, sizeof *m->fast_pending);
+    if (!m->fast_pending) {
+      rc = GS__ERR_NO_MEMORY;
+      goto out_free_pb;
+    }
+    m->nfast_pending = pb->n_fast_pending;
+    for (size_t i = 0; i < pb->n_fast_pending && !rc; i++) {
+      m->fast_pending[i].cache_id = pb->fast_pending[i]->cache_id;
+      m->fast_pending[i].age_ms = pb->fast_pending[i]->age_ms;
+      rc = gs__codec_copy_str(m->fast_pending[i].name, sizeof m->fast_pending[i].name,
+                              pb->fast_pending[i]->name, "fast-pending tensor name", err, errlen);
+    }
+  }
   if (!rc && pb->leave) {
     m->has_leave = 1;
     snprintf(m->leave_reason, sizeof m->leave_reason, "%s",
@@ -437,6 +491,7 @@ static int build_plan(const gs__plan *p, Gradsync__V1__Plan *pb, plan_scratch *s
   pb->replay_of = p->replay_of;
   pb->n_forget_templates = p->nforget;
   pb->forget_templates = p->forget_templates;
+  pb->fast_after = p->fast_after ? 1 : 0;
   s->nresp = p->nresponses;
   if (!p->nresponses) return GS__OK;
   s->resp = calloc(p->nresponses, sizeof *s->resp);
@@ -489,6 +544,7 @@ int gs__encode_plan_msg(const gs__plan_msg *m, uint8_t **out, size_t *len) {
   plan_scratch scratch = {0};
   Gradsync__V1__Abort ab = GRADSYNC__V1__ABORT__INIT;
   Gradsync__V1__TensorError te = GRADSYNC__V1__TENSOR_ERROR__INIT;
+  Gradsync__V1__FastStop fs = GRADSYNC__V1__FAST_STOP__INIT;
   int rc = GS__OK;
   switch (m->kind) {
   case GS__MSG_WORLD:
@@ -538,6 +594,12 @@ int gs__encode_plan_msg(const gs__plan_msg *m, uint8_t **out, size_t *len) {
     pb.kind_case = GRADSYNC__V1__PLAN_MESSAGE__KIND_RANK_ERROR;
     pb.rank_error = &te;
     break;
+  case GS__MSG_FAST_STOP:
+    fs.reason = m->text ? m->text : (char *)"";
+    fs.abort_round = m->abort_round ? 1 : 0;
+    pb.kind_case = GRADSYNC__V1__PLAN_MESSAGE__KIND_FAST_STOP;
+    pb.fast_stop = &fs;
+    break;
   default:
     return GS__ERR_INVALID_ARG;
   }
@@ -551,6 +613,7 @@ out_free:
 
 static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, size_t errlen) {
   p->seq = pb->seq;
+  p->fast_after = pb->fast_after;
   p->template_id = pb->template_id;
   p->replay_of = pb->replay_of;
   if (pb->n_forget_templates) {
@@ -699,6 +762,11 @@ int gs__decode_plan_msg(const uint8_t *buf, size_t len, gs__plan_msg *m, char *e
     rc = gs__codec_copy_str(m->name, sizeof m->name, pb->rank_error->name, "tensor name", err,
                             errlen);
     if (!rc && !(m->text = dup_text(pb->rank_error->message))) rc = GS__ERR_NO_MEMORY;
+    break;
+  case GRADSYNC__V1__PLAN_MESSAGE__KIND_FAST_STOP:
+    m->kind = GS__MSG_FAST_STOP;
+    m->abort_round = pb->fast_stop->abort_round;
+    if (!(m->text = dup_text(pb->fast_stop->reason))) rc = GS__ERR_NO_MEMORY;
     break;
   default:
     rc = gs__codec_fail(err, errlen, "PlanMessage carries no known kind");

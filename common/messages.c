@@ -14,6 +14,7 @@ void gs__rank_msg_free(gs__rank_msg *m) {
   free(m->cached);
   free(m->reg);
   free(m->unreg);
+  free(m->fast_pending);
   memset(m, 0, sizeof *m);
 }
 

@@ -65,6 +65,18 @@ typedef struct gs__tensor_request {
   uint32_t group_size;
 } gs__tensor_request;
 
+/* Cumulative counters of a rank's fast rounds (RankMessage.fast_report). */
+typedef struct gs__fast_report {
+  uint64_t rounds, tensors, collectives, bytes;
+} gs__fast_report;
+
+/* An op a rank waits on in fast mode (RankMessage.fast_pending). */
+typedef struct gs__fast_pending {
+  char name[GS__MAX_NAME + 1];
+  uint32_t cache_id; /* 0 for a barrier */
+  uint32_t age_ms;
+} gs__fast_pending;
+
 /* Rank -> coordinator on the Session stream. */
 typedef struct gs__rank_msg {
   int has_hello;
@@ -86,6 +98,12 @@ typedef struct gs__rank_msg {
   size_t nreg, nunreg; /* local registrations */
   char (*reg)[GS__MAX_NAME + 1];
   char (*unreg)[GS__MAX_NAME + 1];
+  uint64_t escalate_round; /* left fast mode after this round (0 = none) */
+  int has_fast_report;
+  gs__fast_report fast_report;
+  int fast_pending_update;
+  size_t nfast_pending; /* at most GS__MAX_BLOCKED */
+  gs__fast_pending *fast_pending;
 } gs__rank_msg;
 
 #define GS__MAX_BLOCKED 64 /* blocked-on names reported per rank */
@@ -143,6 +161,7 @@ typedef struct gs__plan {
   uint32_t replay_of;   /* responses are those of this template */
   size_t nforget;
   uint32_t *forget_templates;
+  int fast_after; /* ranks enter fast mode once they ran this plan */
 } gs__plan;
 
 typedef enum gs__plan_msg_kind {
@@ -151,16 +170,20 @@ typedef enum gs__plan_msg_kind {
   GS__MSG_PLAN,
   GS__MSG_ABORT,
   GS__MSG_RANK_ERROR,
+  GS__MSG_FAST_STOP,
 } gs__plan_msg_kind;
 
 /* Coordinator -> rank on the Session stream. RANK_ERROR is an error for one
- * tensor of the receiving rank only (not part of the numbered plans). */
+ * tensor of the receiving rank only (not part of the numbered plans).
+ * FAST_STOP asks the rank off the fast path (text: the reason; abort_round:
+ * also end a fast round in progress). */
 typedef struct gs__plan_msg {
   gs__plan_msg_kind kind;
   gs__world_status world;
   gs__plan plan;
   int32_t status;              /* ABORT, RANK_ERROR */
-  char *text;                  /* ABORT reason / RANK_ERROR message */
+  char *text;                  /* ABORT / FAST_STOP reason, RANK_ERROR message */
+  int abort_round;             /* FAST_STOP */
   char name[GS__MAX_NAME + 1]; /* RANK_ERROR: the tensor */
 } gs__plan_msg;
 

@@ -658,6 +658,97 @@ static void test_rank_msg_rejects_bad_blocked_on(void **state) {
   free(longname);
 }
 
+/* The fast path's parts of a RankMessage: the escalation, the cumulative
+ * report and the ops waited on, each bounded like blocked_on. */
+static void test_rank_msg_fast_path_round_trip(void **state) {
+  (void)state;
+  gs__rank_msg in, out;
+  memset(&in, 0, sizeof in);
+  in.escalate_round = 1ull << 40;
+  in.has_fast_report = 1;
+  in.fast_report = (gs__fast_report){.rounds = 7, .tensors = 1127, .collectives = 9,
+                                     .bytes = 1ull << 33};
+  gs__fast_pending fp[2] = {{.name = "grads/a", .cache_id = 12, .age_ms = 1500},
+                            {.name = "gs.barrier.3", .cache_id = 0, .age_ms = 4294967295u}};
+  in.fast_pending = fp;
+  in.nfast_pending = 2;
+  in.fast_pending_update = 1;
+  uint8_t *buf;
+  size_t len;
+  char err[256] = "";
+  assert_int_equal(gs__encode_rank_msg(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_rank_msg(buf, len, &out, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(out.escalate_round, 1ull << 40);
+  assert_int_equal(out.has_fast_report, 1);
+  assert_int_equal(out.fast_report.rounds, 7);
+  assert_int_equal(out.fast_report.tensors, 1127);
+  assert_int_equal(out.fast_report.collectives, 9);
+  assert_int_equal(out.fast_report.bytes, 1ull << 33);
+  assert_int_equal(out.fast_pending_update, 1);
+  assert_int_equal(out.nfast_pending, 2);
+  assert_string_equal(out.fast_pending[0].name, "grads/a");
+  assert_int_equal(out.fast_pending[0].cache_id, 12);
+  assert_int_equal(out.fast_pending[0].age_ms, 1500);
+  assert_string_equal(out.fast_pending[1].name, "gs.barrier.3");
+  assert_int_equal(out.fast_pending[1].cache_id, 0);
+  assert_int_equal(out.fast_pending[1].age_ms, 4294967295u);
+  gs__rank_msg_free(&out);
+
+  /* An update to "none": no entries, the flag set; no report sent. */
+  memset(&in, 0, sizeof in);
+  in.fast_pending_update = 1;
+  assert_int_equal(gs__encode_rank_msg(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_rank_msg(buf, len, &out, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(out.fast_pending_update, 1);
+  assert_int_equal(out.nfast_pending, 0);
+  assert_null(out.fast_pending);
+  assert_int_equal(out.has_fast_report, 0);
+  assert_int_equal(out.escalate_round, 0);
+  gs__rank_msg_free(&out);
+
+  /* GS__MAX_BLOCKED entries pass, one more is refused; a long name is
+   * refused after a good entry, and nothing is kept. */
+  pbw w = {0};
+  for (int i = 0; i <= GS__MAX_BLOCKED; i++) {
+    pbw sub = {0};
+    char name[16];
+    snprintf(name, sizeof name, "t%d", i);
+    pbw_str(&sub, 1, name);
+    pbw_int(&sub, 2, (uint64_t)i + 1);
+    if (i == GS__MAX_BLOCKED) {
+      assert_int_equal(gs__decode_rank_msg(w.b, w.n, &out, err, sizeof err), GS__OK);
+      assert_int_equal(out.nfast_pending, GS__MAX_BLOCKED);
+      assert_string_equal(out.fast_pending[GS__MAX_BLOCKED - 1].name, "t63");
+      assert_int_equal(out.fast_pending[GS__MAX_BLOCKED - 1].cache_id, 64);
+      gs__rank_msg_free(&out);
+    }
+    pbw_bytes(&w, 13, sub.b, sub.n);
+    pbw_free(&sub);
+  }
+  assert_int_equal(gs__decode_rank_msg(w.b, w.n, &out, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_string_equal(err, "65 fast-pending ops exceed the limit of 64");
+  assert_null(out.fast_pending);
+  assert_int_equal(out.nfast_pending, 0);
+  pbw_free(&w);
+
+  char *longname = repeat('z', GS__MAX_NAME + 1);
+  pbw good = {0}, bad = {0};
+  pbw_str(&good, 1, "fine");
+  pbw_str(&bad, 1, longname);
+  pbw_bytes(&w, 13, good.b, good.n);
+  pbw_bytes(&w, 13, bad.b, bad.n);
+  assert_int_equal(gs__decode_rank_msg(w.b, w.n, &out, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_string_equal(err,
+                      "fast-pending tensor name of 256 bytes exceeds the limit of 255 bytes");
+  assert_null(out.fast_pending);
+  pbw_free(&good);
+  pbw_free(&bad);
+  pbw_free(&w);
+  free(longname);
+}
+
 /* ---- plan message ------------------------------------------------------------ */
 
 static void test_plan_msg_world_round_trip(void **state) {
@@ -834,6 +925,7 @@ static void test_plan_msg_plan_round_trip(void **state) {
   free(buf);
   assert_int_equal(out.kind, GS__MSG_PLAN);
   assert_int_equal(out.plan.seq, 12345678901ull);
+  assert_int_equal(out.plan.fast_after, 0);
   assert_int_equal(out.plan.nresponses, 4);
   for (int i = 0; i < 4; i++) assert_response_equal(&resps[i], &out.plan.responses[i]);
   assert_string_equal(out.plan.responses[3].error_message, mismatch);
@@ -854,12 +946,14 @@ static void test_plan_msg_plan_round_trip(void **state) {
   in.plan.responses = NULL;
   in.plan.nevicted = 0;
   in.plan.evicted = NULL;
+  in.plan.fast_after = 1; /* an empty plan that only turns the fast path on */
   assert_int_equal(gs__encode_plan_msg(&in, &buf, &len), GS__OK);
   assert_int_equal(gs__decode_plan_msg(buf, len, &out, err, sizeof err), GS__OK);
   free(buf);
   assert_int_equal(out.kind, GS__MSG_PLAN);
   assert_int_equal(out.plan.seq, 1);
   assert_int_equal(out.plan.nresponses, 0);
+  assert_int_equal(out.plan.fast_after, 1);
   assert_null(out.plan.responses);
   assert_int_equal(out.plan.nevicted, 0);
   assert_null(out.plan.evicted);
@@ -905,6 +999,28 @@ static void test_plan_msg_abort_and_rank_error_round_trip(void **state) {
   assert_int_equal(out.kind, GS__MSG_ABORT);
   assert_int_equal(out.status, GS__ERR_ABORTED);
   assert_non_null(out.text);
+  assert_string_equal(out.text, "");
+  gs__plan_msg_free(&out);
+
+  char stop[] = "rank 2 (node-c:77) left the job while the ranks agreed on cached tensors";
+  memset(&in, 0, sizeof in);
+  in.kind = GS__MSG_FAST_STOP;
+  in.text = stop;
+  in.abort_round = 1;
+  assert_int_equal(gs__encode_plan_msg(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_plan_msg(buf, len, &out, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(out.kind, GS__MSG_FAST_STOP);
+  assert_int_equal(out.abort_round, 1);
+  assert_string_equal(out.text, stop);
+  gs__plan_msg_free(&out);
+  in.text = NULL;
+  in.abort_round = 0;
+  assert_int_equal(gs__encode_plan_msg(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_plan_msg(buf, len, &out, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(out.kind, GS__MSG_FAST_STOP);
+  assert_int_equal(out.abort_round, 0);
   assert_string_equal(out.text, "");
   gs__plan_msg_free(&out);
 
@@ -1567,6 +1683,7 @@ int main(void) {
       cmocka_unit_test(test_rank_msg_parts_alone),
       cmocka_unit_test(test_rank_msg_rejects_bad_requests),
       cmocka_unit_test(test_rank_msg_rejects_bad_blocked_on),
+      cmocka_unit_test(test_rank_msg_fast_path_round_trip),
       cmocka_unit_test(test_plan_msg_world_round_trip),
       cmocka_unit_test(test_plan_msg_plan_round_trip),
       cmocka_unit_test(test_plan_msg_abort_and_rank_error_round_trip),
