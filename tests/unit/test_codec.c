@@ -666,8 +666,8 @@ static void test_rank_msg_fast_path_round_trip(void **state) {
   memset(&in, 0, sizeof in);
   in.escalate_round = 1ull << 40;
   in.has_fast_report = 1;
-  in.fast_report = (gs__fast_report){.rounds = 7, .tensors = 1127, .collectives = 9,
-                                     .bytes = 1ull << 33};
+  in.fast_report =
+      (gs__fast_report){.rounds = 7, .tensors = 1127, .collectives = 9, .bytes = 1ull << 33};
   gs__fast_pending fp[2] = {{.name = "grads/a", .cache_id = 12, .age_ms = 1500},
                             {.name = "gs.barrier.3", .cache_id = 0, .age_ms = 4294967295u}};
   in.fast_pending = fp;
@@ -740,8 +740,7 @@ static void test_rank_msg_fast_path_round_trip(void **state) {
   pbw_bytes(&w, 13, good.b, good.n);
   pbw_bytes(&w, 13, bad.b, bad.n);
   assert_int_equal(gs__decode_rank_msg(w.b, w.n, &out, err, sizeof err), GS__ERR_INVALID_ARG);
-  assert_string_equal(err,
-                      "fast-pending tensor name of 256 bytes exceeds the limit of 255 bytes");
+  assert_string_equal(err, "fast-pending tensor name of 256 bytes exceeds the limit of 255 bytes");
   assert_null(out.fast_pending);
   pbw_free(&good);
   pbw_free(&bad);
