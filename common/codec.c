@@ -229,6 +229,7 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
     hello.epoch = m->hello_epoch;
     hello.secret.data = (uint8_t *)m->hello_secret;
     hello.secret.len = sizeof m->hello_secret;
+    hello.fast_path = m->hello_fast_path ? 1 : 0;
     pb.hello = &hello;
   }
   if (m->nrequests) {
@@ -371,6 +372,7 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
     m->has_hello = 1;
     m->hello_rank = pb->hello->rank;
     m->hello_epoch = pb->hello->epoch;
+    m->hello_fast_path = pb->hello->fast_path;
     rc = copy_secret(m->hello_secret, &pb->hello->secret, "hello secret", err, errlen);
     if (rc) goto out_free_pb;
   }

@@ -83,6 +83,7 @@ typedef struct gs__rank_msg {
   int32_t hello_rank;
   uint64_t hello_epoch;
   uint8_t hello_secret[GS__SECRET_BYTES]; /* zero when none was sent */
+  int hello_fast_path;                    /* the rank runs fast rounds */
   size_t nrequests;
   gs__tensor_request *requests;
   size_t ndone;

@@ -381,6 +381,7 @@ static void test_rank_msg_round_trip(void **state) {
   in.has_hello = 1;
   in.hello_rank = 2;
   in.hello_epoch = 77;
+  in.hello_fast_path = 1;
   in.nrequests = 5;
   in.requests = reqs;
   in.ndone = 4;
@@ -410,6 +411,7 @@ static void test_rank_msg_round_trip(void **state) {
   assert_int_equal(out.has_hello, 1);
   assert_int_equal(out.hello_rank, 2);
   assert_int_equal(out.hello_epoch, 77);
+  assert_int_equal(out.hello_fast_path, 1);
   assert_int_equal(out.nrequests, 5);
   for (int i = 0; i < 5; i++) assert_request_equal(&out.requests[i], &reqs[i]);
   assert_int_equal(out.ndone, 4);
@@ -478,6 +480,7 @@ static void test_rank_msg_parts_alone(void **state) {
   assert_int_equal(out.has_hello, 1);
   assert_int_equal(out.hello_rank, 0);
   assert_int_equal(out.hello_epoch, 0);
+  assert_int_equal(out.hello_fast_path, 0);
   assert_int_equal(out.has_leave, 1);
   assert_string_equal(out.leave_reason, "");
   assert_int_equal(out.heartbeat, 0);
