@@ -1506,6 +1506,167 @@ static void test_io_timeout(void **state) {
   free_job(&j, rcs);
 }
 
+/* ---- agree: the fast round's MIN with no deadline until every rank entered ---------------- */
+
+/* Rank r's byte i: the full range in pass 0, the 0/1 flags of a fast
+ * round's vector in pass 1. */
+static uint8_t agree_val(int pass, int r, size_t i) {
+  if (pass == 1) return (i + (size_t)r) % 3 != 0;
+  return (uint8_t)(i * 37 + (size_t)r * 101 + (i >> 3) * 11) ^ (uint8_t)(r * 29);
+}
+
+static const size_t k_agree_n[] = {1, 2, 3, 5, 7, 33, 1000, 4099};
+#define NAGREE (sizeof k_agree_n / sizeof k_agree_n[0])
+
+/* Every n of k_agree_n in both passes (rc[k] and err[k] for the first
+ * failure of n k), then an allreduce: the ring must still be in step.
+ * With user set, the last rank enters each agree late by that many ms. */
+static void body_agree(rank_ctx *rc) {
+  int n = rc->j->size, late_ms = rc->j->user ? *(int *)rc->j->user : 0;
+  uint8_t *buf = malloc(4099);
+  for (size_t k = 0; k < NAGREE; k++)
+    for (int pass = 0; pass < 2; pass++) {
+      size_t len = k_agree_n[k];
+      for (size_t i = 0; i < len; i++) buf[i] = agree_val(pass, rc->rank, i);
+      if (late_ms && rc->rank == n - 1 && k < 2) {
+        struct timespec ts = {late_ms / 1000, (late_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+      }
+      double t0 = now_s();
+      int r = rc->b->v->agree(rc->b, buf, len, rc->err[k], sizeof rc->err[k]);
+      if (k < 2 && pass == 0) rc->secs[k] = now_s() - t0;
+      if (r != GS__OK) {
+        rc->rc[k] = r;
+        goto out;
+      }
+      for (size_t i = 0; i < len; i++) {
+        uint8_t want = 255;
+        for (int q = 0; q < n; q++)
+          if (agree_val(pass, q, i) < want) want = agree_val(pass, q, i);
+        if (buf[i] != want) rc->bad++;
+      }
+    }
+  float f[3] = {(float)rc->rank, 1, 2};
+  rc->rc[NAGREE] = rc->b->v->allreduce(rc->b, f, 3, GS__FLOAT32, GS__SUM, rc->err[NAGREE], 1024);
+  if (f[0] != (float)(n * (n - 1) / 2) || f[1] != (float)n || f[2] != (float)(2 * n)) rc->bad++;
+out:
+  free(buf);
+}
+
+static void check_agree_job(job *j, rank_ctx *rcs) {
+  assert_created(j, rcs);
+  for (int r = 0; r < j->size; r++) {
+    for (size_t k = 0; k <= NAGREE; k++)
+      if (rcs[r].rc[k] != GS__OK)
+        fail_msg("np %d rank %d step %zu: %s: %s", j->size, r, k, gs__status_name(rcs[r].rc[k]),
+                 rcs[r].err[k]);
+    if (rcs[r].bad) fail_msg("np %d rank %d: %ld wrong bytes", j->size, r, rcs[r].bad);
+  }
+}
+
+/* The minimum over ranks at np 2, 3, 4 (and 1: a no-op), for odd n,
+ * n < np included (some ranks own no byte); the ring stays in step. */
+static void test_agree_values(void **state) {
+  (void)state;
+  for (int np = 1; np <= 4; np++) {
+    job j = {.size = np, .body = body_agree};
+    rank_ctx *rcs = run_job(&j);
+    check_agree_job(&j, rcs);
+    free_job(&j, rcs);
+  }
+}
+
+/* The last rank enters the first two agrees 3x the io timeout late: the
+ * others wait for it (no data-plane timeout before every rank entered),
+ * and everyone gets the right values; later collectives are bounded as
+ * usual (the allreduce at the end runs with the same short timeout). */
+static void test_agree_late_peer(void **state) {
+  (void)state;
+  static int late_ms = 900;
+  for (int np = 2; np <= 3; np++) {
+    job j = {.size = np, .body = body_agree, .io_timeout_ms = 300, .user = &late_ms};
+    rank_ctx *rcs = run_job(&j);
+    check_agree_job(&j, rcs);
+    for (int r = 0; r < np - 1; r++) /* they did wait, longer than the io timeout */
+      assert_true(rcs[r].secs[0] > 0.3 && rcs[r].secs[1] > 0.3);
+    free_job(&j, rcs);
+  }
+}
+
+/* Rank 1 is connected but never enters; rank 0 waits in agree past its
+ * 100 ms io timeout until another thread aborts it: GS__ERR_ABORTED. */
+static void body_agree_abort(rank_ctx *rc) {
+  if (rc->rank == 1) {
+    wait_done(rc, 1);
+    return;
+  }
+  pthread_t th;
+  abort_arg a = {rc->b, 600};
+  pthread_create(&th, NULL, abort_later, &a);
+  uint8_t v[40] = {1};
+  double t0 = now_s();
+  rc->rc[0] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[0], 1024);
+  rc->secs[0] = now_s() - t0;
+  pthread_join(th, NULL);
+  rc->rc[1] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[1], 1024);
+}
+
+static void test_agree_abort(void **state) {
+  (void)state;
+  job j = {.size = 2, .body = body_agree_abort, .io_timeout_ms = 100};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  print_message("%s (%.3f s)\n", rcs[0].err[0], rcs[0].secs[0]);
+  if (rcs[0].rc[0] != GS__ERR_ABORTED)
+    fail_msg("want GS_ERR_ABORTED, got %s: %s", gs__status_name(rcs[0].rc[0]), rcs[0].err[0]);
+  assert_non_null(strstr(rcs[0].err[0], "rank 0: agree aborted"));
+  assert_true(rcs[0].secs[0] >= 0.55); /* the abort ended it, not the 100 ms timeout */
+  assert_true(rcs[0].secs[0] < 10);    /* promptly (a hang guard) */
+  assert_int_equal(rcs[0].rc[1], GS__ERR_ABORTED);
+  free_job(&j, rcs);
+}
+
+/* Rank 2 vanishes (its sockets close, as when it is killed) while the
+ * others wait for it in agree, long after their 100 ms io timeout: both
+ * its neighbours fail at once naming it and its address. */
+static void body_agree_peer_dies(rank_ctx *rc) {
+  if (rc->rank == 2) {
+    struct timespec ts = {0, 500 * 1000000L};
+    nanosleep(&ts, NULL);
+    return; /* rank_main destroys the backend: its connections close */
+  }
+  uint8_t v[64];
+  memset(v, 1, sizeof v);
+  double t0 = now_s();
+  rc->rc[0] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[0], 1024);
+  rc->secs[0] = now_s() - t0;
+  rc->rc[1] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[1], 1024);
+}
+
+static void test_agree_peer_dies(void **state) {
+  (void)state;
+  job j = {.size = 3, .body = body_agree_peer_dies, .io_timeout_ms = 100};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  for (int r = 0; r < 2; r++) {
+    print_message("rank %d: %s (%.3f s)\n", r, rcs[r].err[0], rcs[r].secs[0]);
+    if (rcs[r].rc[0] != GS__ERR_DATA_PLANE)
+      fail_msg("rank %d: want GS_ERR_DATA_PLANE, got %s: %s", r, gs__status_name(rcs[r].rc[0]),
+               rcs[r].err[0]);
+    assert_non_null(strstr(rcs[r].err[0], "lost its connection to rank 2"));
+    assert_non_null(strstr(rcs[r].err[0], " agree"));
+    assert_non_null(strstr(rcs[r].err[0], "check its log"));
+    assert_true(rcs[r].secs[0] >= 0.4); /* waited past the io timeout for rank 2 */
+    assert_true(rcs[r].secs[0] < 10);
+    assert_int_equal(rcs[r].rc[1], GS__ERR_DATA_PLANE);
+    assert_non_null(strstr(rcs[r].err[1], "earlier collective failed"));
+  }
+  /* rank 1 sees its reset; rank 0 its close, or rank 1's notice naming it */
+  assert_non_null(strstr(rcs[1].err[0], "to rank 2 (127.0.0.1:"));
+  assert_non_null(strstr(rcs[0].err[0], "(127.0.0.1:"));
+  free_job(&j, rcs);
+}
+
 /* ---- argument checks ------------------------------------------------------------------- */
 
 static void body_bad_args(rank_ctx *rc) {
@@ -1796,6 +1957,10 @@ int main(void) {
       cmocka_unit_test(test_failure_reaches_neighbours),
       cmocka_unit_test(test_abort_unblocks),
       cmocka_unit_test(test_io_timeout),
+      cmocka_unit_test(test_agree_values),
+      cmocka_unit_test(test_agree_late_peer),
+      cmocka_unit_test(test_agree_abort),
+      cmocka_unit_test(test_agree_peer_dies),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_bench),
       cmocka_unit_test(test_rogue_connection_dropped),

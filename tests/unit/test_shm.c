@@ -169,11 +169,14 @@ static void expect_val(void *buf, gs__dtype dt, gs__reduce_op op, int n, size_t 
 
 typedef struct tjob {
   int size;
-  int nhosts; /* 1, or 2: ranks [0, size/2) and [size/2, size) */
-  char seg[2][128];
+  int nhosts; /* 1, 2 (ranks [0, size/2) and [size/2, size)) or size */
+  char seg[4][128];
   int leader_port_key; /* distinct kv prefix per job */
   int deterministic;   /* the leaders' ring reduces in rank order */
   size_t one_shot;     /* gs__shm_opts.one_shot_bytes (0 = the default) */
+  int io_ms;           /* io timeout of the segment and the leaders' ring (0: HANG_GUARD_MS) */
+  int late_rank;       /* agree_rank: this rank enters its first agrees late_ms late */
+  int late_ms;
   atomic_int failures;
   char first_failure[1024];
   pthread_mutex_t mu;
@@ -257,7 +260,7 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
                     .chunk_bytes = TEST_CHUNK,
                     .one_shot_bytes = j->one_shot,
                     .connect_timeout_ms = HANG_GUARD_MS,
-                    .io_timeout_ms = HANG_GUARD_MS};
+                    .io_timeout_ms = j->io_ms ? j->io_ms : HANG_GUARD_MS};
   gs__backend *b = NULL;
   if (gs__backend_create(GS__BACKEND_SHM, &o, &b, err, errlen) != GS__OK) return NULL;
   if (j->nhosts > 1 && r == local[0]) {
@@ -268,7 +271,7 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
                             .coordinator = "127.0.0.1:9",
                             .key_prefix = prefix,
                             .connect_timeout_ms = HANG_GUARD_MS,
-                            .io_timeout_ms = HANG_GUARD_MS,
+                            .io_timeout_ms = j->io_ms ? j->io_ms : HANG_GUARD_MS,
                             .kv = {NULL, kv_set, kv_get},
                             .ring_key = k_key,
                             .deterministic = j->deterministic};
@@ -486,6 +489,108 @@ static void test_hierarchical_2x2_deterministic(void **state) {
 static void test_hierarchical_2x1(void **state) {
   (void)state;
   run_threads(2, 2);
+}
+
+/* ---- agree ------------------------------------------------------------------ */
+
+/* Rank r's byte i: the full range in pass 0, 0/1 flags in pass 1. */
+static uint8_t agree_val(int pass, int r, size_t i) {
+  if (pass == 1) return (i + (size_t)r) % 3 != 0;
+  return (uint8_t)(i * 37 + (size_t)r * 101 + (i >> 3) * 11) ^ (uint8_t)(r * 29);
+}
+
+/* Odd n, n below the rank count, and n across two TEST_CHUNK slots; then an
+ * allreduce (the transport must still be in step). j->late_rank enters
+ * the first two n late by j->late_ms. */
+static void *agree_rank(void *arg) {
+  static const size_t lens[] = {1, 2, 3, 7, 33, 4099, 2 * TEST_CHUNK + 3};
+  trank *t = arg;
+  tjob *j = t->j;
+  char err[2048];
+  gs__backend *b = make_rank(j, t->rank, err, sizeof err);
+  if (!b) {
+    record(j, "rank %d: create failed: %s", t->rank, err);
+    return NULL;
+  }
+  uint8_t *buf = malloc(2 * TEST_CHUNK + 3);
+  for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+    for (int pass = 0; pass < 2; pass++) {
+      size_t n = lens[k];
+      for (size_t i = 0; i < n; i++) buf[i] = agree_val(pass, t->rank, i);
+      if (t->rank == j->late_rank && k < 2) usleep((useconds_t)j->late_ms * 1000);
+      int64_t t0 = now_ms();
+      if (b->v->agree(b, buf, n, err, sizeof err)) {
+        record(j, "rank %d of %d (%d hosts): agree n=%zu failed: %s", t->rank, j->size, j->nhosts,
+               n, err);
+        goto out;
+      }
+      if (j->late_ms && t->rank != j->late_rank && k < 2 && now_ms() - t0 < j->late_ms / 2)
+        record(j, "rank %d: agree n=%zu returned after %lld ms, before the late rank %d came",
+               t->rank, n, (long long)(now_ms() - t0), j->late_rank);
+      for (size_t i = 0; i < n; i++) {
+        uint8_t want = 255;
+        for (int q = 0; q < j->size; q++)
+          if (agree_val(pass, q, i) < want) want = agree_val(pass, q, i);
+        if (buf[i] != want) {
+          record(j, "rank %d of %d (%d hosts): agree n=%zu pass %d: byte %zu is %u, want %u",
+                 t->rank, j->size, j->nhosts, n, pass, i, buf[i], want);
+          goto out;
+        }
+      }
+    }
+  float f[3] = {(float)t->rank, 1, 2};
+  if (b->v->allreduce(b, f, 3, GS__FLOAT32, GS__SUM, err, sizeof err) ||
+      f[0] != (float)(j->size * (j->size - 1) / 2) || f[1] != (float)j->size)
+    record(j, "rank %d: the allreduce after the agrees failed or is wrong: %s", t->rank, err);
+out:
+  free(buf);
+  gs__backend_destroy(b);
+  return NULL;
+}
+
+static void run_agree(int size, int nhosts, int io_ms, int late_rank, int late_ms) {
+  static int job_no = 1000;
+  tjob j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.mu, NULL);
+  j.size = size;
+  j.nhosts = nhosts;
+  j.leader_port_key = job_no++;
+  j.io_ms = io_ms;
+  j.late_rank = late_rank;
+  j.late_ms = late_ms;
+  for (int h = 0; h < nhosts; h++) seg_name(j.seg[h], sizeof j.seg[h]);
+  pthread_t th[8];
+  trank tr[8];
+  for (int r = 0; r < size; r++) {
+    tr[r] = (trank){&j, r};
+    assert_int_equal(pthread_create(&th[r], NULL, agree_rank, &tr[r]), 0);
+  }
+  for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
+  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  for (int h = 0; h < nhosts; h++) assert_false(seg_exists(j.seg[h]));
+  pthread_mutex_destroy(&j.mu);
+}
+
+/* The minimum over 2, 3, 4 ranks of one host, and hierarchical: 2 hosts x
+ * 2 ranks, 2 x 1 (leaders only), 4 x 1. */
+static void test_agree_values(void **state) {
+  (void)state;
+  for (int np = 2; np <= 4; np++) run_agree(np, 1, 0, -1, 0);
+  run_agree(4, 2, 0, -1, 0);
+  run_agree(2, 2, 0, -1, 0);
+  run_agree(4, 4, 0, -1, 0);
+}
+
+/* A rank that enters 3x the io timeout late: the others wait for it
+ * without a timeout, and all get the right values. On one host; and across
+ * 2 hosts, late a non-leader (its leader waits on shared memory, the other
+ * host's ranks in the leaders' ring and the host broadcast), then a leader. */
+static void test_agree_late_peer(void **state) {
+  (void)state;
+  run_agree(3, 1, 300, 2, 900);
+  run_agree(4, 2, 300, 3, 900);
+  run_agree(4, 2, 300, 2, 900);
 }
 
 /* ---- faults, with forked ranks ---------------------------------------------- */
@@ -721,6 +826,114 @@ static void test_stuck_peer_times_out(void **state) {
   kill_wait(child);
 }
 
+static void *lone_agree(void *p) {
+  abort_arg *a = p;
+  uint8_t v[100];
+  memset(v, 1, sizeof v);
+  int64_t t0 = now_ms();
+  a->rc = a->b->v->agree(a->b, v, sizeof v, a->err, sizeof a->err);
+  a->ms = now_ms() - t0;
+  return NULL;
+}
+
+/* agree waits for a peer that is alive but has not entered, past the
+ * 100 ms io timeout, until abort() from another thread: GS__ERR_ABORTED. */
+static void test_agree_abort(void **state) {
+  (void)state;
+  char seg[128], err[1024];
+  seg_name(seg, sizeof seg);
+  pid_t child = fork_rank(1, 2, seg, 0); /* maps, then only sleeps */
+  abort_arg a = {0};
+  a.b = make_local(0, 2, seg, HANG_GUARD_MS, 100, err, sizeof err);
+  if (!a.b) fail_msg("create: %s", err);
+  pthread_t th;
+  pthread_create(&th, NULL, lone_agree, &a);
+  usleep(600000);
+  a.b->v->abort(a.b);
+  pthread_join(th, NULL);
+  print_message("%s (%lld ms)\n", a.err, (long long)a.ms);
+  assert_int_equal(a.rc, GS__ERR_ABORTED);
+  assert_non_null(strstr(a.err, "shm: rank 0: agree aborted"));
+  assert_true(a.ms >= 500);              /* not ended by the io timeout */
+  assert_true(a.ms < HANG_GUARD_MS / 2); /* promptly */
+  gs__backend_destroy(a.b);
+  kill_wait(child);
+  assert_false(seg_exists(seg));
+}
+
+/* kill -9 of a peer that has not entered agree, long after the io
+ * timeout: the waiter fails within a bounded time, naming it. */
+static void test_agree_peer_killed(void **state) {
+  (void)state;
+  char seg[128], err[1024];
+  seg_name(seg, sizeof seg);
+  pid_t child = fork_rank(2, 3, seg, 0), child1 = fork_rank(1, 3, seg, 0);
+  abort_arg a = {0};
+  a.b = make_local(0, 3, seg, HANG_GUARD_MS, 100, err, sizeof err);
+  if (!a.b) fail_msg("create: %s", err);
+  pthread_t th;
+  pthread_create(&th, NULL, lone_agree, &a);
+  usleep(600000);
+  kill_wait(child);
+  pthread_join(th, NULL);
+  print_message("%s (%lld ms)\n", a.err, (long long)a.ms);
+  assert_int_equal(a.rc, GS__ERR_DATA_PLANE);
+  char want[128];
+  snprintf(want, sizeof want, "rank 2 (pid %d) exited while rank 0 waited for it in agree",
+           (int)child);
+  if (!strstr(a.err, "the shared-memory connection to rank 2 is lost") || !strstr(a.err, want))
+    fail_msg("unexpected error: %s", a.err);
+  assert_true(a.ms >= 500 && a.ms < HANG_GUARD_MS / 2);
+  gs__backend_destroy(a.b);
+  kill_wait(child1);
+  assert_false(seg_exists(seg));
+}
+
+typedef struct agree_arg {
+  const char *seg;
+  int rank, delay_ms, abort_first, rc;
+  char err[1024];
+  int64_t ms;
+} agree_arg;
+
+static void *agree_thread(void *p) {
+  agree_arg *a = p;
+  gs__backend *b = make_local(a->rank, 2, a->seg, HANG_GUARD_MS, 100, a->err, sizeof a->err);
+  if (!b) {
+    a->rc = -1;
+    return NULL;
+  }
+  usleep((useconds_t)a->delay_ms * 1000);
+  if (a->abort_first) b->v->abort(b);
+  uint8_t v[10] = {0};
+  int64_t t0 = now_ms();
+  a->rc = b->v->agree(b, v, sizeof v, a->err, sizeof a->err);
+  a->ms = now_ms() - t0;
+  gs__backend_destroy(b);
+  return NULL;
+}
+
+/* A rank aborted before it enters (the abort came while it was not in a
+ * collective) tells its peers when it does: rank 0, waiting in agree with
+ * no timeout, fails then, naming it, instead of waiting for ever. */
+static void test_agree_peer_aborted(void **state) {
+  (void)state;
+  char seg[128];
+  seg_name(seg, sizeof seg);
+  agree_arg a[2] = {{.seg = seg, .rank = 0},
+                    {.seg = seg, .rank = 1, .delay_ms = 500, .abort_first = 1}};
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, agree_thread, &a[r]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  print_message("rank 0: %s (%lld ms)\n", a[0].err, (long long)a[0].ms);
+  assert_int_equal(a[1].rc, GS__ERR_ABORTED);
+  assert_int_equal(a[0].rc, GS__ERR_DATA_PLANE);
+  if (!strstr(a[0].err, "agree stopped because rank 1 on this host gave up: rank 1 aborted"))
+    fail_msg("unexpected error: %s", a[0].err);
+  assert_true(a[0].ms >= 400 && a[0].ms < HANG_GUARD_MS / 2);
+  assert_false(seg_exists(seg));
+}
+
 /* Bad arguments are refused with a message, and change nothing. */
 static void test_bad_args(void **state) {
   (void)state;
@@ -762,12 +975,17 @@ int main(void) {
       cmocka_unit_test(test_hierarchical_2x1),
       cmocka_unit_test(test_hierarchical_2x2_deterministic),
       cmocka_unit_test(test_hierarchical_2x2_defaults),
+      cmocka_unit_test(test_agree_values),
+      cmocka_unit_test(test_agree_late_peer),
       cmocka_unit_test(test_kill9_peer),
       cmocka_unit_test(test_kill9_leader_before_attach),
       cmocka_unit_test(test_leader_dies_before_sizing),
       cmocka_unit_test(test_peer_never_attaches),
       cmocka_unit_test(test_abort_wakes_waiter),
       cmocka_unit_test(test_stuck_peer_times_out),
+      cmocka_unit_test(test_agree_abort),
+      cmocka_unit_test(test_agree_peer_killed),
+      cmocka_unit_test(test_agree_peer_aborted),
       cmocka_unit_test(test_bad_args),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -586,6 +586,7 @@ static const gs__backend_vtbl k_vtbl = {
     .broadcast = broadcast_vt,
     .reducescatter = reducescatter_vt,
     .alltoallv = alltoallv_vt,
+    /* .agree stays NULL: fast rounds agree on the host backend (backend.h) */
     .abort = abort_vt,
     .destroy = destroy_vt,
 };

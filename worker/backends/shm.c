@@ -24,8 +24,10 @@
  *
  * Waits spin briefly, then yield, then sleep on the bell (FUTEX_WAIT with a
  * short timeout) while counting as a sleeper, so that posters only pay for
- * a wake-up when someone sleeps. Every wait is bounded by the io timeout,
- * checks the local abort flag and the segment's failure word, and every
+ * a wake-up when someone sleeps. Every wait is bounded by the io timeout
+ * (except agree's wait for the peers to enter, which has no deadline and
+ * sleeps longer once it has lasted a second), checks the local abort flag
+ * and the segment's failure word, and every
  * 100 ms checks that the peers it waits for are still alive (kill(pid, 0)),
  * so a dead peer fails the collective in ~0.1 s, naming it. The first rank
  * to fail records why in the segment; the others fail at once with that.
@@ -77,6 +79,7 @@
 #define SPIN_YIELD 64
 #define SLEEP_MS 5                    /* one futex sleep; abort and failures wake it earlier */
 #define LIVENESS_MS 100               /* how often a waiter checks its peers' pids */
+#define PATIENT_MS 1000               /* a patient wait sleeps LIVENESS_MS at a time after this */
 #define ID_BYTES 256                  /* host identity record exchanged at start */
 #define REC_BYTES (ID_BYTES + 16)     /* + pid (int32, padded) and pid namespace (uint64) */
 #define ONE_SHOT_BYTES (256u * 1024u) /* up to this, every rank reduces the whole chunk */
@@ -246,6 +249,22 @@ static int peer_failed(shm *s, uint64_t f, const char *what, char *err, size_t e
               s->local_ranks[reporter], msg);
 }
 
+/* An abort in agree tells the local peers, as the TCP ring's abort tells
+ * its neighbours: their wait in agree has no timeout, and a peer that
+ * enters it later (it was not in a round when the coordinator's FastStop
+ * came) would otherwise wait for this rank for ever. Other collectives'
+ * aborts poison nothing (see docs/design-notes.md). Not after a failure
+ * of this rank's own, which was told already (the first report wins). */
+static void poison_aborted(shm *s) {
+  if (s->broken) return;
+  char why[MSG_BYTES];
+  snprintf(why, sizeof why,
+           "rank %d aborted its collectives (the job is being torn down after an error "
+           "elsewhere)",
+           s->rank);
+  poison(s, FAIL_ERROR, s->rank, why);
+}
+
 static int aborted_status(shm *s, const char *what, char *err, size_t errlen) {
   snprintf(err, errlen,
            "shm: rank %d: %s aborted (the job is being torn down after an error elsewhere)",
@@ -293,10 +312,13 @@ static int leader_gone(shm *s, int64_t *checked, const char *step, char *err, si
   return GS__ERR_DATA_PLANE;
 }
 
-/* Waits until counter f of local ranks lo..hi reaches target. */
-static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *what, char *err,
-                    size_t errlen) {
-  int64_t start = 0, checked = 0;
+/* Waits until counter f of local ranks lo..hi reaches target. patient:
+ * the peers may not have entered the collective yet (agree), so there is
+ * no io timeout: only abort, a failure or a dead peer ends the wait, and
+ * after PATIENT_MS the sleeps stretch to LIVENESS_MS. */
+static int wait_until(shm *s, int f, uint64_t target, int lo, int hi, int patient, const char *what,
+                      char *err, size_t errlen) {
+  int64_t start = 0, checked = 0, slept = 0;
   for (unsigned spin = 0;; spin++) {
     int q = lo;
     while (q <= hi && atomic_load(&s->ctl[q].cnt[f]) >= target) q++;
@@ -316,12 +338,13 @@ static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *
     atomic_fetch_add(&s->hdr->sleepers, 1);
     if (atomic_load(&s->ctl[q].cnt[f]) < target && !atomic_load(&s->aborted) &&
         !atomic_load(&s->hdr->failed)) {
-      struct timespec ts = {0, SLEEP_MS * 1000000L};
+      struct timespec ts = {0, (slept < PATIENT_MS ? SLEEP_MS : LIVENESS_MS) * 1000000L};
       syscall(SYS_futex, &s->hdr->bell, FUTEX_WAIT, seq, &ts, NULL, 0);
     }
     atomic_fetch_sub(&s->hdr->sleepers, 1);
     int64_t now = now_ms();
     if (!start) start = checked = now;
+    if (patient) slept = now - start;
     if (now - checked >= LIVENESS_MS) {
       checked = now;
       for (int p = lo; p <= hi; p++) {
@@ -336,7 +359,7 @@ static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *
                     s->rank, s->local_ranks[p], why);
       }
     }
-    if (now - start >= s->io_timeout_ms) {
+    if (!patient && now - start >= s->io_timeout_ms) {
       char why[MSG_BYTES];
       snprintf(why, sizeof why, "rank %d waited %d ms (GRADSYNC_DATA_TIMEOUT_MS) for rank %d in %s",
                s->rank, s->io_timeout_ms, s->local_ranks[q], what);
@@ -347,6 +370,11 @@ static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *
                   why, s->local_ranks[q]);
     }
   }
+}
+
+static int wait_for(shm *s, int f, uint64_t target, int lo, int hi, const char *what, char *err,
+                    size_t errlen) {
+  return wait_until(s, f, target, lo, hi, 0, what, err, errlen);
 }
 
 /* ---- the two phases ------------------------------------------------------- */
@@ -411,8 +439,8 @@ static int reduce_phase(shm *s, const char *what, const void *in, gs__dtype in_d
  * local rank's out (out_dt), through wire dtype wdt. The root converts its
  * own out too when out differs from in. */
 static int bcast_phase(shm *s, const char *what, int root, const void *in, gs__dtype in_dt,
-                       void *out, gs__dtype out_dt, size_t count, gs__dtype wdt, char *err,
-                       size_t errlen) {
+                       void *out, gs__dtype out_dt, size_t count, gs__dtype wdt, int patient,
+                       char *err, size_t errlen) {
   size_t wes = gs__dtype_size(wdt), ies = gs__dtype_size(in_dt), oes = gs__dtype_size(out_dt);
   size_t per_chunk = s->chunk / wes;
   int L = s->nlocal, me = s->me, rc;
@@ -427,7 +455,8 @@ static int bcast_phase(shm *s, const char *what, int root, const void *in, gs__d
       post(s, F_POSTED, g + 1);
       convert((char *)out + off * oes, out_dt, (const char *)in + off * ies, in_dt, n);
     } else {
-      if ((rc = wait_for(s, F_POSTED, g + 1, root, root, what, err, errlen))) return rc;
+      if ((rc = wait_until(s, F_POSTED, g + 1, root, root, patient && off == 0, what, err, errlen)))
+        return rc;
       convert((char *)out + off * oes, out_dt, result(s, b), wdt, n);
     }
     post(s, F_DONE, g + 1);
@@ -528,7 +557,7 @@ static int allreduce(shm *s, void *buf, size_t count, gs__dtype dt, gs__reduce_o
     if ((rc = leaders_step(s, rc, "allreduce", err, errlen))) return rc;
   }
   if (s->nlocal > 1)
-    return bcast_phase(s, "allreduce", 0, buf, dt, buf, dt, count, dt, err, errlen);
+    return bcast_phase(s, "allreduce", 0, buf, dt, buf, dt, count, dt, 0, err, errlen);
   return GS__OK;
 }
 
@@ -784,7 +813,7 @@ static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, cha
   for (int q = 0; q < s->nlocal; q++)
     if (s->local_ranks[q] == root) rlocal = q;
   if (rhost == s->host_index && s->nlocal > 1) {
-    rc = bcast_phase(s, "broadcast", rlocal, buf, GS__UINT8, buf, GS__UINT8, len, GS__UINT8, err,
+    rc = bcast_phase(s, "broadcast", rlocal, buf, GS__UINT8, buf, GS__UINT8, len, GS__UINT8, 0, err,
                      errlen);
     if (rc) return rc;
   }
@@ -794,9 +823,75 @@ static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, cha
     if ((rc = leaders_step(s, rc, "broadcast", err, errlen))) return rc;
   }
   if (rhost != s->host_index && s->nlocal > 1)
-    return bcast_phase(s, "broadcast", 0, buf, GS__UINT8, buf, GS__UINT8, len, GS__UINT8, err,
+    return bcast_phase(s, "broadcast", 0, buf, GS__UINT8, buf, GS__UINT8, len, GS__UINT8, 0, err,
                        errlen);
   return GS__OK;
+}
+
+/* The host step of agree: every local rank posts its n bytes, and the
+ * ranks that want the result (out not NULL) take the minimum over all
+ * slots themselves (one rendezvous whatever n). The wait for the first
+ * chunk is patient: it is where ranks wait for each other to enter. */
+static int agree_phase(shm *s, const uint8_t *in, uint8_t *out, size_t n, char *err,
+                       size_t errlen) {
+  int L = s->nlocal, me = s->me, rc;
+  const void *src[GS__SHM_MAX_LOCAL];
+  for (size_t off = 0; off < n; off += s->chunk) {
+    size_t k = n - off < s->chunk ? n - off : s->chunk;
+    uint64_t g = s->g;
+    int b = (int)(g % NBUF);
+    if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, "agree", err, errlen)))
+      return rc;
+    memcpy(slot(s, b, me), in + off, k);
+    post(s, F_POSTED, g + 1);
+    if (out) {
+      if ((rc = wait_until(s, F_POSTED, g + 1, 0, L - 1, off == 0, "agree", err, errlen)))
+        return rc;
+      for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
+      gs__reduce_many(out + off, GS__UINT8, src, (size_t)L, GS__UINT8, k, GS__MIN, 1, 1.0);
+    }
+    post(s, F_DONE, g + 1);
+    s->g = g + 1;
+  }
+  return GS__OK;
+}
+
+/* The agreement of a fast round (backend.h): on one host agree_phase; across
+ * hosts the leader takes its host's minimum, agrees with the other leaders
+ * over their ring (patient too), and broadcasts the result to its host,
+ * whose ranks wait for it patiently (their leader waits for other hosts). */
+static int agree(shm *s, uint8_t *buf, size_t n, char *err, size_t errlen) {
+  int rc;
+  if (n == 0 || s->size == 1) return GS__OK;
+  if (!buf) {
+    snprintf(err, errlen, "shm: agree: buf is NULL with n %zu", n);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (s->nhosts == 1) return agree_phase(s, buf, buf, n, err, errlen);
+  int leader = s->me == 0;
+  if (s->nlocal > 1 && (rc = agree_phase(s, buf, leader ? buf : NULL, n, err, errlen))) {
+    if (leader) { /* the other leaders wait for this one without a deadline: end their wait */
+      char eb[256];
+      s->leaders->v->abort(s->leaders);
+      (void)s->leaders->v->agree(s->leaders, buf, n, eb, sizeof eb);
+    }
+    return rc;
+  }
+  if (leader) {
+    rc = s->leaders->v->agree(s->leaders, buf, n, err, errlen);
+    if ((rc = leaders_step(s, rc, "agree", err, errlen))) return rc;
+  }
+  if (s->nlocal > 1)
+    return bcast_phase(s, "agree", 0, buf, GS__UINT8, buf, GS__UINT8, n, GS__UINT8, 1, err, errlen);
+  return GS__OK;
+}
+
+static int shm_agree_vt(gs__backend *b, uint8_t *buf, size_t n, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  int rc = check_usable(s, "agree", err, errlen);
+  if (rc == GS__OK) rc = agree(s, buf, n, err, errlen);
+  if (rc == GS__ERR_ABORTED) poison_aborted(s);
+  return rc;
 }
 
 /* Allgatherv, reducescatter and alltoallv run on the world ring. */
@@ -890,6 +985,7 @@ static const gs__backend_vtbl k_vtbl = {
     .broadcast = shm_broadcast_vt,
     .reducescatter = shm_reducescatter_vt,
     .alltoallv = shm_alltoallv_vt,
+    .agree = shm_agree_vt,
     .abort = shm_abort_vt,
     .destroy = shm_destroy_vt,
 };

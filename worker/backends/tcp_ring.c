@@ -21,7 +21,9 @@
  * then copied out, so all ranks end bitwise identical.
  *
  * Failures are bounded and loud: every wait has a deadline (connect timeout
- * for the rendezvous, io timeout per stretch without progress), a close or
+ * for the rendezvous, io timeout per stretch without progress; agree alone
+ * waits without one until every rank has entered, see stream.patient,
+ * ending only on abort or a closed connection), a close or
  * reset by a neighbour fails the collective at once, and a rank that gives
  * up tells its neighbours right away (see poison) so the whole ring fails
  * within milliseconds, naming the rank that failed first where it can.
@@ -159,6 +161,11 @@ typedef struct stream {
   double factor;
   char *out;
   gs__dtype out_dt;
+  /* agree: until this many recv bytes are processed (the first piece that
+   * holds every rank's contribution), peers may not have entered the
+   * collective yet, so the wait has no deadline: only abort or a closed
+   * connection ends it. 0: the io timeout applies from the start. */
+  size_t patient;
 } stream;
 
 static const gs__backend_vtbl k_vtbl;
@@ -1012,6 +1019,7 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
     if (atomic_load(&r->aborted)) return aborted_status(r, st->what, err, errlen);
     size_t allowed = st->pre + fwd_done < send_total ? st->pre + fwd_done : send_total;
     int want_send = sent < send_total, can_send = sent < allowed, want_recv = recvd < recv_total;
+    int patient = processed < st->patient;
     struct pollfd pfd[3] = {
         {.fd = r->abort_fd, .events = POLLIN},
         /* The right neighbour only ever writes a failure notice to us. It
@@ -1021,7 +1029,7 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
          .events = POLLIN | POLLRDHUP | (can_send ? POLLOUT : 0)},
         {.fd = want_recv ? r->recv_fd : -1, .events = POLLIN | POLLRDHUP},
     };
-    int pr = poll(pfd, 3, ms_left(deadline));
+    int pr = poll(pfd, 3, patient ? -1 : ms_left(deadline));
     if (pr < 0) {
       if (errno == EINTR) continue;
       char eb[128];
@@ -1030,7 +1038,7 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
                   errtext(errno, eb, sizeof eb));
     }
     if (pr == 0) {
-      if (ms_left(deadline) > 0) continue;
+      if (patient || ms_left(deadline) > 0) continue;
       char who[2 * ADDR_MAX + 160];
       /* A stopped rank shows up as silence to its right and as a full
        * window to its left; name whichever this rank is waiting on. */
@@ -1206,8 +1214,9 @@ static int det_allreduce(ring *r, char *buf, gs__dtype dt, char *out, gs__dtype 
  * runs on ag. rs == ag with equal dtypes is the plain in-place ring;
  * float16/bfloat16 reduce-scatter on a float32 workspace and allgather
  * their 16-bit result (half the bytes of a float32 allgather). */
-static int ring_allreduce(ring *r, char *rs, gs__dtype rs_dt, char *ag, gs__dtype ag_dt,
-                          size_t count, gs__reduce_op op, finishing fin, char *err, size_t errlen) {
+static int ring_allreduce(ring *r, const char *what, char *rs, gs__dtype rs_dt, char *ag,
+                          gs__dtype ag_dt, size_t count, gs__reduce_op op, finishing fin,
+                          int patient, char *err, size_t errlen) {
   int n = r->size, np = 2 * (n - 1);
   size_t es = gs__dtype_size(rs_dt), aes = gs__dtype_size(ag_dt);
   /* recv piece j: reduce-scatter step j receives chunk rank-j-1 (reduced
@@ -1227,7 +1236,7 @@ static int ring_allreduce(ring *r, char *rs, gs__dtype rs_dt, char *ag, gs__dtyp
   size_t oo = chunk_off(count, n, own), oe = chunk_off(count, n, own + 1);
   r->send[n - 1] = (piece){ag + oo * aes, (oe - oo) * aes, 0, NULL};
   int in_place = rs == ag && rs_dt == ag_dt;
-  stream st = {.what = "allreduce",
+  stream st = {.what = what,
                .send = r->send,
                .nsend = np,
                .pre = r->send[0].len,
@@ -1242,6 +1251,15 @@ static int ring_allreduce(ring *r, char *rs, gs__dtype rs_dt, char *ag, gs__dtyp
                .factor = fin.factor,
                .out = in_place ? NULL : ag + oo * aes,
                .out_dt = ag_dt};
+  if (patient) {
+    /* every rank has entered once the first finished chunk is in: the
+     * owned block's last reduce-scatter step, or an allgather piece (the
+     * first that is not empty: count >= 1, so one of them is not) */
+    for (int j = 0; j < np; j++) {
+      st.patient += r->recv[j].len;
+      if (j >= n - 2 && r->recv[j].len) break;
+    }
+  }
   return run_stream(r, &st, err, errlen);
 }
 
@@ -1269,13 +1287,15 @@ static int allreduce(ring *r, void *buf, size_t count, gs__dtype dt, gs__reduce_
   gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
   finishing fin = finishing_of(r, op, postscale);
   if (r->deterministic) return det_allreduce(r, buf, dt, buf, dt, count, rop, fin, err, errlen);
-  if (!is_half(dt)) return ring_allreduce(r, buf, dt, buf, dt, count, rop, fin, err, errlen);
+  if (!is_half(dt))
+    return ring_allreduce(r, "allreduce", buf, dt, buf, dt, count, rop, fin, 0, err, errlen);
   /* 16-bit floats: reduce in float32 and round once at the end, so the
    * result does not depend on how many partial sums were rounded. */
   float *w = workspace(r, count, "allreduce", err, errlen);
   if (!w) return GS__ERR_NO_MEMORY;
   half_to_f32(dt, w, buf, count);
-  return ring_allreduce(r, (char *)w, GS__FLOAT32, buf, dt, count, rop, fin, err, errlen);
+  return ring_allreduce(r, "allreduce", (char *)w, GS__FLOAT32, buf, dt, count, rop, fin, 0, err,
+                        errlen);
 }
 
 static int ring_allreduce_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
@@ -1609,7 +1629,7 @@ int gs__tcp_ring_allreduce_into(gs__backend *b, void *work, gs__dtype work_dt, v
   }
   if (r->deterministic)
     return det_allreduce(r, work, work_dt, out, out_dt, count, op, fin, err, errlen);
-  return ring_allreduce(r, work, work_dt, out, out_dt, count, op, fin, err, errlen);
+  return ring_allreduce(r, "allreduce", work, work_dt, out, out_dt, count, op, fin, 0, err, errlen);
 }
 
 /* The reduce-scatter half of the ring, with rank r ending up owning block r
@@ -2111,6 +2131,27 @@ static int ring_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, ch
   return run_stream(r, &st, err, errlen);
 }
 
+/* The agreement of a fast round: an allreduce of n bytes with MIN whose
+ * wait for the peers to enter has no deadline (see stream.patient). MIN is
+ * exact in any order, so it runs on the plain ring even when the ring is
+ * deterministic. */
+static int ring_agree_vt(gs__backend *b, uint8_t *buf, size_t n, char *err, size_t errlen) {
+  ring *r = (ring *)b;
+  int rc = check_usable(r, "agree", err, errlen);
+  if (rc != GS__OK) return rc;
+  if (n == 0 || r->size == 1) return GS__OK;
+  if (!buf) {
+    snprintf(err, errlen, "tcp ring: agree: buf is NULL with n %zu", n);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (n > SIZE_MAX / 8) {
+    snprintf(err, errlen, "tcp ring: agree: n %zu is too large", n);
+    return GS__ERR_INVALID_ARG;
+  }
+  return ring_allreduce(r, "agree", (char *)buf, GS__UINT8, (char *)buf, GS__UINT8, n, GS__MIN,
+                        (finishing){1, 1.0}, 1, err, errlen);
+}
+
 static void ring_abort_vt(gs__backend *b) {
   ring *r = (ring *)b;
   atomic_store(&r->aborted, 1);
@@ -2165,6 +2206,7 @@ static const gs__backend_vtbl k_vtbl = {
     .broadcast = ring_broadcast_vt,
     .reducescatter = ring_reducescatter_vt,
     .alltoallv = ring_alltoallv_vt,
+    .agree = ring_agree_vt,
     .abort = ring_abort_vt,
     .destroy = ring_destroy_vt,
 };
