@@ -201,6 +201,9 @@ int gs__encode_diag_status(const gs__diag_status *m, uint8_t **out, size_t *len)
   pb.mean_tensors_per_op = m->mean_tensors_per_op;
   pb.pending_tensors = m->pending_tensors;
   pb.coordinator_state = (char *)m->coordinator_state;
+  pb.fast_rounds = m->fast_rounds;
+  pb.fast_tensors = m->fast_tensors;
+  pb.fast_collectives = m->fast_collectives;
   rc = gs__codec_pack(&pb.base, out, len);
 out_free:
   free(set);
@@ -230,6 +233,9 @@ int gs__decode_diag_status(const uint8_t *buf, size_t len, gs__diag_status *m, c
   m->cache_hit_rate = pb->cache_hit_rate;
   m->mean_tensors_per_op = pb->mean_tensors_per_op;
   m->pending_tensors = pb->pending_tensors;
+  m->fast_rounds = pb->fast_rounds;
+  m->fast_tensors = pb->fast_tensors;
+  m->fast_collectives = pb->fast_collectives;
   if (!rc)
     rc = gs__codec_copy_str(m->coordinator_state, sizeof m->coordinator_state,
                             pb->coordinator_state, "coordinator_state", err, errlen);
@@ -326,6 +332,7 @@ static void pending_to_pb(const gs__diag_pending *p, Gradsync__V1__PendingTensor
   t->n_missing_ranks = p->nmissing;
   t->missing_ranks = p->missing;
   t->complete = p->complete;
+  t->fast_path = p->fast_path;
 }
 
 static int pending_from_pb(const Gradsync__V1__PendingTensor *t, gs__diag_pending *p, char *err,
@@ -341,6 +348,7 @@ static int pending_from_pb(const Gradsync__V1__PendingTensor *t, gs__diag_pendin
   if (t->n_shape) memcpy(p->shape, t->shape, t->n_shape * sizeof *p->shape);
   p->age_s = t->age_s;
   p->complete = t->complete;
+  p->fast_path = t->fast_path;
   p->submitted = dup_ranks(t->submitted_ranks, t->n_submitted_ranks);
   p->missing = dup_ranks(t->missing_ranks, t->n_missing_ranks);
   if (!p->submitted || !p->missing) {

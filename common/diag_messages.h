@@ -47,7 +47,8 @@ typedef struct gs__diag_status {
   uint64_t plans_emitted, collectives, tensors_planned, bytes_negotiated;
   double cache_hit_rate, mean_tensors_per_op;
   uint64_t pending_tensors;
-  char coordinator_state[16]; /* serving, draining */
+  char coordinator_state[16];                           /* serving, draining */
+  uint64_t fast_rounds, fast_tensors, fast_collectives; /* largest over the ranks */
 } gs__diag_status;
 void gs__diag_status_free(gs__diag_status *s);
 
@@ -63,6 +64,7 @@ typedef struct gs__diag_pending {
   int32_t *missing;
   size_t nmissing;
   int complete;
+  int fast_path; /* reported by ranks in fast mode, not in the table */
 } gs__diag_pending;
 void gs__diag_pending_free(gs__diag_pending *p);
 

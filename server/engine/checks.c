@@ -62,18 +62,33 @@ static void format_names(const char **names, size_t n, char *buf, size_t cap) {
   gs__eng_append(buf, cap, "]");
 }
 
-/* The stall report of every entry older than age_ms, grouped by missing
- * rank; NULL when nothing is that old. */
+/* Whether rank r holds up en in a stall report: it has not submitted it;
+ * or, for an entry complete but held in fast mode, it has not escalated
+ * yet (the entry waits for that, not for a submission). */
+static int stall_missing(const gs__engine *e, const entry *en, int32_t r) {
+  if (en->queued && e->fast) return e->ranks[r].state == RANK_CONNECTED && !e->ranks[r].escalated;
+  return en->variant_of[r] < 0;
+}
+
+/* The stall report of every entry older than age_ms, and of every op the
+ * ranks in fast mode wait on that long, grouped by missing rank; NULL when
+ * nothing is that old. */
 static char *stall_report(const gs__engine *e, uint64_t now_ms, uint64_t age_ms) {
-  size_t total = HASH_COUNT(e->table), nold = 0;
-  if (!total) return NULL;
-  const entry **old = malloc(total * sizeof *old);
-  const char **names = malloc(total * sizeof *names);
+  size_t total = HASH_COUNT(e->table), nold = 0, nfold = 0;
+  fast_items fi;
+  if (gs__eng_fast_items(e, now_ms, &fi) != GS__OK) memset(&fi, 0, sizeof fi);
+  if (!total && !fi.n) return NULL;
+  const entry **old = malloc((total + 1) * sizeof *old);
+  const fast_item **fold = malloc((fi.n + 1) * sizeof *fold);
+  const char **names = malloc((total + fi.n + 1) * sizeof *names);
   char *text = malloc(GS__MAX_TEXT * 4);
-  if (!old || !names || !text) goto out_free;
+  if (!old || !fold || !names || !text) goto out_free;
   for (const entry *en = e->table; en; en = en->hh.next)
-    if (now_ms - en->first_ms >= age_ms && !en->queued && !en->in_group) old[nold++] = en;
-  if (!nold) goto out_free;
+    if (now_ms - en->first_ms >= age_ms && !en->in_group && (!en->queued || e->fast))
+      old[nold++] = en;
+  for (size_t i = 0; i < fi.n; i++)
+    if (fi.items[i].age_ms >= age_ms) fold[nfold++] = &fi.items[i];
+  if (!nold && !nfold) goto out_free;
   text[0] = 0;
   gs__eng_append(
       text, GS__MAX_TEXT * 4,
@@ -84,7 +99,9 @@ static char *stall_report(const gs__engine *e, uint64_t now_ms, uint64_t age_ms)
   for (int32_t r = 0; r < e->world; r++) {
     size_t n = 0;
     for (size_t i = 0; i < nold; i++)
-      if (old[i]->variant_of[r] < 0) names[n++] = old[i]->name;
+      if (stall_missing(e, old[i], r)) names[n++] = old[i]->name;
+    for (size_t i = 0; i < nfold; i++)
+      if (gs__eng_fast_missing(e, fold[i], r)) names[n++] = fold[i]->name;
     if (!n) continue;
     char list[2048];
     format_names(names, n, list, sizeof list);
@@ -92,13 +109,32 @@ static char *stall_report(const gs__engine *e, uint64_t now_ms, uint64_t age_ms)
                    e->ranks[r].pid, list);
   }
   free(old);
+  free(fold);
   free(names);
+  gs__eng_fast_items_free(&fi);
   return text;
 out_free:
   free(old);
+  free(fold);
   free(names);
   free(text);
+  gs__eng_fast_items_free(&fi);
   return NULL;
+}
+
+/* The age of the oldest op the ranks in fast mode wait on (0: none). */
+static uint64_t oldest_fast(const gs__engine *e, uint64_t now_ms) {
+  uint64_t oldest = 0;
+  if (!e->fast) return 0;
+  for (int32_t r = 0; r < e->world; r++) {
+    const rank_slot *s = &e->ranks[r];
+    if (s->state != RANK_CONNECTED) continue;
+    uint64_t since = now_ms > s->fast_pending_ms ? now_ms - s->fast_pending_ms : 0;
+    for (size_t i = 0; i < s->nfast_pending; i++)
+      if ((uint64_t)s->fast_pending[i].age_ms + since > oldest)
+        oldest = (uint64_t)s->fast_pending[i].age_ms + since;
+  }
+  return oldest;
 }
 
 void gs__eng_check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
@@ -108,6 +144,8 @@ void gs__eng_check_stalls(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   /* The table keeps arrival order, so its head is the oldest entry: a cheap
    * test before building any report on every tick. */
   uint64_t oldest = e->table ? now_ms - e->table->first_ms : 0;
+  uint64_t oldest_f = oldest_fast(e, now_ms);
+  if (oldest_f > oldest) oldest = oldest_f;
   if (shut_ms && oldest >= shut_ms) {
     char *report = stall_report(e, now_ms, shut_ms);
     if (report) {
@@ -159,7 +197,11 @@ static void missing_ranks(const gs__engine *e, const entry *en, char *buf, size_
 
 void gs__eng_check_deadlock(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   uint32_t quiet = e->cfg.job.deadlock_time_ms;
-  if (!quiet || !e->world_ready || e->aborted || e->deadlock_reported || e->nready) return;
+  /* Not in fast mode: ranks blocked on fast ops report blocked-on sets
+   * while their rounds progress, which would look like no progress. Their
+   * escalation counts as activity and starts the window again. */
+  if (!quiet || !e->world_ready || e->aborted || e->deadlock_reported || e->nready || e->fast)
+    return;
   if (now_ms - e->last_activity_ms < quiet) return;
   int32_t live = 0;
   for (int32_t r = 0; r < e->world; r++) {

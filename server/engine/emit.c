@@ -270,9 +270,15 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
     gs__eng_entry_drop(e, e->ready[i]);
   }
   free(taken);
-  box->items[slot].msg = msg;
   e->nready = 0;
   e->ready_bytes = 0;
+  /* The plan that empties the table carries the fast path's marker (not
+   * part of the template: a replay of it later need not). */
+  if (gs__eng_fast_allowed(e)) {
+    msg.plan.fast_after = 1;
+    gs__eng_fast_enter(e);
+  }
+  box->items[slot].msg = msg;
 }
 
 /* Plans emitted that some live rank has not finished yet. */
@@ -288,9 +294,13 @@ static uint64_t plans_unfinished(const gs__engine *e) {
  * max_plans_in_flight plans are unfinished, otherwise let ready entries
  * accumulate (and fuse) until a plan finishes or they fill the fusion
  * threshold; no timer on the critical path. window: emit every cycle time
- * from tick. Errors and departures (force) go out at once. */
+ * from tick. Errors and departures (force) go out at once, except in fast
+ * mode, which holds everything. */
 void gs__eng_maybe_emit(gs__engine *e, gs__outbox *box, int force) {
-  if (!e->nready) return;
+  /* Fast mode: the ranks may be running fast rounds; nothing goes out
+   * until every connected rank escalated, errors included (all ranks must
+   * see them at the same point). */
+  if (!e->nready || e->fast) return;
   if (!force) {
     if (e->cfg.policy == GS__POLICY_WINDOW) return;
     uint64_t threshold = e->cfg.job.fusion_threshold_bytes;

@@ -6,6 +6,7 @@
  *   cache.c       the response cache and plan templates
  *   emit.c        the emission policy, fusion and the numbered plans
  *   checks.c      liveness, stall inspector, deadlock detector
+ *   fast.c        the fast path: marker, escalation, FastStop, fast reports
  * Shared declarations are in engine_internal.h.
  *
  * Owns all coordinator job state; called only from the transport's
@@ -174,7 +175,10 @@ static void engine_free_state(gs__engine *e) {
     free(g->members);
     free(g);
   }
-  for (int32_t r = 0; r < e->world; r++) free(e->ranks[r].blocked);
+  for (int32_t r = 0; r < e->world; r++) {
+    free(e->ranks[r].blocked);
+    free(e->ranks[r].fast_pending);
+  }
   free(e->ranks);
   free(e->last_stall);
   free(e->last_deadlock);
@@ -247,6 +251,7 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
     if (nleft == e->world)
       gs__eng_out_event(box, GS__LOG_INFO, GS__EV_JOB_FINISHED, -1,
                         "every rank left cleanly: the job finished");
+    gs__eng_fast_left(e, rank, now_ms, box);
   }
   if (e->left_rank >= 0) gs__eng_fail_pending(e);
   for (size_t i = 0; i < msg->nrequests; i++) {
@@ -269,7 +274,15 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   }
   for (size_t i = 0; i < msg->ndone; i++)
     if (msg->done_plans[i] > s->last_done_seq) s->last_done_seq = msg->done_plans[i];
+  /* Fast path: the rank's report and waits, then its escalation (which
+   * drops its waits: its ops come here now, with this message). */
+  gs__eng_fast_update(e, s, msg, now_ms);
+  if (msg->escalate_round && s->state == RANK_CONNECTED)
+    gs__eng_fast_escalate(e, rank, msg->escalate_round, now_ms, box);
   gs__eng_maybe_emit(e, box, e->left_rank >= 0); /* after a departure, errors go out at once */
+  /* The table may have emptied without a plan (a local conflict, an
+   * escalation with nothing to send). */
+  gs__eng_fast_marker(e, box);
   if (msg->blocked_update) gs__eng_set_blocked(e, s, msg, now_ms);
 }
 
@@ -282,6 +295,7 @@ void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   gs__eng_check_liveness(e, now_ms, box);
   gs__eng_check_stalls(e, now_ms, box);
   gs__eng_check_deadlock(e, now_ms, box);
+  gs__eng_fast_marker(e, box); /* e.g. a timeline stopped */
 }
 
 const char *gs__engine_last_stall(const gs__engine *e) {
@@ -334,4 +348,14 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->plans_replayed = e->plans_replayed;
   for (const local_name *ln = e->locals; ln; ln = ln->hh.next)
     if (ln->n > 0) out->local_names++;
+  out->fast_mode = e->fast;
+  out->fast_entries = e->fast_entries;
+  out->fast_stops = e->fast_stops;
+  for (int32_t r = 0; r < e->world; r++) {
+    const gs__fast_report *f = &e->ranks[r].fast;
+    if (f->rounds > out->fast_rounds) out->fast_rounds = f->rounds;
+    if (f->tensors > out->fast_tensors) out->fast_tensors = f->tensors;
+    if (f->collectives > out->fast_collectives) out->fast_collectives = f->collectives;
+    if (f->bytes > out->fast_bytes) out->fast_bytes = f->bytes;
+  }
 }

@@ -7,7 +7,20 @@
  * Ranks go NONE -> JOINED (Join RPC) -> CONNECTED (Session hello) -> LEFT
  * (leave message) or LOST (session ended without leaving). The world is
  * ready when every rank is CONNECTED; from then on every CONNECTED rank
- * receives every plan, numbered from 1. */
+ * receives every plan, numbered from 1.
+ *
+ * Fast path (issue 14): with fast_path on, a plan that leaves the table
+ * empty (or an empty plan, when the table empties otherwise) carries
+ * fast_after when the response cache holds an entry, every rank is
+ * connected (none left, lost or in gs_join), no timeline records and the
+ * coordinator is not draining. The ranks then agree on cached requests
+ * among themselves, and the engine emits no plan (requests are still
+ * stored and validated) until every connected rank escalated
+ * (RankMessage.escalate_round). A leave in fast mode counts the leaver as
+ * escalated and sends the others FastStop{abort_round}; a timeline start
+ * sends FastStop. No deadlock check runs in fast mode; the ranks' fast
+ * reports and fast-pending ops feed GetStatus, ListPending and the stall
+ * inspector. */
 #ifndef GS_SERVER_ENGINE_H
 #define GS_SERVER_ENGINE_H
 
@@ -36,6 +49,8 @@ typedef struct gs__engine_config {
                                       Also bounds the size of a group. */
   uint32_t epoch;                  /* the job's epoch, handed to every rank
                                       (0 = 1); gs__engine_reset sets the next */
+  int fast_path;                   /* 1: send Plan.fast_after when the job may
+                                      enter fast mode (gradsyncd --fast-path) */
 } gs__engine_config;
 
 #define GS__MAX_PENDING_DEFAULT 65536
@@ -113,6 +128,14 @@ void gs__engine_session_closed(gs__engine *e, int32_t rank, const char *detail, 
  *   (GS__ERR_DEADLOCK) or only a log line (deadlock_warn_only). */
 void gs__engine_tick(gs__engine *e, uint64_t now_ms, gs__outbox *box);
 
+/* A timeline started (recording = 1) or stopped (0). While one records no
+ * fast_after is sent (the timeline must see every request); a start in
+ * fast mode sends every rank FastStop{abort_round = false}. After a stop the
+ * marker may go out with the next event or tick. */
+void gs__engine_set_timeline(gs__engine *e, int recording, uint64_t now_ms, gs__outbox *box);
+/* The coordinator is draining (SIGTERM): no fast_after from now on. */
+void gs__engine_set_draining(gs__engine *e);
+
 /* Read-only views for diagnostics and tests. */
 typedef struct gs__engine_stats {
   int32_t world_size;
@@ -133,6 +156,13 @@ typedef struct gs__engine_stats {
   uint64_t mismatches;     /* error responses planned (mismatches, local conflicts) */
   uint64_t ranks_lost;     /* ranks declared lost */
   uint32_t epoch;
+  int fast_mode;             /* a fast_after plan went out; not every rank escalated */
+  uint64_t fast_entries;     /* plans sent with fast_after */
+  uint64_t fast_stops;       /* FastStop messages sent (one per event) */
+  uint64_t fast_rounds;      /* the ranks' fast reports: the largest of each */
+  uint64_t fast_tensors;     /*   counter over the ranks */
+  uint64_t fast_collectives; /*   ... */
+  uint64_t fast_bytes;       /*   ... */
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
 

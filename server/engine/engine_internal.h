@@ -36,6 +36,13 @@ typedef struct rank_slot {
   uint32_t npending;      /* entries in the table it submitted */
   size_t nblocked;        /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
+  /* fast path (fast.c) */
+  int escalated;           /* in fast mode: it sent escalate_round */
+  uint64_t escalate_round; /* the round it escalated after */
+  gs__fast_report fast;    /* its latest cumulative report */
+  size_t nfast_pending;    /* ops it waits on in fast mode (<= GS__MAX_BLOCKED) */
+  gs__fast_pending *fast_pending;
+  uint64_t fast_pending_ms; /* when it reported them (their ages count from here) */
 } rank_slot;
 
 /* One tensor name waiting for every rank. Ranks whose requests differ from
@@ -147,6 +154,11 @@ struct gs__engine {
   uint64_t plans_replayed;
   uint64_t collectives, bytes_planned, mismatches, ranks_lost;
   recent_plan recent[RECENT_PLANS];
+  /* fast path (fast.c) */
+  int fast;     /* a fast_after plan went out; not every connected rank escalated */
+  int timeline; /* a timeline records: no fast_after */
+  int draining; /* the coordinator is shutting down: no fast_after */
+  uint64_t fast_entries, fast_stops;
 };
 
 /* engine.c: outbox and text helpers */
@@ -212,6 +224,48 @@ void gs__eng_template_apply(gs__engine *e, gs__plan *plan);
 /* emit.c */
 /* The emission policy; force: errors and departures go out at once. */
 void gs__eng_maybe_emit(gs__engine *e, gs__outbox *box, int force);
+
+/* fast.c */
+/* 1 when the job may enter fast mode now (see engine.h). */
+int gs__eng_fast_allowed(const gs__engine *e);
+/* A fast_after plan goes out: fast mode from now on. */
+void gs__eng_fast_enter(gs__engine *e);
+/* When the job may enter fast mode and no plan is due: an empty plan
+ * with fast_after. */
+void gs__eng_fast_marker(gs__engine *e, gs__outbox *box);
+/* rank escalated after fast round `round` (RankMessage.escalate_round). */
+void gs__eng_fast_escalate(gs__engine *e, int32_t rank, uint64_t round, uint64_t now_ms,
+                           gs__outbox *box);
+/* rank left: in fast mode it counts as escalated and every other connected
+ * rank still in fast mode gets FastStop{abort_round = true}. */
+void gs__eng_fast_left(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box);
+/* The rank's fast report and fast-pending set from msg. */
+void gs__eng_fast_update(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, uint64_t now_ms);
+/* Frees a rank's fast-pending set. */
+void gs__eng_fast_pending_clear(rank_slot *s);
+
+/* What the ranks in fast mode wait on, one item per name, sorted by name:
+ * the ranks that report it, the largest age now, the cache id. Names also
+ * in the table are left out (the table's entry says more). */
+typedef struct fast_item {
+  const char *name; /* owned by the rank's report */
+  uint32_t cache_id;
+  uint64_t age_ms;
+  int32_t *ranks; /* the reporting ranks, ascending */
+  size_t nranks;
+} fast_item;
+typedef struct fast_items {
+  fast_item *items;
+  size_t n;
+  int32_t *rank_store;
+} fast_items;
+/* GS__OK or GS__ERR_NO_MEMORY; free with gs__eng_fast_items_free. */
+int gs__eng_fast_items(const gs__engine *e, uint64_t now_ms, fast_items *out);
+void gs__eng_fast_items_free(fast_items *fi);
+/* 1 when rank r is connected and does not report item it (it is missing). */
+int gs__eng_fast_missing(const gs__engine *e, const fast_item *it, int32_t r);
+/* The item of name, or NULL. */
+const fast_item *gs__eng_fast_find(const fast_items *fi, const char *name);
 
 /* checks.c */
 void gs__eng_set_blocked(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, uint64_t now_ms);

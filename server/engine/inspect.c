@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fusion_layout.h"
+
 static const char *state_name(rank_state s) {
   switch (s) {
   case RANK_JOINED:
@@ -40,8 +42,19 @@ int gs__engine_status(const gs__engine *e, uint64_t now_ms, gs__diag_status *out
   out->collectives = e->collectives;
   out->tensors_planned = e->tensors_planned;
   out->bytes_negotiated = e->bytes_planned;
-  uint64_t reqs = e->cache_hits + e->full_requests;
-  out->cache_hit_rate = reqs ? (double)e->cache_hits / (double)reqs : 0.0;
+  /* A tensor a rank ran on the fast path is a cache hit the coordinator
+   * never saw (cache_hits counts one per rank and tensor too). */
+  uint64_t fast = 0;
+  for (int32_t r = 0; r < e->world; r++) {
+    const gs__fast_report *f = &e->ranks[r].fast;
+    fast = gs__add_sat(fast, f->tensors);
+    if (f->rounds > out->fast_rounds) out->fast_rounds = f->rounds;
+    if (f->tensors > out->fast_tensors) out->fast_tensors = f->tensors;
+    if (f->collectives > out->fast_collectives) out->fast_collectives = f->collectives;
+  }
+  uint64_t hits = gs__add_sat(e->cache_hits, fast);
+  uint64_t reqs = gs__add_sat(hits, e->full_requests);
+  out->cache_hit_rate = reqs ? (double)hits / (double)reqs : 0.0;
   out->mean_tensors_per_op =
       e->collectives ? (double)e->tensors_planned / (double)e->collectives : 0.0;
   out->pending_tensors = HASH_COUNT(e->table);
@@ -103,6 +116,49 @@ static int fill_pending(const gs__engine *e, const entry *en, uint64_t now_ms,
   return GS__OK;
 }
 
+/* An op the ranks in fast mode wait on, as a pending entry: what the
+ * cache knows of it, the ranks that report it, the other connected ranks
+ * as missing. */
+static int fill_fast_pending(const gs__engine *e, const fast_item *it, gs__diag_pending *p) {
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", it->name);
+  const gs__tensor_request *v = it->cache_id ? gs__eng_cache_lookup(e, it->cache_id) : NULL;
+  if (v) {
+    p->op = v->op;
+    p->dtype = v->dtype;
+    p->ndim = v->ndim;
+    memcpy(p->shape, v->shape, sizeof p->shape);
+  } else if (!it->cache_id) {
+    p->op = GS__OP_BARRIER;
+  }
+  p->age_s = (double)it->age_ms / 1000.0;
+  p->fast_path = 1;
+  p->submitted = malloc(((size_t)e->world + 1) * sizeof *p->submitted);
+  p->missing = malloc(((size_t)e->world + 1) * sizeof *p->missing);
+  if (!p->submitted || !p->missing) {
+    gs__diag_pending_free(p);
+    return GS__ERR_NO_MEMORY;
+  }
+  memcpy(p->submitted, it->ranks, it->nranks * sizeof *p->submitted);
+  p->nsubmitted = it->nranks;
+  for (int32_t r = 0; r < e->world; r++)
+    if (gs__eng_fast_missing(e, it, r)) p->missing[p->nmissing++] = r;
+  return GS__OK;
+}
+
+static int fast_matches(const gs__engine *e, const fast_item *it, const gs__diag_pending_query *q) {
+  if (q->name_prefix[0] && strncmp(it->name, q->name_prefix, strlen(q->name_prefix)) != 0) return 0;
+  if (!q->nmissing_ranks) return 1;
+  for (size_t i = 0; i < q->nmissing_ranks; i++) {
+    int32_t r = q->missing_ranks[i];
+    if (r >= 0 && r < e->world && gs__eng_fast_missing(e, it, r)) return 1;
+  }
+  return 0;
+}
+
+/* Page tokens of the fast path's items: after every table entry's. */
+#define FAST_TOKEN_BASE ((uint64_t)1 << 62)
+
 static int matches(const gs__engine *e, const entry *en, const gs__diag_pending_query *q) {
   if (q->name_prefix[0] && strncmp(en->name, q->name_prefix, strlen(q->name_prefix)) != 0) return 0;
   if (!q->nmissing_ranks) return 1;
@@ -114,7 +170,8 @@ static int matches(const gs__engine *e, const entry *en, const gs__diag_pending_
 }
 
 /* The table keeps arrival order (uthash appends), and order only grows:
- * the page token is the order of the last entry shown. */
+ * the page token is the order of the last entry shown. The fast path's
+ * items follow, by name, with tokens from FAST_TOKEN_BASE. */
 int gs__engine_list_pending(const gs__engine *e, const gs__diag_pending_query *q, uint64_t now_ms,
                             gs__diag_pending_list *out) {
   memset(out, 0, sizeof *out);
@@ -138,6 +195,29 @@ int gs__engine_list_pending(const gs__engine *e, const gs__diag_pending_query *q
     out->n++;
     last = en->order + 1;
   }
+  fast_items fi;
+  if (gs__eng_fast_items(e, now_ms, &fi) != GS__OK) {
+    gs__diag_pending_list_free(out);
+    return GS__ERR_NO_MEMORY;
+  }
+  for (size_t i = 0; i < fi.n; i++) {
+    if (!fast_matches(e, &fi.items[i], q)) continue;
+    out->total++;
+    uint64_t token = FAST_TOKEN_BASE + i + 1;
+    if (token <= q->after) continue;
+    if (out->n == page) {
+      out->next_after = last;
+      continue;
+    }
+    if (fill_fast_pending(e, &fi.items[i], &out->items[out->n]) != GS__OK) {
+      gs__eng_fast_items_free(&fi);
+      gs__diag_pending_list_free(out);
+      return GS__ERR_NO_MEMORY;
+    }
+    out->n++;
+    last = token;
+  }
+  gs__eng_fast_items_free(&fi);
   return GS__OK;
 }
 
@@ -146,12 +226,19 @@ int gs__engine_stalls(const gs__engine *e, uint64_t now_ms, gs__diag_stalls *out
   out->stall_warning_s = e->cfg.job.stall_warning_s;
   uint64_t warn_ms = (uint64_t)e->cfg.job.stall_warning_s * 1000u;
   size_t total = HASH_COUNT(e->table);
-  out->stalled = calloc(total + 1, sizeof *out->stalled);
+  fast_items fi;
+  if (gs__eng_fast_items(e, now_ms, &fi) != GS__OK) return GS__ERR_NO_MEMORY;
+  out->stalled = calloc(total + fi.n + 1, sizeof *out->stalled);
   out->waits = calloc((size_t)e->world + 1, sizeof *out->waits);
   if (!out->stalled || !out->waits) goto out_oom;
   for (const entry *en = e->table; en; en = en->hh.next) {
     if (!warn_ms || now_ms - en->first_ms < warn_ms || en->queued || en->in_group) continue;
     if (fill_pending(e, en, now_ms, &out->stalled[out->nstalled]) != GS__OK) goto out_oom;
+    out->nstalled++;
+  }
+  for (size_t i = 0; i < fi.n; i++) {
+    if (!warn_ms || fi.items[i].age_ms < warn_ms) continue;
+    if (fill_fast_pending(e, &fi.items[i], &out->stalled[out->nstalled]) != GS__OK) goto out_oom;
     out->nstalled++;
   }
   for (int32_t r = 0; r < e->world; r++) {
@@ -168,15 +255,22 @@ int gs__engine_stalls(const gs__engine *e, uint64_t now_ms, gs__diag_stalls *out
       HASH_FIND_STR(e->table, s->blocked[i], en);
       t->missing = malloc(((size_t)e->world + 1) * sizeof *t->missing);
       if (!t->missing) goto out_oom;
-      t->pending = en != NULL;
+      /* Not in the table: maybe an op of the fast path that others have
+       * not submitted. */
+      const fast_item *it = en ? NULL : gs__eng_fast_find(&fi, s->blocked[i]);
+      t->pending = en != NULL || it != NULL;
       for (int32_t q = 0; en && q < e->world; q++)
         if (is_missing(e, en, q)) t->missing[t->nmissing++] = q;
+      for (int32_t q = 0; it && q < e->world; q++)
+        if (gs__eng_fast_missing(e, it, q)) t->missing[t->nmissing++] = q;
     }
   }
   if (e->last_stall && !(out->last_stall = strdup(e->last_stall))) goto out_oom;
   if (e->last_deadlock && !(out->last_deadlock = strdup(e->last_deadlock))) goto out_oom;
+  gs__eng_fast_items_free(&fi);
   return GS__OK;
 out_oom:
+  gs__eng_fast_items_free(&fi);
   gs__diag_stalls_free(out);
   return GS__ERR_NO_MEMORY;
 }

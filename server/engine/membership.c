@@ -158,16 +158,22 @@ int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__ou
   return GS__OK;
 }
 
-/* "[a, b, c]" of the names pending (at most 20), oldest first. */
+/* "[a, b, c]" of the names pending (at most 20), oldest first, then the
+ * ops ranks in fast mode reported waiting on. */
 static void pending_names(const gs__engine *e, char *buf, size_t cap) {
   buf[0] = 0;
   gs__eng_append(buf, cap, "[");
-  size_t n = 0, total = HASH_COUNT(e->table);
+  fast_items fi;
+  if (gs__eng_fast_items(e, 0, &fi) != GS__OK) memset(&fi, 0, sizeof fi);
+  size_t n = 0, total = HASH_COUNT(e->table) + fi.n;
   const entry *en;
   for (en = e->table; en && n < 20; en = en->hh.next, n++)
     gs__eng_append(buf, cap, "%s%s", n ? ", " : "", en->name);
+  for (size_t i = 0; i < fi.n && n < 20; i++, n++)
+    gs__eng_append(buf, cap, "%s%s", n ? ", " : "", fi.items[i].name);
   if (total > n) gs__eng_append(buf, cap, ", ... %zu more", total - n);
   gs__eng_append(buf, cap, "]");
+  gs__eng_fast_items_free(&fi);
 }
 
 void gs__eng_abort_job(gs__engine *e, int status, const char *text, gs__outbox *box) {

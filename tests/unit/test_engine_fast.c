@@ -1,0 +1,969 @@
+/* Unit tests of the engine's fast path (issue 14, server/engine/fast.c):
+ * the marker Plan.fast_after and each of its conditions, the hold of every
+ * plan until every connected rank escalated, a leave in fast mode (FastStop
+ * with abort_round to the others, the pending ops failed naming the rank),
+ * a timeline start (FastStop without abort_round, no marker while it
+ * records, an empty plan with the marker once it stops), no deadlock check
+ * in fast mode, the marker on a template replay, fast reports in the
+ * status, fast-pending ops in ListPending, ListStalls, the stall inspector
+ * and a lost rank's abort, and the bounds on what a rank reports.
+ *
+ * Driven through the engine's event interface with a fake clock, as
+ * test_engine.c; no sockets, no sleeps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "engine.h"
+#include "messages.h"
+#include "status.h"
+
+#define assert_contains(hay, needle)                                                               \
+  do {                                                                                             \
+    const char *hay_ = (hay), *needle_ = (needle);                                                 \
+    if (!hay_ || !strstr(hay_, needle_)) {                                                         \
+      print_error("expected \"%s\" in \"%s\"\n", needle_, hay_ ? hay_ : "(null)");                 \
+      fail();                                                                                      \
+    }                                                                                              \
+  } while (0)
+
+/* ---- fixture ----------------------------------------------------------------- */
+
+typedef struct fx {
+  gs__engine *e;
+  gs__outbox box;
+  uint64_t now; /* the fake clock, in ms */
+  int32_t world;
+} fx;
+
+static int setup(void **state) {
+  fx *f = calloc(1, sizeof *f);
+  if (!f) return -1;
+  f->now = 1000000;
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fx *f = *state;
+  gs__outbox_free(&f->box);
+  gs__engine_destroy(f->e);
+  free(f);
+  return 0;
+}
+
+static uint64_t tick(fx *f) {
+  f->now += 10;
+  return f->now;
+}
+
+/* An engine of n ranks, every rank joined (as host-<r>, pid 1000 + r) and
+ * connected, outbox empty. No fusion (one response per tensor), a cache of
+ * 1024 unless cache_capacity says otherwise, and the fast path as given. */
+static void start_ex(fx *f, int32_t n, int fast_path, uint32_t cache_capacity) {
+  if (f->e) {
+    gs__outbox_clear(&f->box);
+    gs__engine_destroy(f->e);
+  }
+  gs__engine_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.world_size = n;
+  cfg.job.cycle_time_us = 5000;
+  cfg.job.cache_capacity = cache_capacity;
+  cfg.job.stall_warning_s = 60;
+  cfg.job.deadlock_time_ms = 5000;
+  cfg.job.heartbeat_ms = 1000;
+  cfg.job.rank_timeout_ms = 300000;
+  cfg.policy = GS__POLICY_ADAPTIVE;
+  cfg.max_plans_in_flight = 1 << 20;
+  cfg.fast_path = fast_path;
+  assert_int_equal(gs__engine_create(&cfg, &f->e), GS__OK);
+  f->world = n;
+  for (int32_t r = 0; r < n; r++) {
+    gs__join_request req;
+    memset(&req, 0, sizeof req);
+    req.rank = r;
+    req.size = n;
+    snprintf(req.host, sizeof req.host, "host-%d", r);
+    req.pid = 1000 + r;
+    gs__join_response resp;
+    char err[512];
+    assert_int_equal(gs__engine_join(f->e, &req, tick(f), &resp, err, sizeof err), GS__OK);
+  }
+  for (int32_t r = 0; r < n; r++) {
+    char err[512];
+    assert_int_equal(gs__engine_session_open(f->e, r, tick(f), &f->box, err, sizeof err), GS__OK);
+  }
+  gs__outbox_clear(&f->box);
+}
+
+static void start(fx *f, int32_t n) {
+  start_ex(f, n, 1, 1024);
+}
+
+static size_t nmsgs(const fx *f) {
+  size_t n = 0;
+  for (size_t i = 0; i < f->box.n; i++)
+    if (f->box.items[i].kind != GS__OUT_LOG) n++;
+  return n;
+}
+
+static const gs__out *msg_at(const fx *f, size_t k) {
+  for (size_t i = 0; i < f->box.n; i++)
+    if (f->box.items[i].kind != GS__OUT_LOG && k-- == 0) return &f->box.items[i];
+  fail_msg("outbox holds fewer than %zu messages", k + 1);
+  return NULL;
+}
+
+static const gs__plan *only_plan(const fx *f) {
+  assert_int_equal(nmsgs(f), 1);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(o->kind, GS__OUT_TO_ALL);
+  assert_int_equal(o->msg.kind, GS__MSG_PLAN);
+  return &o->msg.plan;
+}
+
+/* The log line containing s, or NULL. */
+static const char *logged(const fx *f, const char *s) {
+  for (size_t i = 0; i < f->box.n; i++)
+    if (f->box.items[i].kind == GS__OUT_LOG && f->box.items[i].text &&
+        strstr(f->box.items[i].text, s))
+      return f->box.items[i].text;
+  return NULL;
+}
+
+static gs__engine_stats stats(const fx *f) {
+  gs__engine_stats st;
+  gs__engine_get_stats(f->e, &st);
+  return st;
+}
+
+static gs__tensor_request ar_shape(const char *name, int64_t n) {
+  gs__tensor_request r;
+  gs__tensor_request_init(&r);
+  snprintf(r.name, sizeof r.name, "%s", name);
+  r.op = GS__OP_ALLREDUCE;
+  r.ndim = 1;
+  r.shape[0] = n;
+  return r;
+}
+
+/* An allreduce of float32 [4]. */
+static gs__tensor_request ar(const char *name) {
+  return ar_shape(name, 4);
+}
+
+static void send_msg(fx *f, int32_t rank, gs__rank_msg *m) {
+  gs__engine_rank_message(f->e, rank, m, tick(f), &f->box);
+}
+
+static void send_full(fx *f, int32_t rank, gs__tensor_request r) {
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.nrequests = 1;
+  m.requests = &r;
+  send_msg(f, rank, &m);
+}
+
+/* Cache ids (any number) and escalate_round (0: none) in one message. */
+static void send_ids(fx *f, int32_t rank, const uint32_t *ids, size_t n, uint64_t round) {
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.ncached = n;
+  m.cached = (uint32_t *)ids;
+  m.escalate_round = round;
+  send_msg(f, rank, &m);
+}
+
+static void escalate(fx *f, int32_t rank, uint64_t round) {
+  send_ids(f, rank, NULL, 0, round);
+}
+
+static void send_leave(fx *f, int32_t rank) {
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.has_leave = 1;
+  send_msg(f, rank, &m);
+}
+
+static void send_blocked(fx *f, int32_t rank, const char *name) {
+  char names[1][GS__MAX_NAME + 1];
+  snprintf(names[0], sizeof names[0], "%s", name);
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.blocked_update = 1;
+  m.nblocked = 1;
+  m.blocked_on = names;
+  send_msg(f, rank, &m);
+}
+
+/* Every rank submits ar(name) in full: one plan for it, carrying the
+ * marker; returns its cache id. */
+static uint32_t first_step(fx *f, const char *name) {
+  gs__outbox_clear(&f->box);
+  for (int32_t r = 0; r < f->world; r++) send_full(f, r, ar(name));
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  assert_int_equal(p->responses[0].kind, GS__RESP_COLLECTIVE);
+  assert_string_equal(p->responses[0].tensors[0].name, name);
+  assert_int_equal(p->fast_after, 1);
+  uint32_t id = p->responses[0].tensors[0].cache_id;
+  assert_int_not_equal(id, 0);
+  assert_int_equal(stats(f).fast_mode, 1);
+  gs__outbox_clear(&f->box);
+  return id;
+}
+
+/* ---- the marker ------------------------------------------------------------- */
+
+/* The plan that empties the table carries fast_after; one that leaves an
+ * entry pending does not; with the fast path off, an empty cache or a
+ * coordinator draining, none does. */
+static void test_marker_on_the_plan_that_empties_the_table(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  send_full(f, 0, ar("b")); /* b from rank 0 only */
+  send_full(f, 0, ar("a"));
+  assert_int_equal(nmsgs(f), 0);
+  send_full(f, 1, ar("a"));
+  const gs__plan *p = only_plan(f);
+  assert_string_equal(p->responses[0].tensors[0].name, "a");
+  assert_int_equal(p->fast_after, 0); /* b is still pending */
+  assert_int_equal(stats(f).fast_mode, 0);
+  gs__outbox_clear(&f->box);
+  send_full(f, 1, ar("b"));
+  p = only_plan(f);
+  assert_string_equal(p->responses[0].tensors[0].name, "b");
+  assert_int_equal(p->fast_after, 1);
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.fast_mode, 1);
+  assert_int_equal(st.fast_entries, 1);
+
+  /* --fast-path off: never. */
+  start_ex(f, 2, 0, 1024);
+  send_full(f, 0, ar("a"));
+  send_full(f, 1, ar("a"));
+  assert_int_equal(only_plan(f)->fast_after, 0);
+  assert_int_equal(stats(f).fast_mode, 0);
+  gs__outbox_clear(&f->box);
+  uint32_t id = 1;
+  send_ids(f, 0, &id, 1, 0);
+  send_ids(f, 1, &id, 1, 0);
+  assert_int_equal(only_plan(f)->fast_after, 0); /* planned at once, as always */
+
+  /* No cache (capacity 0): nothing the ranks could agree on. */
+  start_ex(f, 2, 1, 0);
+  send_full(f, 0, ar("a"));
+  send_full(f, 1, ar("a"));
+  assert_int_equal(only_plan(f)->fast_after, 0);
+
+  /* The cache empty: an allgather is never cached. */
+  start(f, 2);
+  gs__tensor_request g = ar("g");
+  g.op = GS__OP_ALLGATHER;
+  send_full(f, 0, g);
+  send_full(f, 1, g);
+  assert_int_equal(only_plan(f)->responses[0].tensors[0].cache_id, 0);
+  assert_int_equal(only_plan(f)->fast_after, 0);
+
+  /* Draining (SIGTERM): no marker. */
+  start(f, 2);
+  gs__engine_set_draining(f->e);
+  send_full(f, 0, ar("a"));
+  send_full(f, 1, ar("a"));
+  assert_int_equal(only_plan(f)->fast_after, 0);
+  assert_int_equal(stats(f).fast_mode, 0);
+}
+
+/* Every rank must be there: a rank out of data (gs_join: its join entry
+ * stays in the table until every rank joined) or one that left keeps the
+ * job on the coordinator's plans. */
+static void test_no_marker_with_a_joined_or_departed_rank(void **state) {
+  fx *f = *state;
+  start(f, 3);
+  gs__tensor_request join = ar("gs.join");
+  join.op = GS__OP_JOIN;
+  join.ndim = 0;
+  send_full(f, 2, join); /* rank 2 ran out of data */
+  send_full(f, 0, ar("t"));
+  send_full(f, 1, ar("t"));
+  const gs__plan *p = only_plan(f);
+  assert_string_equal(p->responses[0].tensors[0].name, "t");
+  assert_int_not_equal(p->responses[0].tensors[0].cache_id, 0);
+  assert_int_equal(p->fast_after, 0);
+  gs__outbox_clear(&f->box);
+
+  start(f, 3);
+  send_leave(f, 2);
+  gs__outbox_clear(&f->box);
+  send_full(f, 0, ar("t")); /* fails at once: rank 2 left */
+  p = only_plan(f);
+  assert_int_equal(p->responses[0].kind, GS__RESP_ERROR); /* rank 2 left */
+  assert_int_equal(p->fast_after, 0);
+  assert_int_equal(stats(f).fast_mode, 0);
+}
+
+/* ---- fast mode: the hold and the escalation ----------------------------------- */
+
+/* In fast mode requests are stored and validated but no plan goes out,
+ * errors included, until every connected rank escalated; then the ready
+ * ones go out at once, and the plan that empties the table carries the
+ * marker again. Per-rank errors are not plans: they go out at once. */
+static void test_hold_until_every_rank_escalates(void **state) {
+  fx *f = *state;
+  start(f, 3);
+  first_step(f, "a");
+  uint64_t plans = stats(f).plans_emitted;
+  /* A new tensor b: every rank sends it in full (no escalation yet: sent
+   * before the marker reached them). Complete, but held. */
+  for (int32_t r = 0; r < 3; r++) send_full(f, r, ar("b"));
+  assert_int_equal(nmsgs(f), 0);
+  escalate(f, 2, 8);
+  escalate(f, 0, 8);
+  assert_int_equal(nmsgs(f), 0);
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.plans_emitted, plans);
+  assert_int_equal(st.pending_tensors, 1);
+  assert_int_equal(st.fast_mode, 1);
+  escalate(f, 1, 8); /* the last connected rank */
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->seq, plans + 1);
+  assert_string_equal(p->responses[0].tensors[0].name, "b");
+  assert_int_equal(p->fast_after, 1); /* b emptied the table */
+  st = stats(f);
+  assert_int_equal(st.fast_mode, 1);
+  assert_int_equal(st.fast_entries, 2);
+}
+
+/* The same, from a job whose first step negotiates two tensors at once. */
+static void test_hold_then_emit_with_errors(void **state) {
+  fx *f = *state;
+  start(f, 3);
+  for (int32_t r = 0; r < 3; r++) {
+    gs__tensor_request two[2] = {ar("a"), ar("b")};
+    gs__rank_msg m;
+    memset(&m, 0, sizeof m);
+    m.nrequests = 2;
+    m.requests = two;
+    send_msg(f, r, &m);
+  }
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 2);
+  assert_int_equal(p->fast_after, 1);
+  uint32_t ids[2] = {p->responses[0].tensors[0].cache_id, p->responses[1].tensors[0].cache_id};
+  assert_string_equal(p->responses[1].tensors[0].name, "b");
+  uint64_t seq = p->seq;
+  gs__outbox_clear(&f->box);
+
+  /* Rank 0's ids arrive without an escalation (sent before the marker
+   * reached it): stored, not planned. */
+  send_ids(f, 0, ids, 2, 0);
+  assert_int_equal(nmsgs(f), 0);
+  /* Validation still runs: a second 'a' from rank 0 fails at once, for it
+   * alone. */
+  send_full(f, 0, ar("a"));
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(nmsgs(f), 1);
+  assert_int_equal(o->kind, GS__OUT_TO_RANK);
+  assert_int_equal(o->rank, 0);
+  assert_int_equal(o->msg.kind, GS__MSG_RANK_ERROR);
+  assert_int_equal(o->msg.status, GS__ERR_DUPLICATE_NAME);
+  assert_string_equal(o->msg.text, "tensor 'a': rank 0 submitted it again while its earlier "
+                                   "allreduce is still in flight; wait for the first op to "
+                                   "complete before reusing the name");
+  gs__outbox_clear(&f->box);
+
+  /* Rank 1 escalates with a and a b of another shape; rank 2 with both. */
+  gs__tensor_request b8 = ar_shape("b", 8);
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.ncached = 1;
+  m.cached = &ids[0];
+  m.nrequests = 1;
+  m.requests = &b8;
+  m.escalate_round = 4;
+  send_msg(f, 1, &m);
+  assert_int_equal(nmsgs(f), 0);
+  send_ids(f, 2, ids, 2, 4);
+  assert_int_equal(nmsgs(f), 0); /* a and b are complete, and held */
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.fast_mode, 1);
+  assert_int_equal(st.pending_tensors, 2);
+  assert_int_equal(st.plans_emitted, seq);
+
+  /* Rank 0, the last, escalates: normal mode, both go out in one plan. */
+  escalate(f, 0, 4);
+  p = only_plan(f);
+  assert_int_equal(p->seq, seq + 1);
+  assert_int_equal(p->nresponses, 2);
+  assert_int_equal(p->responses[0].kind, GS__RESP_COLLECTIVE);
+  assert_string_equal(p->responses[0].tensors[0].name, "a");
+  assert_int_equal(p->responses[1].kind, GS__RESP_ERROR);
+  assert_int_equal(p->responses[1].error_status, GS__ERR_MISMATCH);
+  assert_string_equal(p->responses[1].error_message,
+                      "tensor 'b': mismatched shapes: ranks [0,2] sent [4], ranks [1] sent [8]");
+  /* b's id went stale with the other shape; the table is empty and a is
+   * cached: the marker again. */
+  assert_int_equal(p->nevicted, 1);
+  assert_int_equal(p->evicted[0], ids[1]);
+  assert_int_equal(p->fast_after, 1);
+  st = stats(f);
+  assert_int_equal(st.fast_mode, 1);
+  assert_int_equal(st.fast_entries, 2);
+  gs__outbox_clear(&f->box);
+
+  /* A partial table after the escalation: no marker until it empties. */
+  escalate(f, 0, 9);
+  escalate(f, 1, 9);
+  send_ids(f, 2, ids, 1, 9); /* a from rank 2 only */
+  assert_int_equal(nmsgs(f), 0);
+  assert_int_equal(stats(f).fast_mode, 0);
+  send_ids(f, 0, ids, 1, 0);
+  assert_int_equal(nmsgs(f), 0);
+  send_ids(f, 1, ids, 1, 0);
+  p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  assert_string_equal(p->responses[0].tensors[0].name, "a");
+  assert_int_equal(p->fast_after, 1);
+}
+
+/* Ranks whose round results differ cannot happen; when they do, the log
+ * says which ranks escalated after which round. An escalation outside
+ * fast mode changes nothing. */
+static void test_escalation_rounds_disagree_logged(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  first_step(f, "a");
+  escalate(f, 0, 5);
+  assert_null(logged(f, "disagree"));
+  escalate(f, 1, 6);
+  const char *line = logged(f, "disagree");
+  assert_non_null(line);
+  assert_string_equal(line, "rank 1 (host-1:1001) left fast mode after fast round 6 but rank 0 "
+                            "(host-0:1000) after round 5: the ranks disagree on the fast rounds "
+                            "they ran (a gradsync bug: report it with both ranks' logs)");
+  /* Nothing was pending: the table is empty, so the marker goes out at
+   * once on an empty plan. */
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 0);
+  assert_int_equal(p->fast_after, 1);
+  assert_int_equal(stats(f).fast_entries, 2);
+
+  /* Outside fast mode an escalation changes nothing. */
+  start_ex(f, 2, 0, 1024);
+  send_full(f, 0, ar("a"));
+  send_full(f, 1, ar("a"));
+  gs__outbox_clear(&f->box);
+  escalate(f, 0, 7);
+  assert_int_equal(nmsgs(f), 0);
+  assert_int_equal(stats(f).fast_mode, 0);
+}
+
+/* ---- deadlocks ---------------------------------------------------------------- */
+
+/* No deadlock check in fast mode (ranks blocked on fast ops look like no
+ * progress); the escalation counts as activity, so the window starts
+ * there. */
+static void test_no_deadlock_check_in_fast_mode(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  first_step(f, "a");
+  send_blocked(f, 0, "x");
+  send_blocked(f, 1, "y");
+  f->now += 60000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.deadlocks, 0);
+  assert_int_equal(st.aborted, 0);
+  assert_int_equal(nmsgs(f), 0);
+
+  /* A desync: rank 0 has x, rank 1 has y; their rounds have nothing in
+   * common, so both escalate and the coordinator sees both. */
+  gs__tensor_request x = ar("x"), y = ar("y");
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.nrequests = 1;
+  m.requests = &x;
+  m.escalate_round = 3;
+  send_msg(f, 0, &m);
+  m.requests = &y;
+  send_msg(f, 1, &m);
+  assert_int_equal(stats(f).fast_mode, 0);
+  assert_int_equal(nmsgs(f), 0);
+  uint64_t escalated_at = f->now;
+  gs__engine_tick(f->e, escalated_at + 4900, &f->box);
+  assert_int_equal(stats(f).deadlocks, 0);
+  gs__engine_tick(f->e, escalated_at + 5100, &f->box);
+  st = stats(f);
+  assert_int_equal(st.deadlocks, 1);
+  assert_int_equal(st.aborted, 1);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_int_equal(o->msg.status, GS__ERR_DEADLOCK);
+  assert_contains(o->msg.text, "rank 0 (host-0:1000) waits on [x] (missing from rank 1); "
+                               "rank 1 (host-1:1001) waits on [y] (missing from rank 0)");
+}
+
+/* ---- a rank leaves in fast mode ------------------------------------------------ */
+
+/* The leaver counts as escalated; every other connected rank that has not
+ * escalated gets FastStop{abort_round}, naming the rank, its host and pid;
+ * once they escalated, their ops fail with the usual "rank left" text. */
+static void test_leave_in_fast_mode(void **state) {
+  fx *f = *state;
+  start(f, 4);
+  uint32_t id = first_step(f, "a");
+  send_ids(f, 0, &id, 1, 2); /* rank 0 already escalated after round 2 */
+  assert_int_equal(nmsgs(f), 0);
+  send_leave(f, 3);
+  assert_int_equal(nmsgs(f), 2);
+  static const char k_stop[] =
+      "rank 3 (host-3, pid 1003) left the job (gs_shutdown) while the ranks ran fast rounds: a "
+      "round that waits for it can never complete. End the round and send its ops to the "
+      "coordinator, which fails them naming that rank; every rank must submit the same tensors "
+      "before shutting down";
+  for (size_t k = 0; k < 2; k++) {
+    const gs__out *o = msg_at(f, k);
+    assert_int_equal(o->kind, GS__OUT_TO_RANK);
+    assert_int_equal(o->rank, (int32_t)k + 1); /* ranks 1 and 2; not 0, not 3 */
+    assert_int_equal(o->msg.kind, GS__MSG_FAST_STOP);
+    assert_int_equal(o->msg.abort_round, 1);
+    assert_string_equal(o->msg.text, k_stop);
+  }
+  assert_int_equal(stats(f).fast_stops, 1);
+  assert_int_equal(stats(f).fast_mode, 1);
+  gs__outbox_clear(&f->box);
+
+  send_ids(f, 1, &id, 1, 2);
+  assert_int_equal(nmsgs(f), 0);
+  send_ids(f, 2, &id, 1, 2);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 1);
+  assert_int_equal(p->responses[0].kind, GS__RESP_ERROR);
+  assert_int_equal(p->responses[0].error_status, GS__ERR_SHUTDOWN);
+  assert_string_equal(p->responses[0].error_message,
+                      "tensor 'a': rank 3 (host-3, pid 1003) has already left the job "
+                      "(gs_shutdown), so this collective can never complete; every rank must "
+                      "submit the same tensors before shutting down");
+  assert_int_equal(p->fast_after, 0); /* a rank left: never again */
+  assert_int_equal(stats(f).fast_mode, 0);
+}
+
+/* The last rank not escalated leaves: fast mode ends with nothing to
+ * stop; the job ends normally when all have left. */
+static void test_leave_of_the_last_rank_in_fast_mode(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  first_step(f, "a");
+  escalate(f, 0, 1);
+  send_leave(f, 1);
+  assert_int_equal(nmsgs(f), 0); /* nobody left to stop */
+  assert_int_equal(stats(f).fast_mode, 0);
+  assert_int_equal(stats(f).fast_stops, 0);
+  send_leave(f, 0);
+  assert_non_null(logged(f, "every rank left cleanly: the job finished"));
+}
+
+/* ---- timeline ------------------------------------------------------------------ */
+
+/* No marker while a timeline records; a start in fast mode sends FastStop
+ * without abort_round to every rank; after a stop the marker goes out on
+ * an empty plan at the next tick. */
+static void test_timeline_and_fast_mode(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  gs__engine_set_timeline(f->e, 1, f->now, &f->box);
+  assert_int_equal(nmsgs(f), 0); /* not in fast mode: nothing to stop */
+  send_full(f, 0, ar("a"));
+  send_full(f, 1, ar("a"));
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->fast_after, 0);
+  uint32_t id = p->responses[0].tensors[0].cache_id;
+  uint64_t seq = p->seq;
+  gs__outbox_clear(&f->box);
+
+  gs__engine_set_timeline(f->e, 0, f->now, &f->box);
+  assert_int_equal(nmsgs(f), 0);
+  f->now += 100;
+  gs__engine_tick(f->e, f->now, &f->box);
+  p = only_plan(f);
+  assert_int_equal(p->seq, seq + 1);
+  assert_int_equal(p->nresponses, 0);
+  assert_int_equal(p->replay_of, 0);
+  assert_int_equal(p->template_id, 0);
+  assert_int_equal(p->fast_after, 1);
+  assert_int_equal(stats(f).fast_mode, 1);
+  gs__outbox_clear(&f->box);
+  gs__engine_tick(f->e, f->now + 100, &f->box);
+  assert_int_equal(nmsgs(f), 0); /* once */
+
+  gs__engine_set_timeline(f->e, 1, f->now, &f->box);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(nmsgs(f), 1);
+  assert_int_equal(o->kind, GS__OUT_TO_ALL);
+  assert_int_equal(o->msg.kind, GS__MSG_FAST_STOP);
+  assert_int_equal(o->msg.abort_round, 0);
+  assert_string_equal(o->msg.text,
+                      "a timeline started recording (gradsyncd StartTimeline or --timeline): the "
+                      "coordinator must see every request while it records, so every rank leaves "
+                      "the fast path at its next round");
+  assert_int_equal(stats(f).fast_stops, 1);
+  gs__outbox_clear(&f->box);
+  send_ids(f, 0, &id, 1, 3);
+  send_ids(f, 1, &id, 1, 3);
+  p = only_plan(f);
+  assert_int_equal(p->seq, seq + 2);
+  assert_int_equal(p->fast_after, 0); /* it records */
+  assert_int_equal(stats(f).fast_mode, 0);
+}
+
+/* ---- templates ----------------------------------------------------------------- */
+
+/* A plan sent as a replay of a template carries the marker too, through
+ * the codec as the transport sends it; the template itself does not. */
+static void test_replay_keeps_the_marker(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  send_full(f, 0, ar("a"));
+  send_full(f, 1, ar("a"));
+  const gs__plan *p = only_plan(f);
+  uint32_t tmpl = p->template_id, id = p->responses[0].tensors[0].cache_id;
+  assert_int_not_equal(tmpl, 0);
+  assert_int_equal(p->fast_after, 1);
+  gs__outbox_clear(&f->box);
+  send_ids(f, 0, &id, 1, 1);
+  send_ids(f, 1, &id, 1, 1);
+  const gs__out *o = msg_at(f, 0);
+  p = only_plan(f);
+  assert_int_equal(p->replay_of, tmpl);
+  assert_int_equal(p->nresponses, 0);
+  assert_int_equal(p->fast_after, 1);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  assert_int_equal(gs__encode_plan_msg(&o->msg, &buf, &len), GS__OK);
+  gs__plan_msg back;
+  char err[256];
+  assert_int_equal(gs__decode_plan_msg(buf, len, &back, err, sizeof err), GS__OK);
+  assert_int_equal(back.kind, GS__MSG_PLAN);
+  assert_int_equal(back.plan.replay_of, tmpl);
+  assert_int_equal(back.plan.fast_after, 1);
+  gs__plan_msg_free(&back);
+  free(buf);
+  gs__outbox_clear(&f->box);
+
+  /* With a timeline recording the same replay goes out without it. */
+  gs__engine_set_timeline(f->e, 1, f->now, &f->box);
+  gs__outbox_clear(&f->box);
+  escalate(f, 0, 1);
+  escalate(f, 1, 1);
+  assert_int_equal(nmsgs(f), 0);
+  send_ids(f, 0, &id, 1, 0);
+  send_ids(f, 1, &id, 1, 0);
+  p = only_plan(f);
+  assert_int_equal(p->replay_of, tmpl);
+  assert_int_equal(p->fast_after, 0);
+}
+
+/* ---- reports ------------------------------------------------------------------- */
+
+static void send_report(fx *f, int32_t rank, uint64_t rounds, uint64_t tensors,
+                        uint64_t collectives, uint64_t bytes) {
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.heartbeat = 1;
+  m.has_fast_report = 1;
+  m.fast_report = (gs__fast_report){rounds, tensors, collectives, bytes};
+  send_msg(f, rank, &m);
+}
+
+/* The ranks' cumulative fast reports: the largest of each counter in the
+ * stats and GetStatus; fast tensors count as cache hits. */
+static void test_fast_reports_in_status(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  first_step(f, "a"); /* 2 full requests */
+  send_report(f, 0, 10, 50, 20, 1000);
+  send_report(f, 1, 12, 48, 19, 900);
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.fast_rounds, 12);
+  assert_int_equal(st.fast_tensors, 50);
+  assert_int_equal(st.fast_collectives, 20);
+  assert_int_equal(st.fast_bytes, 1000);
+  gs__diag_status ds;
+  assert_int_equal(gs__engine_status(f->e, f->now, &ds), GS__OK);
+  assert_int_equal(ds.fast_rounds, 12);
+  assert_int_equal(ds.fast_tensors, 50);
+  assert_int_equal(ds.fast_collectives, 20);
+  /* 98 fast tensors over the ranks, 2 full requests. */
+  assert_true(ds.cache_hit_rate > 0.9799 && ds.cache_hit_rate < 0.9801);
+  gs__diag_status_free(&ds);
+  /* A report with the next counters replaces the last. */
+  send_report(f, 0, 30, 150, 60, 3000);
+  assert_int_equal(stats(f).fast_rounds, 30);
+  assert_int_equal(stats(f).fast_tensors, 150);
+  assert_int_equal(stats(f).plans_emitted, 1); /* reports are no activity for plans */
+}
+
+/* ---- fast-pending ops ---------------------------------------------------------- */
+
+static void send_fast_pending(fx *f, int32_t rank, const gs__fast_pending *fp, size_t n) {
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.fast_pending_update = 1;
+  m.nfast_pending = n;
+  m.fast_pending = (gs__fast_pending *)fp;
+  send_msg(f, rank, &m);
+}
+
+static gs__fast_pending fp_of(const char *name, uint32_t id, uint32_t age_ms) {
+  gs__fast_pending p;
+  memset(&p, 0, sizeof p);
+  snprintf(p.name, sizeof p.name, "%s", name);
+  p.cache_id = id;
+  p.age_ms = age_ms;
+  return p;
+}
+
+static gs__diag_pending_list list_pending(fx *f, uint32_t page, uint64_t after, int32_t missing) {
+  gs__diag_pending_query q;
+  memset(&q, 0, sizeof q);
+  q.page_size = page;
+  q.after = after;
+  if (missing >= 0) {
+    q.missing_ranks = &missing;
+    q.nmissing_ranks = 1;
+  }
+  gs__diag_pending_list l;
+  assert_int_equal(gs__engine_list_pending(f->e, &q, f->now, &l), GS__OK);
+  return l;
+}
+
+/* What ranks in fast mode wait on shows in ListPending (after the table's
+ * entries, by name: submitted = the ranks reporting it, missing = the
+ * other connected ranks), in ListStalls, in the stall inspector's report
+ * and in a lost rank's abort. */
+static void test_fast_pending_in_views_and_stalls(void **state) {
+  fx *f = *state;
+  start(f, 3);
+  uint32_t id = first_step(f, "a");
+  gs__fast_pending p0[2] = {fp_of("a", id, 1500), fp_of("barrier.1", 0, 1200)};
+  gs__fast_pending p1[1] = {fp_of("a", id, 1100)};
+  send_fast_pending(f, 0, p0, 2);
+  send_fast_pending(f, 1, p1, 1);
+  send_full(f, 0, ar("t")); /* in the table, from rank 0 only */
+  assert_int_equal(nmsgs(f), 0);
+
+  gs__diag_pending_list l = list_pending(f, 0, 0, -1);
+  assert_int_equal(l.total, 3);
+  assert_int_equal(l.n, 3);
+  assert_string_equal(l.items[0].name, "t");
+  assert_int_equal(l.items[0].fast_path, 0);
+  const gs__diag_pending *a = &l.items[1], *b = &l.items[2];
+  assert_string_equal(a->name, "a");
+  assert_int_equal(a->fast_path, 1);
+  assert_int_equal(a->op, GS__OP_ALLREDUCE);
+  assert_int_equal(a->dtype, GS__FLOAT32);
+  assert_int_equal(a->ndim, 1);
+  assert_int_equal(a->shape[0], 4);
+  assert_int_equal(a->complete, 0);
+  assert_int_equal(a->nsubmitted, 2);
+  assert_int_equal(a->submitted[0], 0);
+  assert_int_equal(a->submitted[1], 1);
+  assert_int_equal(a->nmissing, 1);
+  assert_int_equal(a->missing[0], 2);
+  assert_true(a->age_s >= 1.5); /* rank 0's age, grown since its report */
+  assert_string_equal(b->name, "barrier.1");
+  assert_int_equal(b->op, GS__OP_BARRIER);
+  assert_int_equal(b->nsubmitted, 1);
+  assert_int_equal(b->submitted[0], 0);
+  assert_int_equal(b->nmissing, 2);
+  assert_int_equal(b->missing[0], 1);
+  assert_int_equal(b->missing[1], 2);
+  gs__diag_pending_list_free(&l);
+
+  /* Filtered by a missing rank, and paged. */
+  l = list_pending(f, 0, 0, 1);
+  assert_int_equal(l.n, 2);
+  assert_string_equal(l.items[0].name, "t");
+  assert_string_equal(l.items[1].name, "barrier.1");
+  gs__diag_pending_list_free(&l);
+  l = list_pending(f, 2, 0, -1);
+  assert_int_equal(l.n, 2);
+  assert_int_equal(l.total, 3);
+  uint64_t next = l.next_after;
+  assert_int_not_equal(next, 0);
+  gs__diag_pending_list_free(&l);
+  l = list_pending(f, 2, next, -1);
+  assert_int_equal(l.n, 1);
+  assert_string_equal(l.items[0].name, "barrier.1");
+  assert_int_equal(l.next_after, 0);
+  gs__diag_pending_list_free(&l);
+
+  /* The stall inspector: the usual text, fast ops among the names. */
+  send_blocked(f, 2, "a");
+  f->now += 61000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const char *report = logged(f, "Missing ranks:");
+  assert_non_null(report);
+  assert_contains(report, "One or more tensors were submitted to be reduced, gathered or "
+                          "broadcasted by subset of ranks and are waiting for remainder of ranks "
+                          "for more than 60 seconds.");
+  assert_contains(report, "Missing ranks:\n1 (host-1:1001): [barrier.1, t]\n2 (host-2:1002): [a, "
+                          "barrier.1, t]");
+  assert_int_equal(stats(f).stall_reports, 1);
+  gs__diag_stalls s;
+  assert_int_equal(gs__engine_stalls(f->e, f->now, &s), GS__OK);
+  assert_int_equal(s.nstalled, 3);
+  assert_string_equal(s.stalled[1].name, "a");
+  assert_int_equal(s.stalled[1].fast_path, 1);
+  assert_int_equal(s.nwaits, 1);
+  assert_int_equal(s.waits[0].rank, 2);
+  assert_string_equal(s.waits[0].waits[0].name, "a");
+  assert_int_equal(s.waits[0].waits[0].pending, 1);
+  assert_int_equal(s.waits[0].waits[0].nmissing, 1);
+  assert_int_equal(s.waits[0].waits[0].missing[0], 2);
+  gs__diag_stalls_free(&s);
+  gs__outbox_clear(&f->box);
+
+  /* A rank lost: the abort names the fast ops in flight too. */
+  gs__engine_session_closed(f->e, 2, "its connection dropped", f->now, &f->box);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_contains(o->msg.text, "Tensors in flight: [t, a, barrier.1]");
+}
+
+/* Stall shutdown counts the age of fast ops as the table's. */
+static void test_fast_pending_stall_shutdown(void **state) {
+  fx *f = *state;
+  gs__engine_config cfg;
+  start(f, 2);
+  gs__engine_destroy(f->e);
+  f->e = NULL;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.world_size = 2;
+  cfg.job.cache_capacity = 16;
+  cfg.job.stall_warning_s = 60;
+  cfg.job.stall_shutdown_s = 120;
+  cfg.max_plans_in_flight = 1 << 20;
+  cfg.fast_path = 1;
+  assert_int_equal(gs__engine_create(&cfg, &f->e), GS__OK);
+  for (int32_t r = 0; r < 2; r++) {
+    gs__join_request req;
+    memset(&req, 0, sizeof req);
+    req.rank = r;
+    req.size = 2;
+    snprintf(req.host, sizeof req.host, "host-%d", r);
+    req.pid = 1000 + r;
+    gs__join_response resp;
+    char err[256];
+    assert_int_equal(gs__engine_join(f->e, &req, tick(f), &resp, err, sizeof err), GS__OK);
+  }
+  for (int32_t r = 0; r < 2; r++) {
+    char err[256];
+    assert_int_equal(gs__engine_session_open(f->e, r, tick(f), &f->box, err, sizeof err), GS__OK);
+  }
+  uint32_t id = first_step(f, "w");
+  gs__fast_pending p = fp_of("w", id, 119000);
+  send_fast_pending(f, 1, &p, 1);
+  f->now += 500;
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(stats(f).aborted, 0);
+  f->now += 600;
+  gs__engine_tick(f->e, f->now, &f->box);
+  assert_int_equal(stats(f).aborted, 1);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  assert_int_equal(o->msg.status, GS__ERR_STALL);
+  assert_contains(o->msg.text, "Missing ranks:\n0 (host-0:1000): [w]");
+  assert_contains(o->msg.text, "Stall shutdown time of 120 s exceeded (--stall-shutdown-s)");
+}
+
+/* What a rank reports is bounded before it is stored: at most
+ * GS__MAX_BLOCKED ops, names cut at GS__MAX_NAME bytes. An escalation
+ * drops the rank's report (its ops come to the coordinator now), and
+ * reports outside fast mode are not kept. */
+static void test_fast_pending_bounded_and_dropped(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  uint32_t id = first_step(f, "a");
+  gs__fast_pending *many = calloc(100, sizeof *many);
+  assert_non_null(many);
+  for (int i = 0; i < 100; i++) many[i] = fp_of("", id, 2000);
+  for (int i = 0; i < 100; i++) snprintf(many[i].name, sizeof many[i].name, "n%03d", i);
+  memset(many[0].name, 'x', sizeof many[0].name); /* no terminating NUL */
+  send_fast_pending(f, 0, many, 100);
+  gs__diag_pending_list l = list_pending(f, 1000, 0, -1);
+  assert_int_equal(l.total, GS__MAX_BLOCKED);
+  assert_int_equal(l.n, GS__MAX_BLOCKED);
+  assert_int_equal(strlen(l.items[GS__MAX_BLOCKED - 1].name), GS__MAX_NAME); /* x...x sorts last */
+  assert_string_equal(l.items[GS__MAX_BLOCKED - 2].name, "n063");
+  gs__diag_pending_list_free(&l);
+
+  /* Rank 0 escalates: its ops leave the fast view. */
+  escalate(f, 0, 1);
+  l = list_pending(f, 0, 0, -1);
+  assert_int_equal(l.total, 0);
+  gs__diag_pending_list_free(&l);
+  gs__engine_set_timeline(f->e, 1, f->now, &f->box); /* keeps the job out of fast mode */
+  escalate(f, 1, 1);
+  assert_int_equal(stats(f).fast_mode, 0);
+  /* Not in fast mode: a report is not kept. */
+  send_fast_pending(f, 1, many, 3);
+  l = list_pending(f, 0, 0, -1);
+  assert_int_equal(l.total, 0);
+  gs__diag_pending_list_free(&l);
+  free(many);
+}
+
+/* A client that never escalates (a raw-protocol client, or a rank stuck
+ * after its round) shows in the stall report: entries held in fast mode
+ * name the ranks that have not escalated. */
+static void test_held_entries_name_ranks_not_escalated(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  uint32_t id = first_step(f, "a");
+  send_ids(f, 0, &id, 1, 0);
+  send_ids(f, 1, &id, 1, 0);
+  assert_int_equal(nmsgs(f), 0); /* complete, held */
+  f->now += 61000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  const char *report = logged(f, "Missing ranks:");
+  assert_contains(report, "Missing ranks:\n0 (host-0:1000): [a]\n1 (host-1:1001): [a]");
+  gs__outbox_clear(&f->box);
+  escalate(f, 0, 2);
+  f->now += 61000;
+  gs__engine_tick(f->e, f->now, &f->box);
+  report = logged(f, "Missing ranks:");
+  assert_non_null(report);
+  assert_null(strstr(report, "\n0 (host-0:1000)"));
+  assert_contains(report, "Missing ranks:\n1 (host-1:1001): [a]");
+}
+
+int main(void) {
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+  const struct CMUnitTest tests[] = {
+      T(test_marker_on_the_plan_that_empties_the_table),
+      T(test_no_marker_with_a_joined_or_departed_rank),
+      T(test_hold_until_every_rank_escalates),
+      T(test_hold_then_emit_with_errors),
+      T(test_escalation_rounds_disagree_logged),
+      T(test_no_deadlock_check_in_fast_mode),
+      T(test_leave_in_fast_mode),
+      T(test_leave_of_the_last_rank_in_fast_mode),
+      T(test_timeline_and_fast_mode),
+      T(test_replay_keeps_the_marker),
+      T(test_fast_reports_in_status),
+      T(test_fast_pending_in_views_and_stalls),
+      T(test_fast_pending_stall_shutdown),
+      T(test_fast_pending_bounded_and_dropped),
+      T(test_held_entries_name_ranks_not_escalated),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
