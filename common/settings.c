@@ -188,6 +188,14 @@ static const gs__setting table[GS__S_COUNT] = {
                               "under 4; a second signal ends it), closes, cancels calls still "
                               "open after S seconds and exits 0. Also bounds how long a failed "
                               "job's ranks get to close their sessions."},
+    [GS__S_FAST_PATH] =
+        {"fast_path", "--fast-path", "GRADSYNC_FAST_PATH", NULL, GS__T_BOOL, "on", NULL, 0, 1,
+         NULL, GS__FOR_SERVER, "BOOL",
+         "on: let the ranks agree on cached requests among themselves over the data plane (the "
+         "fast path) once every rank is connected, nothing is pending and the response cache "
+         "holds what they submit; they come back to gradsyncd for anything it must see (a new "
+         "tensor, a mismatch, a reordering, a deadlock, a departure, a timeline). off: every "
+         "request goes through gradsyncd, step after step."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},
@@ -524,6 +532,13 @@ int gs__settings_load(gs__settings *s, unsigned scope, char *err, size_t errlen)
   return GS__OK;
 }
 
+static int is_bool_word(const char *t) {
+  static const char *const words[] = {"1", "0", "true", "false", "yes", "no", "on", "off"};
+  for (size_t k = 0; k < sizeof words / sizeof words[0]; k++)
+    if (!strcasecmp(t, words[k])) return 1;
+  return 0;
+}
+
 int gs__settings_take_flag(gs__settings *s, unsigned scope, int argc, char **argv, int *i,
                            char *err, size_t errlen) {
   const char *a = argv[*i];
@@ -539,7 +554,13 @@ int gs__settings_take_flag(gs__settings *s, unsigned scope, int argc, char **arg
     if (eq) {
       val = eq + 1;
     } else if (d->type == GS__T_BOOL) {
+      /* "--flag" alone is on; "--flag off" (a boolean word next) also
+       * reads as documented ("--fast-path on|off"). */
       val = "1";
+      if (*i + 1 < argc && is_bool_word(argv[*i + 1])) {
+        val = argv[*i + 1];
+        used = 1;
+      }
     } else if (*i + 1 < argc) {
       val = argv[*i + 1];
       used = 1;

@@ -59,6 +59,7 @@ typedef enum gs__setting_id {
   GS__S_TIMELINE,
   GS__S_SERVE_FOREVER,
   GS__S_SHUTDOWN_GRACE,
+  GS__S_FAST_PATH,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,

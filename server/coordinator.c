@@ -409,12 +409,15 @@ static void timeline_rank_msg(gs__coordinator *co, int32_t rank, const gs__rank_
   }
 }
 
+/* The engine hears of it (no output: after a stop the fast path's marker
+ * waits for the next event or tick, so this may run inside flush_outbox). */
 static void timeline_stop(gs__coordinator *co, const char *why) {
   if (!co->timeline) return;
   char path[GS__DIAG_MAX_PATH];
   snprintf(path, sizeof path, "%s", gs__timeline_path(co->timeline));
   uint64_t n = gs__timeline_stop(co->timeline, gs__now_us());
   co->timeline = NULL;
+  gs__engine_set_timeline(co->engine, 0, gs__now_ms(), &co->box);
   GS_LOG_INFO("timeline %s stopped (%s): %llu events", path, why, (unsigned long long)n);
 }
 
@@ -659,6 +662,9 @@ static void check_job(gs__coordinator *co, uint64_t now) {
   gs__identities_destroy(co->ids);
   co->ids = ids;
   co->over = GS__JOB_RUNNING;
+  /* The fresh engine knows of no timeline: one still recording keeps the
+   * next job off the fast path too (no output: not in fast mode). */
+  if (co->timeline) gs__engine_set_timeline(co->engine, 1, now, &co->box);
   GS_LOG_INFO("--serve-forever: ready for the next job (epoch %u)", next);
 }
 
@@ -706,6 +712,7 @@ static void coordinator_tick(void *arg, uint64_t now) {
 
 static void coordinator_shutdown(void *arg) {
   gs__coordinator *co = arg;
+  gs__engine_set_draining(co->engine); /* no fast path from now on */
   timeline_stop(co, "gradsyncd is shutting down");
   if (co->done != GS__JOB_RUNNING) return; /* the job is over; its sessions are closed */
   GS_LOG_INFO("shutting down: closing %s sessions", co->sessions ? "open" : "no");
@@ -734,6 +741,7 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
   ec.max_plans_in_flight = o->max_plans_in_flight;
   ec.max_pending_per_rank = o->max_pending_per_rank;
   ec.epoch = 1;
+  ec.fast_path = o->fast_path;
   co->serve_forever = o->serve_forever;
   co->drain_ms = o->drain_ms;
   co->kv_max_bytes = o->kv_max_bytes;
@@ -816,6 +824,10 @@ int gs__coordinator_timeline_start(gs__coordinator *co, const char *path, char *
   timeline_stop(co, "replaced by a new timeline");
   co->timeline = t;
   GS_LOG_INFO("timeline started: %s", path);
+  /* In fast mode the ranks are told to come back: a timeline sees every
+   * request. */
+  gs__engine_set_timeline(co->engine, 1, gs__now_ms(), &co->box);
+  flush_outbox(co);
   return GS__OK;
 }
 
@@ -824,6 +836,7 @@ int gs__coordinator_timeline_stop(gs__coordinator *co, char *path, size_t cap, u
   snprintf(path, cap, "%s", gs__timeline_path(co->timeline));
   *events = gs__timeline_stop(co->timeline, gs__now_us());
   co->timeline = NULL;
+  gs__engine_set_timeline(co->engine, 0, gs__now_ms(), &co->box);
   GS_LOG_INFO("timeline %s stopped (StopTimeline): %llu events", path, (unsigned long long)*events);
   return 0;
 }

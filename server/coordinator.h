@@ -26,6 +26,7 @@ typedef struct gs__coordinator_opts {
   int serve_forever;   /* 1: a fresh job (next epoch) after each one */
   uint32_t drain_ms;   /* after a failed job: how long the ranks get to close
                           their sessions before the job is over anyway */
+  int fast_path;       /* --fast-path: the engine may send Plan.fast_after */
 } gs__coordinator_opts;
 
 /* How the current job ended (see gs__coordinator_outcome). */

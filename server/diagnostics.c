@@ -309,6 +309,15 @@ char *gs__diagnostics_metrics(gs__diagnostics *d) {
   metric(&b, "gradsync_ranks_lost_total", "counter", "Ranks declared lost.", (double)st.ranks_lost);
   metric(&b, "gradsync_event_watchers_dropped_total", "counter",
          "WatchEvents streams cut off for not keeping up.", (double)d->watchers_dropped);
+  metric(&b, "gradsync_fast_mode", "gauge",
+         "1 while the ranks agree on cached requests among themselves (fast path).",
+         (double)st.fast_mode);
+  metric(&b, "gradsync_fast_entries_total", "counter", "Plans that sent the ranks into fast mode.",
+         (double)st.fast_entries);
+  metric(&b, "gradsync_fast_rounds_total", "counter",
+         "Fast rounds that ran a common set (the largest rank's count).", (double)st.fast_rounds);
+  metric(&b, "gradsync_fast_tensors_total", "counter",
+         "Tensors completed in fast rounds (the largest rank's count).", (double)st.fast_tensors);
   if (b.oom) {
     free(b.p);
     return NULL;

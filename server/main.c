@@ -215,6 +215,7 @@ int main(int argc, char **argv) {
                      (int)gs__settings_int(&cfg, GS__S_INSECURE), err, sizeof err) != 0)
     goto bad_usage;
   o.serve_forever = (int)gs__settings_int(&cfg, GS__S_SERVE_FOREVER);
+  o.fast_path = (int)gs__settings_int(&cfg, GS__S_FAST_PATH);
   o.drain_ms = (uint32_t)so.shutdown_grace_ms;
   char line[4096];
   gs__settings_describe(&cfg, GS__FOR_SERVER, line, sizeof line);

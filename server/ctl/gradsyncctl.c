@@ -278,7 +278,8 @@ static void print_pending_json(const gs__diag_pending *p) {
   json_ranks(p->submitted, p->nsubmitted);
   printf(",\"missing_ranks\":");
   json_ranks(p->missing, p->nmissing);
-  printf(",\"complete\":%s}", p->complete ? "true" : "false");
+  printf(",\"complete\":%s,\"fast_path\":%s}", p->complete ? "true" : "false",
+         p->fast_path ? "true" : "false");
 }
 
 static void print_pending_header(void) {
@@ -292,7 +293,9 @@ static void print_pending_row(const gs__diag_pending *p) {
          gs__dtype_name(p->dtype), shape_text(p->shape, p->ndim, shape, sizeof shape), p->age_s,
          ranks_text(p->submitted, p->nsubmitted, sub, sizeof sub),
          ranks_text(p->missing, p->nmissing, mis, sizeof mis),
-         p->complete ? " (complete, waiting for the next plan)" : "");
+         p->complete    ? " (complete, waiting for the next plan)"
+         : p->fast_path ? " (fast path: submitted ranks wait in fast rounds)"
+                        : "");
 }
 
 /* ---- commands ------------------------------------------------------------ */
@@ -320,12 +323,15 @@ static int cmd_status(ctl *c, int ranks_only) {
       printf(",\"world_size\":%d,\"epoch\":%llu,\"uptime_s\":%.3f,\"world_ready\":%s,"
              "\"aborted\":%s,\"plans_emitted\":%llu,\"collectives\":%llu,\"tensors_planned\":%llu,"
              "\"bytes_negotiated\":%llu,\"cache_hit_rate\":%.4f,\"mean_tensors_per_op\":%.3f,"
-             "\"pending_tensors\":%llu,\"settings\":{",
+             "\"pending_tensors\":%llu,\"fast_rounds\":%llu,\"fast_tensors\":%llu,"
+             "\"fast_collectives\":%llu,\"settings\":{",
              st.world_size, (unsigned long long)st.epoch, st.uptime_s,
              st.world_ready ? "true" : "false", st.aborted ? "true" : "false",
              (unsigned long long)st.plans_emitted, (unsigned long long)st.collectives,
              (unsigned long long)st.tensors_planned, (unsigned long long)st.bytes_negotiated,
-             st.cache_hit_rate, st.mean_tensors_per_op, (unsigned long long)st.pending_tensors);
+             st.cache_hit_rate, st.mean_tensors_per_op, (unsigned long long)st.pending_tensors,
+             (unsigned long long)st.fast_rounds, (unsigned long long)st.fast_tensors,
+             (unsigned long long)st.fast_collectives);
       for (size_t i = 0; i < st.nsettings; i++) {
         if (i) putchar(',');
         json_str(st.settings[i].key);
@@ -368,6 +374,9 @@ static int cmd_status(ctl *c, int ranks_only) {
            (unsigned long long)st.tensors_planned, st.mean_tensors_per_op);
     printf("negotiated:   %llu bytes; response cache hit rate %.1f%%\n",
            (unsigned long long)st.bytes_negotiated, st.cache_hit_rate * 100.0);
+    printf("fast path:    %llu rounds, %llu tensors, %llu collectives (largest rank's count)\n",
+           (unsigned long long)st.fast_rounds, (unsigned long long)st.fast_tensors,
+           (unsigned long long)st.fast_collectives);
     printf("pending:      %llu tensors\n", (unsigned long long)st.pending_tensors);
     printf("settings:    ");
     for (size_t i = 0; i < st.nsettings; i++)

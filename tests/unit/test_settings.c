@@ -145,6 +145,53 @@ static void test_flags(void **state) {
   gs__settings_free(&s);
 }
 
+/* --fast-path: on by default; "--fast-path off", "--fast-path=off" and
+ * GRADSYNC_FAST_PATH=off turn it off, "--fast-path" alone or with "on"
+ * turns it on; a boolean flag takes the next argument only when it is a
+ * boolean word. */
+static void test_fast_path_flag(void **state) {
+  (void)state;
+  gs__settings s;
+  char err[512];
+  unsetenv("GRADSYNC_FAST_PATH");
+  assert_int_equal(gs__settings_load(&s, GS__FOR_SERVER, err, sizeof err), GS__OK);
+  assert_int_equal(gs__settings_int(&s, GS__S_FAST_PATH), 1);
+  char *argv[] = {"gradsyncd",   "--fast-path",      "off", "--fast-path=on",
+                  "--fast-path", "--cache-capacity", "3",   "--fast-path",
+                  "OFF"};
+  int argc = (int)(sizeof argv / sizeof argv[0]);
+  int i = 1;
+  assert_int_equal(gs__settings_take_flag(&s, GS__FOR_SERVER, argc, argv, &i, err, sizeof err), 1);
+  assert_int_equal(i, 2); /* took "off" */
+  assert_int_equal(gs__settings_int(&s, GS__S_FAST_PATH), 0);
+  i++;
+  assert_int_equal(gs__settings_take_flag(&s, GS__FOR_SERVER, argc, argv, &i, err, sizeof err), 1);
+  assert_int_equal(gs__settings_int(&s, GS__S_FAST_PATH), 1);
+  gs__settings_set(&s, GS__S_FAST_PATH, "0", GS__SRC_FLAG, "--fast-path", err, sizeof err);
+  i++;
+  assert_int_equal(gs__settings_take_flag(&s, GS__FOR_SERVER, argc, argv, &i, err, sizeof err), 1);
+  assert_int_equal(i, 4); /* alone: "--cache-capacity" is not a boolean word */
+  assert_int_equal(gs__settings_int(&s, GS__S_FAST_PATH), 1);
+  i++;
+  assert_int_equal(gs__settings_take_flag(&s, GS__FOR_SERVER, argc, argv, &i, err, sizeof err), 1);
+  assert_int_equal(gs__settings_int(&s, GS__S_CACHE_CAPACITY), 3);
+  i++;
+  assert_int_equal(gs__settings_take_flag(&s, GS__FOR_SERVER, argc, argv, &i, err, sizeof err), 1);
+  assert_int_equal(i, 8);
+  assert_int_equal(gs__settings_int(&s, GS__S_FAST_PATH), 0);
+  gs__settings_free(&s);
+
+  setenv("GRADSYNC_FAST_PATH", "off", 1);
+  assert_int_equal(gs__settings_load(&s, GS__FOR_SERVER, err, sizeof err), GS__OK);
+  assert_int_equal(gs__settings_int(&s, GS__S_FAST_PATH), 0);
+  gs__settings_free(&s);
+  setenv("GRADSYNC_FAST_PATH", "sometimes", 1);
+  assert_int_not_equal(gs__settings_load(&s, GS__FOR_SERVER, err, sizeof err), GS__OK);
+  assert_string_equal(err, "GRADSYNC_FAST_PATH='sometimes' is not valid: expected 1 or 0 "
+                           "(true/false, yes/no, on/off)");
+  unsetenv("GRADSYNC_FAST_PATH");
+}
+
 static void test_refusals(void **state) {
   (void)state;
   gs__settings s;
@@ -340,6 +387,7 @@ int main(void) {
       cmocka_unit_test(test_every_row_is_sound),
       cmocka_unit_test(test_fractions_and_aliases),
       cmocka_unit_test(test_flags),
+      cmocka_unit_test(test_fast_path_flag),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_split_host_port),
       cmocka_unit_test(test_sched_each),
