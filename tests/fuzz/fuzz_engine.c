@@ -8,7 +8,9 @@
  *
  * After every event the outbox is checked (plans numbered 1, 2, 3, ... with
  * no gap; every rank-addressed item names a rank of the world; every
- * response names its tensors) and each message is encoded with the codec
+ * response names its tensors; a plan with the fast path's marker is the
+ * last of its event, and none follows while the engine holds in fast mode)
+ * and each message is encoded with the codec
  * and decoded back, as the transport sends it. ASan/UBSan catch the rest.
  *
  * Built with clang -fsanitize=fuzzer,address,undefined when GRADSYNC_FUZZ is
@@ -44,6 +46,22 @@ static int take(reader *r, uint8_t *b) {
   *b = *r->p++;
   r->n--;
   return 1;
+}
+
+/* The fast path: a plan with fast_after is the last plan of its event (the
+ * engine then holds every plan); and the engine left in fast mode sent no
+ * plan in this event but, last, the one with the marker. */
+static void check_fast(const gs__outbox *box, int fast_mode) {
+  const gs__plan *last = NULL;
+  for (size_t i = 0; i < box->n; i++) {
+    const gs__out *o = &box->items[i];
+    if (o->kind == GS__OUT_LOG || o->kind == GS__OUT_CLOSE_RANK) continue;
+    if (o->msg.kind == GS__MSG_FAST_STOP) CHECK(o->msg.text && o->msg.text[0]);
+    if (o->msg.kind != GS__MSG_PLAN) continue;
+    CHECK(!last || !last->fast_after);
+    last = &o->msg.plan;
+  }
+  if (fast_mode && last) CHECK(last->fast_after);
 }
 
 static void check_outbox(gs__outbox *box, int32_t world, uint64_t *last_seq) {
@@ -82,6 +100,8 @@ static void check_outbox(gs__outbox *box, int32_t world, uint64_t *last_seq) {
     CHECK(gs__decode_plan_msg(buf, len, &back, err, sizeof err) == GS__OK);
     CHECK(back.kind == m->kind);
     if (m->kind == GS__MSG_PLAN) CHECK(gs__plan_responses_equal(&back.plan, &m->plan));
+    if (m->kind == GS__MSG_PLAN) CHECK(!back.plan.fast_after == !m->plan.fast_after);
+    if (m->kind == GS__MSG_FAST_STOP) CHECK(!back.abort_round == !m->abort_round);
     gs__plan_msg_free(&back);
     free(buf);
   }
@@ -120,6 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.max_plans_in_flight = 1 + (b1 >> 6);
   cfg.max_pending_per_rank = (b1 & 128) ? 4 : 0;
   cfg.deadlock_warn_only = (b0 >> 4) & 1;
+  cfg.fast_path = (b0 >> 6) & 1;
   gs__engine *e = NULL;
   CHECK(gs__engine_create(&cfg, &e) == GS__OK);
   gs__outbox box;
@@ -173,11 +194,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         gs__engine_session_open(e, q, now, &box, err, sizeof err);
       }
       break;
+    case FZ_TIMELINE:
+      if (rb & 2) gs__engine_set_draining(e);
+      gs__engine_set_timeline(e, rb & 1, now, &box);
+      break;
     }
     /* With world_size 0 the first joiner sets the world (it may claim
      * world + 1): addressed ranks are bounded by the engine's world. */
     gs__engine_stats st;
     gs__engine_get_stats(e, &st);
+    check_fast(&box, st.fast_mode);
     check_outbox(&box, st.world_size > 0 ? st.world_size : world, &last_seq);
     CHECK(st.plans_emitted == last_seq);
     CHECK(strlen(gs__engine_last_stall(e)) < 1 << 20);

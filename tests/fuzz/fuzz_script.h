@@ -1,7 +1,8 @@
 /* The script format of fuzz_engine's inputs, shared with fuzz_seeds (which
  * writes valid scripts as the seed corpus):
  *   byte 0: world size 1 + b % FZ_MAX_WORLD; bit 7: world size taken from
- *           the first joiner; bit 4: deadlock action warn
+ *           the first joiner; bit 4: deadlock action warn; bit 6: the fast
+ *           path on (FZ_CONNECT_ALL's hellos then say the ranks support it)
  *   byte 1: engine settings (fusion threshold, cache capacity, stall
  *           shutdown, rank timeout, emission policy, plans in flight,
  *           pending limit 4), one bit or two each
@@ -21,6 +22,8 @@ enum {
   FZ_CLOSE = 3,       /* its session ends (bit 0 of R: with a detail) */
   FZ_TICK = 4,        /* the clock advances R x 50 ms, then tick */
   FZ_CONNECT_ALL = 5, /* every rank joins and opens its session */
+  FZ_TIMELINE = 6,    /* bit 0 of R: a timeline starts (1) or stops (0);
+                         bit 1: the coordinator starts draining */
   FZ_OP_COUNT
 };
 

@@ -2,7 +2,8 @@
  * into the code, for libFuzzer to mutate. Usage: fuzz_seeds DIR; writes
  * DIR/engine/NN (scripts for fuzz_engine, see fuzz_script.h: whole jobs
  * with fused plans, mismatches, a rank leaving with ops and groups pending,
- * a deadlock, the cache, allgathers, local names, a stall, a lost rank) and
+ * a deadlock, the cache, allgathers, local names, a stall, a lost rank, the
+ * fast path with escalations, a leave, reports and a timeline) and
  * DIR/codec/NN (a selector byte and an encoded message for fuzz_codec).
  * Plain C; built with the fuzz targets. */
 #include <errno.h>
@@ -276,6 +277,65 @@ int main(int argc, char **argv) {
   reqs_msg(&b, 0, "p/", 6, GS__OP_ALLREDUCE, 2, 0, 0);
   engine_seed(dir, &b);
 
+  /* 9: the fast path: the first step's plan carries the marker; in fast
+   * mode cached ids are held, ranks report counters and fast-pending ops,
+   * one escalates, the other leaves (FastStop), then the held op fails. */
+  put1(&b, 0x40 | 2), put1(&b, 0);
+  ev(&b, FZ_CONNECT_ALL, 0);
+  for (int r = 0; r < 3; r++) reqs_msg(&b, r, "grad/", 3, GS__OP_ALLREDUCE, 4, 0, 0);
+  {
+    uint32_t ids[2] = {1, 2};
+    gs__fast_pending fp[2];
+    memset(fp, 0, sizeof fp);
+    snprintf(fp[0].name, sizeof fp[0].name, "grad/0");
+    fp[0].cache_id = 1;
+    fp[0].age_ms = 1500;
+    snprintf(fp[1].name, sizeof fp[1].name, "barrier");
+    fp[1].age_ms = 1200;
+    gs__rank_msg m;
+    memset(&m, 0, sizeof m);
+    m.has_fast_report = 1;
+    m.fast_report = (gs__fast_report){3, 9, 3, 144};
+    m.fast_pending_update = 1;
+    m.fast_pending = fp;
+    m.nfast_pending = 2;
+    msg(&b, 0, &m);
+    msg(&b, 1, &m);
+    memset(&m, 0, sizeof m);
+    m.cached = ids;
+    m.ncached = 2;
+    m.escalate_round = 4;
+    msg(&b, 0, &m);
+    blocked_msg(&b, 1, "grad/1");
+    ev(&b, FZ_TICK, 200);
+    reqs_msg(&b, 2, "x", 0, GS__OP_ALLREDUCE, 2, 0, 1);
+    msg(&b, 1, &m);
+  }
+  engine_seed(dir, &b);
+
+  /* 10: the fast path and a timeline: FastStop, escalations, no marker
+   * while it records, the marker on an empty plan after it stops; then
+   * the drain. */
+  put1(&b, 0x40 | 1), put1(&b, 0);
+  ev(&b, FZ_CONNECT_ALL, 0);
+  reqs_msg(&b, 0, "w/", 2, GS__OP_ALLREDUCE, 4, 0, 0);
+  reqs_msg(&b, 1, "w/", 2, GS__OP_ALLREDUCE, 4, 0, 0);
+  ev(&b, FZ_TIMELINE, 1);
+  {
+    uint32_t ids[2] = {1, 2};
+    gs__rank_msg m;
+    memset(&m, 0, sizeof m);
+    m.cached = ids;
+    m.ncached = 2;
+    m.escalate_round = 1;
+    msg(&b, 0, &m);
+    msg(&b, 1, &m);
+  }
+  ev(&b, FZ_TIMELINE, 0);
+  ev(&b, FZ_TICK, 1);
+  ev(&b, FZ_TIMELINE, 2);
+  engine_seed(dir, &b);
+
   /* Codec seeds: every message type. */
   {
     gs__tensor_request rs[2] = {req("w", GS__OP_ALLREDUCE, 3, 4), req("g", GS__OP_ALLGATHER, 2, 4)};
@@ -304,6 +364,19 @@ int main(int argc, char **argv) {
     m.hello_rank = 3;
     m.has_leave = 1;
     snprintf(m.leave_reason, sizeof m.leave_reason, "gs_shutdown");
+    codec_rank_seed(dir, &m);
+    gs__fast_pending fp[1];
+    memset(fp, 0, sizeof fp);
+    snprintf(fp[0].name, sizeof fp[0].name, "fast/x");
+    fp[0].cache_id = 7;
+    fp[0].age_ms = 2000;
+    memset(&m, 0, sizeof m);
+    m.escalate_round = 12;
+    m.has_fast_report = 1;
+    m.fast_report = (gs__fast_report){12, 40, 12, 4096};
+    m.fast_pending_update = 1;
+    m.fast_pending = fp;
+    m.nfast_pending = 1;
     codec_rank_seed(dir, &m);
   }
   {
@@ -340,8 +413,20 @@ int main(int argc, char **argv) {
     pm.plan.seq = 7;
     pm.plan.responses = resp;
     pm.plan.nresponses = 2;
+    pm.plan.fast_after = 1;
     uint8_t *enc = NULL;
     size_t len = 0;
+    if (gs__encode_plan_msg(&pm, &enc, &len) != GS__OK) return 1;
+    put1(&b, 1);
+    put(&b, enc, len);
+    free(enc);
+    write_file(dir, "codec", ncodec++, &b);
+    free(b.p);
+    memset(&b, 0, sizeof b);
+    memset(&pm, 0, sizeof pm);
+    pm.kind = GS__MSG_FAST_STOP;
+    pm.text = (char *)"rank 1 (node-b, pid 42) left the job";
+    pm.abort_round = 1;
     if (gs__encode_plan_msg(&pm, &enc, &len) != GS__OK) return 1;
     put1(&b, 1);
     put(&b, enc, len);
