@@ -289,7 +289,8 @@ char *gs__diagnostics_metrics(gs__diagnostics *d) {
          st.world_size);
   metric(&b, "gradsync_live_ranks", "gauge", "Ranks with an open session.", st.connected);
   metric(&b, "gradsync_pending_tensors", "gauge",
-         "Tensors submitted by some ranks and not yet planned.", (double)st.pending_tensors);
+         "Tensors submitted by some ranks and not yet planned.",
+         (double)(st.pending_tensors + st.fast_pending));
   metric(&b, "gradsync_plans_total", "counter", "Plans sent to the ranks.",
          (double)st.plans_emitted);
   metric(&b, "gradsync_collectives_total", "counter",

@@ -357,5 +357,11 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
     if (f->tensors > out->fast_tensors) out->fast_tensors = f->tensors;
     if (f->collectives > out->fast_collectives) out->fast_collectives = f->collectives;
     if (f->bytes > out->fast_bytes) out->fast_bytes = f->bytes;
+    if (e->ranks[r].nfast_pending) out->fast_pending = 1; /* counted below */
+  }
+  if (out->fast_pending) {
+    fast_items fi;
+    out->fast_pending = gs__eng_fast_items(e, 0, &fi) == GS__OK ? fi.n : 0;
+    gs__eng_fast_items_free(&fi);
   }
 }

@@ -163,6 +163,8 @@ typedef struct gs__engine_stats {
   uint64_t fast_tensors;     /*   counter over the ranks */
   uint64_t fast_collectives; /*   ... */
   uint64_t fast_bytes;       /*   ... */
+  size_t fast_pending;       /* ops ranks in fast mode reported waiting on (distinct
+                                names, none of them in pending_tensors) */
 } gs__engine_stats;
 void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out);
 

@@ -59,6 +59,9 @@ int gs__engine_status(const gs__engine *e, uint64_t now_ms, gs__diag_status *out
       e->collectives ? (double)e->tensors_planned / (double)e->collectives : 0.0;
   out->pending_tensors = HASH_COUNT(e->table);
   if (!e->world) return GS__OK;
+  gs__engine_stats st;
+  gs__engine_get_stats(e, &st);
+  out->pending_tensors += st.fast_pending; /* as ListPending shows them */
   out->ranks = calloc((size_t)e->world, sizeof *out->ranks);
   if (!out->ranks) return GS__ERR_NO_MEMORY;
   for (int32_t r = 0; r < e->world; r++) {

@@ -760,6 +760,13 @@ static void test_fast_pending_in_views_and_stalls(void **state) {
   send_full(f, 0, ar("t")); /* in the table, from rank 0 only */
   assert_int_equal(nmsgs(f), 0);
 
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.pending_tensors, 1); /* the table: t */
+  assert_int_equal(st.fast_pending, 2);    /* a, barrier.1 */
+  gs__diag_status ds;
+  assert_int_equal(gs__engine_status(f->e, f->now, &ds), GS__OK);
+  assert_int_equal(ds.pending_tensors, 3);
+  gs__diag_status_free(&ds);
   gs__diag_pending_list l = list_pending(f, 0, 0, -1);
   assert_int_equal(l.total, 3);
   assert_int_equal(l.n, 3);
