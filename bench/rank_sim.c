@@ -10,7 +10,10 @@
  * with the job token (Join, then the Session stream with the rank's
  * identity and hello: the real protocol), all streams on ONE completion
  * queue driven by this thread, K ranks per channel (default 1: one TCP
- * connection per rank, as real ranks have).
+ * connection per rank, as real ranks have). The hello does not say
+ * fast_path: the simulated ranks run no fast rounds, so gradsyncd never
+ * sends them the fast path's marker and every step goes through it, which
+ * is what this measures (the coordinator's path).
  *
  * Each measured step has two rounds:
  * - the floor: every rank sends a request for one 4-byte tensor, and the

@@ -221,6 +221,7 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   if (rank < 0 || rank >= e->world || e->ranks[rank].state != RANK_CONNECTED) return;
   rank_slot *s = &e->ranks[rank];
   s->last_msg_ms = now_ms;
+  if (msg->has_hello) gs__eng_fast_hello(e, s, msg);
   if (e->aborted) return;
   if (msg->nrequests && !e->world_ready) {
     for (size_t i = 0; i < msg->nrequests; i++)
@@ -242,6 +243,7 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   if (msg->has_leave) {
     s->state = RANK_LEFT;
     e->nconnected--;
+    gs__eng_fast_rank_gone(e, s);
     if (e->left_rank < 0) e->left_rank = rank;
     gs__eng_out_event(box, GS__LOG_INFO, GS__EV_RANK_LEFT, rank, "rank %d (%s:%d) left the job%s%s",
                       rank, gs__eng_rank_host(e, rank), s->pid, msg->leave_reason[0] ? ": " : "",

@@ -12,8 +12,9 @@
  * Fast path (issue 14): with fast_path on, a plan that leaves the table
  * empty (or an empty plan, when the table empties otherwise) carries
  * fast_after when the response cache holds an entry, every rank is
- * connected (none left, lost or in gs_join), no timeline records and the
- * coordinator is not draining. The ranks then agree on cached requests
+ * connected (none left, lost or in gs_join) and said in its hello that it
+ * runs fast rounds, no timeline records and the coordinator is not
+ * draining. The ranks then agree on cached requests
  * among themselves, and the engine emits no plan (requests are still
  * stored and validated) until every connected rank escalated
  * (RankMessage.escalate_round). A leave in fast mode counts the leaver as
@@ -105,8 +106,10 @@ int gs__engine_join(gs__engine *e, const gs__join_request *req, uint64_t now_ms,
 int gs__engine_session_open(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box,
                             char *err, size_t errlen);
 
-/* A message on rank's session (hello already consumed). Emits plans, errors
- * and aborts. */
+/* A message on rank's session (the hello message too, after
+ * gs__engine_session_open: its hello_fast_path says whether the rank runs
+ * fast rounds; the marker goes out only when every rank's did). Emits
+ * plans, errors and aborts. */
 void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *msg, uint64_t now_ms,
                              gs__outbox *box);
 

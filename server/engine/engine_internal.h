@@ -37,6 +37,7 @@ typedef struct rank_slot {
   size_t nblocked;        /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
   /* fast path (fast.c) */
+  int fast_capable;        /* its hello said it runs fast rounds */
   int escalated;           /* in fast mode: it sent escalate_round */
   uint64_t escalate_round; /* the round it escalated after */
   gs__fast_report fast;    /* its latest cumulative report */
@@ -155,9 +156,10 @@ struct gs__engine {
   uint64_t collectives, bytes_planned, mismatches, ranks_lost;
   recent_plan recent[RECENT_PLANS];
   /* fast path (fast.c) */
-  int fast;     /* a fast_after plan went out; not every connected rank escalated */
-  int timeline; /* a timeline records: no fast_after */
-  int draining; /* the coordinator is shutting down: no fast_after */
+  int fast;         /* a fast_after plan went out; not every connected rank escalated */
+  int timeline;     /* a timeline records: no fast_after */
+  int draining;     /* the coordinator is shutting down: no fast_after */
+  int32_t ncapable; /* connected ranks whose hello said they run fast rounds */
   uint64_t fast_entries, fast_stops;
 };
 
@@ -241,6 +243,10 @@ void gs__eng_fast_escalate(gs__engine *e, int32_t rank, uint64_t round, uint64_t
 void gs__eng_fast_left(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box);
 /* The rank's fast report and fast-pending set from msg. */
 void gs__eng_fast_update(gs__engine *e, rank_slot *s, const gs__rank_msg *msg, uint64_t now_ms);
+/* A rank's hello (msg->has_hello): whether it runs fast rounds. */
+void gs__eng_fast_hello(gs__engine *e, rank_slot *s, const gs__rank_msg *msg);
+/* The rank is no longer connected (left, lost, gone). */
+void gs__eng_fast_rank_gone(gs__engine *e, rank_slot *s);
 /* Frees a rank's fast-pending set. */
 void gs__eng_fast_pending_clear(rank_slot *s);
 

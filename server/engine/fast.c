@@ -20,9 +20,24 @@ int gs__eng_fast_allowed(const gs__engine *e) {
    * data (gs_join: joined ranks contribute zeros, which only the
    * coordinator's plans know how to do). */
   if (!e->world_ready || e->nconnected != e->world || e->left_rank >= 0 || e->njoined) return 0;
+  /* Every rank runs fast rounds: a raw client or an older worker that
+   * never escalates would otherwise be held for ever. */
+  if (e->ncapable != e->world) return 0;
   /* Nothing pending (a fast round never sees the table), and something the
    * ranks can agree on. */
   return e->ncache > 0 && !e->table && !e->nready;
+}
+
+void gs__eng_fast_hello(gs__engine *e, rank_slot *s, const gs__rank_msg *msg) {
+  if (!msg->hello_fast_path || s->fast_capable) return;
+  s->fast_capable = 1;
+  e->ncapable++;
+}
+
+void gs__eng_fast_rank_gone(gs__engine *e, rank_slot *s) {
+  if (!s->fast_capable) return;
+  s->fast_capable = 0;
+  e->ncapable--;
 }
 
 void gs__eng_fast_pending_clear(rank_slot *s) {

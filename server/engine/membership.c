@@ -191,6 +191,7 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
   rank_slot *s = &e->ranks[rank];
   s->state = RANK_LOST;
   e->nconnected--;
+  gs__eng_fast_rank_gone(e, s);
   if (e->aborted) return;
   if (!e->world_ready) {
     /* Still gathering: the slot is free again (a restarted process may take

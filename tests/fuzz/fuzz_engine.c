@@ -168,9 +168,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       char err[512];
       if (gs__decode_rank_msg(r.p, len, &m, err, sizeof err) == GS__OK) {
         if (m.has_hello) {
+          /* As the coordinator: the session opens, then the engine gets
+           * the hello message too (its fast-path capability). */
           char why[GS__MAX_TEXT];
           if (gs__engine_session_open(e, m.hello_rank, now, &box, why, sizeof why) != GS__OK)
             CHECK(why[0] != 0);
+          else
+            gs__engine_rank_message(e, m.hello_rank, &m, now, &box);
         } else {
           gs__engine_rank_message(e, rank, &m, now, &box);
         }
@@ -191,7 +195,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       for (int32_t q = 0; q < world; q++) join_rank(e, q, world, now);
       for (int32_t q = 0; q < world; q++) {
         char err[GS__MAX_TEXT];
-        gs__engine_session_open(e, q, now, &box, err, sizeof err);
+        if (gs__engine_session_open(e, q, now, &box, err, sizeof err) != GS__OK) continue;
+        gs__rank_msg hello;
+        memset(&hello, 0, sizeof hello);
+        hello.has_hello = 1;
+        hello.hello_rank = q;
+        hello.hello_fast_path = cfg.fast_path;
+        gs__engine_rank_message(e, q, &hello, now, &box);
       }
       break;
     case FZ_TIMELINE:

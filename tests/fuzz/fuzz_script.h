@@ -2,7 +2,8 @@
  * writes valid scripts as the seed corpus):
  *   byte 0: world size 1 + b % FZ_MAX_WORLD; bit 7: world size taken from
  *           the first joiner; bit 4: deadlock action warn; bit 6: the fast
- *           path on (FZ_CONNECT_ALL's hellos then say the ranks support it)
+ *           path on (FZ_CONNECT_ALL's hellos then say the ranks run fast
+ *           rounds; a hello in an FZ_MESSAGE says what its bytes say)
  *   byte 1: engine settings (fusion threshold, cache capacity, stall
  *           shutdown, rank timeout, emission policy, plans in flight,
  *           pending limit 4), one bit or two each

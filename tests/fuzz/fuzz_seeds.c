@@ -283,6 +283,7 @@ int main(int argc, char **argv) {
   put1(&b, 0x40 | 2), put1(&b, 0);
   ev(&b, FZ_CONNECT_ALL, 0);
   for (int r = 0; r < 3; r++) reqs_msg(&b, r, "grad/", 3, GS__OP_ALLREDUCE, 4, 0, 0);
+  for (int r = 0; r < 3; r++) done_msg(&b, r, 1);
   {
     uint32_t ids[2] = {1, 2};
     gs__fast_pending fp[2];
@@ -320,6 +321,7 @@ int main(int argc, char **argv) {
   ev(&b, FZ_CONNECT_ALL, 0);
   reqs_msg(&b, 0, "w/", 2, GS__OP_ALLREDUCE, 4, 0, 0);
   reqs_msg(&b, 1, "w/", 2, GS__OP_ALLREDUCE, 4, 0, 0);
+  done_msg(&b, 0, 1), done_msg(&b, 1, 1);
   ev(&b, FZ_TIMELINE, 1);
   {
     uint32_t ids[2] = {1, 2};

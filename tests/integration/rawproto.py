@@ -98,6 +98,10 @@ def raw_rank(ch, pb, rank, size, timeout, read=True):
                 down.put(e)
 
         threading.Thread(target=pump, daemon=True).start()
+    # No fast_path in the hello: these clients never run fast rounds (they
+    # cannot agree among themselves), so gradsyncd keeps the job on its own
+    # plans whatever --fast-path says; a raw client that resubmits cached
+    # ids is never held waiting for an escalation it would never send.
     up.put(pb.RankMessage(hello=pb.SessionHello(rank=rank, epoch=resp.epoch,
                                                 secret=resp.rank_secret)))
     up.call = call  # keeps the stream referenced

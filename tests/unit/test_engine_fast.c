@@ -66,8 +66,9 @@ static uint64_t tick(fx *f) {
 
 /* An engine of n ranks, every rank joined (as host-<r>, pid 1000 + r) and
  * connected, outbox empty. No fusion (one response per tensor), a cache of
- * 1024 unless cache_capacity says otherwise, and the fast path as given. */
-static void start_ex(fx *f, int32_t n, int fast_path, uint32_t cache_capacity) {
+ * 1024 unless cache_capacity says otherwise, and the fast path as given.
+ * Every rank's hello says it runs fast rounds, but rank `raw`'s. */
+static void start_raw(fx *f, int32_t n, int fast_path, uint32_t cache_capacity, int32_t raw) {
   if (f->e) {
     gs__outbox_clear(&f->box);
     gs__engine_destroy(f->e);
@@ -100,8 +101,20 @@ static void start_ex(fx *f, int32_t n, int fast_path, uint32_t cache_capacity) {
   for (int32_t r = 0; r < n; r++) {
     char err[512];
     assert_int_equal(gs__engine_session_open(f->e, r, tick(f), &f->box, err, sizeof err), GS__OK);
+    /* As the coordinator does: the hello message goes to the engine too,
+     * saying the rank runs fast rounds (all but `raw`). */
+    gs__rank_msg hello;
+    memset(&hello, 0, sizeof hello);
+    hello.has_hello = 1;
+    hello.hello_rank = r;
+    hello.hello_fast_path = r != raw;
+    gs__engine_rank_message(f->e, r, &hello, tick(f), &f->box);
   }
   gs__outbox_clear(&f->box);
+}
+
+static void start_ex(fx *f, int32_t n, int fast_path, uint32_t cache_capacity) {
+  start_raw(f, n, fast_path, cache_capacity, -1);
 }
 
 static void start(fx *f, int32_t n) {
@@ -272,6 +285,16 @@ static void test_marker_on_the_plan_that_empties_the_table(void **state) {
   send_full(f, 1, g);
   assert_int_equal(only_plan(f)->responses[0].tensors[0].cache_id, 0);
   assert_int_equal(only_plan(f)->fast_after, 0);
+
+  /* A rank whose hello did not say it runs fast rounds (a raw-protocol
+   * client, an older worker): never, since it would never escalate. */
+  start_raw(f, 3, 1, 1024, 1);
+  for (int step = 0; step < 2; step++) {
+    for (int32_t r = 0; r < 3; r++) send_full(f, r, ar("a"));
+    assert_int_equal(only_plan(f)->fast_after, 0);
+    gs__outbox_clear(&f->box);
+  }
+  assert_int_equal(stats(f).fast_entries, 0);
 
   /* Draining (SIGTERM): no marker. */
   start(f, 2);
@@ -875,6 +898,12 @@ static void test_fast_pending_stall_shutdown(void **state) {
   for (int32_t r = 0; r < 2; r++) {
     char err[256];
     assert_int_equal(gs__engine_session_open(f->e, r, tick(f), &f->box, err, sizeof err), GS__OK);
+    gs__rank_msg hello;
+    memset(&hello, 0, sizeof hello);
+    hello.has_hello = 1;
+    hello.hello_rank = r;
+    hello.hello_fast_path = 1;
+    send_msg(f, r, &hello);
   }
   uint32_t id = first_step(f, "w");
   gs__fast_pending p = fp_of("w", id, 119000);
