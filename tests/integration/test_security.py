@@ -104,6 +104,8 @@ def read_varint(buf, i):
 
 
 def hello(rank, secret=b"", epoch=1):
+    # No fast_path (SessionHello field 4): these sessions run no fast rounds,
+    # so gradsyncd never sends them the fast path's marker.
     inner = f_varint(1, rank) + f_varint(2, epoch)
     if secret:
         inner += f_bytes(3, secret)
