@@ -256,6 +256,14 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
     gs__eng_fast_left(e, rank, now_ms, box);
   }
   if (e->left_rank >= 0) gs__eng_fail_pending(e);
+  if (e->fast && !msg->escalate_round && (msg->nrequests || msg->ncached)) {
+    const gs__tensor_request *c = msg->nrequests ? NULL : gs__eng_cache_lookup(e, msg->cached[0]);
+    gs__eng_fast_late_request(e, rank,
+                              msg->nrequests ? msg->requests[0].name
+                              : c            ? c->name
+                                             : "?",
+                              box);
+  }
   for (size_t i = 0; i < msg->nrequests; i++) {
     gs__eng_cache_check_full(e, &msg->requests[i]);
     gs__eng_add_request(e, rank, &msg->requests[i], now_ms, box);

@@ -156,10 +156,11 @@ struct gs__engine {
   uint64_t collectives, bytes_planned, mismatches, ranks_lost;
   recent_plan recent[RECENT_PLANS];
   /* fast path (fast.c) */
-  int fast;         /* a fast_after plan went out; not every connected rank escalated */
-  int timeline;     /* a timeline records: no fast_after */
-  int draining;     /* the coordinator is shutting down: no fast_after */
-  int32_t ncapable; /* connected ranks whose hello said they run fast rounds */
+  int fast;          /* a fast_after plan went out; not every connected rank escalated */
+  int timeline;      /* a timeline records: no fast_after */
+  int fast_recalled; /* this episode's FastStop for a late request went out */
+  int draining;      /* the coordinator is shutting down: no fast_after */
+  int32_t ncapable;  /* connected ranks whose hello said they run fast rounds */
   uint64_t fast_entries, fast_stops;
 };
 
@@ -238,6 +239,11 @@ void gs__eng_fast_marker(gs__engine *e, gs__outbox *box);
 /* rank escalated after fast round `round` (RankMessage.escalate_round). */
 void gs__eng_fast_escalate(gs__engine *e, int32_t rank, uint64_t round, uint64_t now_ms,
                            gs__outbox *box);
+/* In fast mode, requests from a rank that has not escalated were sent
+ * before the marker reached it: every rank is asked back (FastStop without
+ * abort_round, once per episode), since that rank's next round cannot be
+ * clear anyway and it may have nothing left to start one with. */
+void gs__eng_fast_late_request(gs__engine *e, int32_t rank, const char *name, gs__outbox *box);
 /* rank left: in fast mode it counts as escalated and every other connected
  * rank still in fast mode gets FastStop{abort_round = true}. */
 void gs__eng_fast_left(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box);

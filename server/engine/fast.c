@@ -56,6 +56,7 @@ static void reset_ranks(gs__engine *e) {
 
 void gs__eng_fast_enter(gs__engine *e) {
   e->fast = 1;
+  e->fast_recalled = 0;
   e->fast_entries++;
   reset_ranks(e);
 }
@@ -151,6 +152,24 @@ void gs__eng_fast_left(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox 
     gs__eng_out_log(box, GS__LOG_INFO, "fast mode ends: %s", text);
   }
   check_exit(e, now_ms);
+}
+
+void gs__eng_fast_late_request(gs__engine *e, int32_t rank, const char *name, gs__outbox *box) {
+  const rank_slot *s = &e->ranks[rank];
+  if (!e->fast || s->escalated || e->fast_recalled) return;
+  e->fast_recalled = 1;
+  gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
+  if (!o) return;
+  char text[GS__MAX_TEXT];
+  snprintf(text, sizeof text,
+           "rank %d (%s:%d) sent '%s' to the coordinator before the fast path began on it: every "
+           "rank leaves the fast path at its next round, so that the coordinator plans it",
+           rank, gs__eng_rank_host(e, rank), s->pid, name);
+  o->msg.kind = GS__MSG_FAST_STOP;
+  o->msg.abort_round = 0;
+  o->msg.text = strdup(text);
+  e->fast_stops++;
+  gs__eng_out_log(box, GS__LOG_DEBUG, "fast mode ends: %s", text);
 }
 
 void gs__engine_set_timeline(gs__engine *e, int recording, uint64_t now_ms, gs__outbox *box) {

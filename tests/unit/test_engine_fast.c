@@ -345,9 +345,20 @@ static void test_hold_until_every_rank_escalates(void **state) {
   first_step(f, "a");
   uint64_t plans = stats(f).plans_emitted;
   /* A new tensor b: every rank sends it in full (no escalation yet: sent
-   * before the marker reached them). Complete, but held. */
+   * before the marker reached them). Complete, but held. The first such
+   * request asks every rank back, once: that rank's next round cannot be
+   * clear, and it may have nothing left to start one with. */
   for (int32_t r = 0; r < 3; r++) send_full(f, r, ar("b"));
-  assert_int_equal(nmsgs(f), 0);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(nmsgs(f), 1);
+  assert_int_equal(o->kind, GS__OUT_TO_ALL);
+  assert_int_equal(o->msg.kind, GS__MSG_FAST_STOP);
+  assert_int_equal(o->msg.abort_round, 0);
+  assert_string_equal(o->msg.text, "rank 0 (host-0:1000) sent 'b' to the coordinator before the "
+                                   "fast path began on it: every rank leaves the fast path at its "
+                                   "next round, so that the coordinator plans it");
+  assert_int_equal(stats(f).fast_stops, 1);
+  gs__outbox_clear(&f->box);
   escalate(f, 2, 8);
   escalate(f, 0, 8);
   assert_int_equal(nmsgs(f), 0);
@@ -386,9 +397,12 @@ static void test_hold_then_emit_with_errors(void **state) {
   gs__outbox_clear(&f->box);
 
   /* Rank 0's ids arrive without an escalation (sent before the marker
-   * reached it): stored, not planned. */
+   * reached it): stored, not planned; the ranks are asked back. */
   send_ids(f, 0, ids, 2, 0);
-  assert_int_equal(nmsgs(f), 0);
+  assert_int_equal(nmsgs(f), 1);
+  assert_int_equal(msg_at(f, 0)->msg.kind, GS__MSG_FAST_STOP);
+  assert_contains(msg_at(f, 0)->msg.text, "rank 0 (host-0:1000) sent 'a' to the coordinator");
+  gs__outbox_clear(&f->box);
   /* Validation still runs: a second 'a' from rank 0 fails at once, for it
    * alone. */
   send_full(f, 0, ar("a"));
@@ -781,7 +795,9 @@ static void test_fast_pending_in_views_and_stalls(void **state) {
   send_fast_pending(f, 0, p0, 2);
   send_fast_pending(f, 1, p1, 1);
   send_full(f, 0, ar("t")); /* in the table, from rank 0 only */
-  assert_int_equal(nmsgs(f), 0);
+  assert_int_equal(nmsgs(f), 1); /* FastStop: t came without an escalation */
+  assert_int_equal(msg_at(f, 0)->msg.kind, GS__MSG_FAST_STOP);
+  gs__outbox_clear(&f->box);
 
   gs__engine_stats st = stats(f);
   assert_int_equal(st.pending_tensors, 1); /* the table: t */
@@ -967,7 +983,9 @@ static void test_held_entries_name_ranks_not_escalated(void **state) {
   uint32_t id = first_step(f, "a");
   send_ids(f, 0, &id, 1, 0);
   send_ids(f, 1, &id, 1, 0);
-  assert_int_equal(nmsgs(f), 0); /* complete, held */
+  assert_int_equal(nmsgs(f), 1); /* complete, held; one FastStop for both */
+  assert_int_equal(msg_at(f, 0)->msg.kind, GS__MSG_FAST_STOP);
+  gs__outbox_clear(&f->box);
   f->now += 61000;
   gs__engine_tick(f->e, f->now, &f->box);
   const char *report = logged(f, "Missing ranks:");
