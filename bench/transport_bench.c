@@ -2,7 +2,7 @@
  * the coordinator (the "data plane alone" rows of bench/transport.sh).
  *
  *   gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] [--reps R]
- *                      [--chunk B] [--one-shot B] [--op sum|average] [--tag T]
+ *                      [--chunk B] [--one-shot B] [--op sum|average|agree] [--tag T]
  *
  * Forks N ranks on this host. shm: the shared-memory transport of one host
  * (gs__shm_create). tcp: the TCP ring on 127.0.0.1, its rendezvous through
@@ -11,6 +11,8 @@
  * barrier (a 4-byte allreduce), timing each; the parent prints, per size,
  * the median over calls of the slowest rank's time as
  *   RESULT impl=gs-<transport>-direct np=N bytes=B median_us=T busbw_gbs=G
+ * --op agree times the fast round's agreement (backend agree: a MIN over
+ * B bytes) instead, as impl=gs-<transport>-agree.
  * --chunk and --one-shot set the shm transport's slot size and one-
  * rendezvous limit (gs__shm_opts; 0 = the library's defaults); --tag T
  * appends "-T" to impl.
@@ -98,6 +100,7 @@ int main(int argc, char **argv) {
   int np = 2, reps = 20, nsizes = 0;
   size_t chunk = 0, one_shot = 0;
   gs__reduce_op op = GS__SUM;
+  int agree = 0;
   size_t sizes[MAX_SIZES];
   const char *size_list = "4096,65536,1048576,16777216,67108864";
   for (int i = 1; i < argc; i++) {
@@ -115,11 +118,13 @@ int main(int argc, char **argv) {
       one_shot = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--tag") && i + 1 < argc)
       tag = argv[++i];
+    else if (!strcmp(argv[i], "--op") && i + 1 < argc && !strcmp(argv[i + 1], "agree"))
+      agree = 1, i++;
     else if (!strcmp(argv[i], "--op") && i + 1 < argc)
       op = !strcmp(argv[++i], "average") ? GS__AVERAGE : GS__SUM;
     else {
       fprintf(stderr, "usage: gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] "
-                      "[--reps R] [--chunk B] [--one-shot B] [--op sum|average] [--tag T]\n");
+                      "[--reps R] [--chunk B] [--one-shot B] [--op sum|average|agree] [--tag T]\n");
       return 2;
     }
   }
@@ -191,7 +196,8 @@ int main(int argc, char **argv) {
       for (int it = -3; it < reps; it++) {
         double t0 = 0;
         if (b->v->allreduce(b, &bar, 1, GS__FLOAT32, GS__SUM, err, sizeof err) ||
-            (t0 = now_us(), b->v->allreduce(b, buf, n, GS__FLOAT32, op, err, sizeof err))) {
+            (t0 = now_us(), agree ? b->v->agree(b, (uint8_t *)buf, sizes[k], err, sizeof err)
+                                  : b->v->allreduce(b, buf, n, GS__FLOAT32, op, err, sizeof err))) {
           fprintf(stderr, "rank %d: %s\n", r, err);
           _exit(1);
         }
@@ -228,8 +234,8 @@ int main(int argc, char **argv) {
     }
     qsort(med, (size_t)reps, sizeof med[0], cmp_double);
     double m = reps % 2 ? med[reps / 2] : (med[reps / 2 - 1] + med[reps / 2]) / 2;
-    printf("RESULT impl=gs-%s-direct%s%s np=%d bytes=%zu median_us=%.1f busbw_gbs=%.2f\n",
-           transport, tag ? "-" : "", tag ? tag : "", np, sizes[k], m,
+    printf("RESULT impl=gs-%s-%s%s%s np=%d bytes=%zu median_us=%.1f busbw_gbs=%.2f\n", transport,
+           agree ? "agree" : "direct", tag ? "-" : "", tag ? tag : "", np, sizes[k], m,
            m > 0 ? 2.0 * (np - 1) / np * (double)sizes[k] / m / 1e3 : 0);
   }
   return 0;

@@ -41,6 +41,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -83,6 +84,18 @@
 #define MAX_CANDIDATES 16  /* unproven connections held at once */
 #define ADDR_MAX 300       /* "<host>:<port>", host up to 255 */
 #define CONNECT_RETRY_MS 20
+/* Collectives of up to SPIN_BYTES (both streams together) spin on their
+ * sockets for up to SPIN_NS before each blocking poll: the next bytes of a
+ * small collective come within microseconds, and a blocked rank pays for a
+ * wake-up each time (tens of us where an idle CPU must be woken, as in a
+ * VM). The spin yields the CPU between two looks, so where ranks share a
+ * CPU (more ranks than cores) the peer it waits for runs instead. Bounded,
+ * so a rank whose peers are away blocks after that (agree: for as long as
+ * they are away, at no CPU cost). Measured with gs-transport-bench
+ * (docs/benchmarks.md): 20, 50 and 100 us gave the same np=2 figures; 50
+ * us was needed at np=4 on 2 cores. */
+#define SPIN_BYTES (64u * 1024u)
+#define SPIN_NS 50000
 
 typedef struct piece {
   char *p;
@@ -176,6 +189,12 @@ static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static int ms_left(int64_t deadline) {
@@ -1014,6 +1033,7 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
   int si = 0, ri = 0;
   size_t soff = 0, roff = 0;
   int64_t deadline = now_ms() + r->io_timeout_ms;
+  int spin = send_total + recv_total <= SPIN_BYTES;
 
   while (sent < send_total || processed < recv_total) {
     if (atomic_load(&r->aborted)) return aborted_status(r, st->what, err, errlen);
@@ -1029,7 +1049,12 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
          .events = POLLIN | POLLRDHUP | (can_send ? POLLOUT : 0)},
         {.fd = want_recv ? r->recv_fd : -1, .events = POLLIN | POLLRDHUP},
     };
-    int pr = poll(pfd, 3, patient ? -1 : ms_left(deadline));
+    int pr = 0;
+    if (spin) { /* see SPIN_NS */
+      int64_t until = now_ns() + SPIN_NS;
+      while ((pr = poll(pfd, 3, 0)) == 0 && now_ns() < until) sched_yield();
+    }
+    if (pr == 0) pr = poll(pfd, 3, patient ? -1 : ms_left(deadline));
     if (pr < 0) {
       if (errno == EINTR) continue;
       char eb[128];
