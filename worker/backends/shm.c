@@ -22,15 +22,15 @@
  * Every element is reduced once, by one rank, in rank order: all ranks end
  * bitwise identical, and the result does not depend on timing.
  *
- * Waits spin briefly, then yield, then sleep on the bell (FUTEX_WAIT with a
- * short timeout) while counting as a sleeper, so that posters only pay for
- * a wake-up when someone sleeps. Every wait is bounded by the io timeout
- * (except agree's wait for the peers to enter, which has no deadline and
- * sleeps longer once it has lasted a second), checks the local abort flag
- * and the segment's failure word, and every
- * 100 ms checks that the peers it waits for are still alive (kill(pid, 0)),
- * so a dead peer fails the collective in ~0.1 s, naming it. The first rank
- * to fail records why in the segment; the others fail at once with that.
+ * Waits spin (small collectives yield the CPU between looks for up to
+ * 50 us, larger ones look busily a moment then yield: see SPIN_NS), then
+ * sleep on the bell (FUTEX_WAIT with a short timeout) while counting as a
+ * sleeper, so that posters only pay for a wake-up when someone sleeps. Every wait is bounded by the
+ * io timeout (except agree's wait for the peers to enter, which has no deadline and sleeps longer
+ * once it has lasted a second), checks the local abort flag and the segment's failure word, and
+ * every 100 ms checks that the peers it waits for are still alive (kill(pid, 0)), so a dead peer
+ * fails the collective in ~0.1 s, naming it. The first rank to fail records why in the segment; the
+ * others fail at once with that.
  *
  * Threads: one collective at a time from the worker's exec thread, which
  * owns everything here; abort() may be called from any thread while a
@@ -75,8 +75,19 @@
 #define CHUNK_BYTES_2 (256u * 1024u)
 #define LINE 64
 #define MSG_BYTES 512 /* per local rank: why it failed */
+/* Collectives of up to SPIN_BYTES yield the CPU between looks for up to
+ * SPIN_NS before a wait sleeps on the bell: a peer of a small collective
+ * comes within microseconds, and a sleeper pays for a futex wake-up (tens
+ * of us where its CPU went idle). Yielding from the first look, not
+ * busy-spinning first, lets the awaited peer run where ranks share a CPU
+ * (more ranks than cores, or a busy machine). Larger ones keep SPIN_PAUSE
+ * busy looks then SPIN_YIELD yields: their waits are for a peer finishing
+ * a chunk on another CPU, and were slower with either schedule of the
+ * small ones (gs-transport-bench, docs/benchmarks.md). */
+#define SPIN_NS 50000
 #define SPIN_PAUSE 256
 #define SPIN_YIELD 64
+#define SPIN_BYTES (64u * 1024u)
 #define SLEEP_MS 5                    /* one futex sleep; abort and failures wake it earlier */
 #define LIVENESS_MS 100               /* how often a waiter checks its peers' pids */
 #define PATIENT_MS 1000               /* a patient wait sleeps LIVENESS_MS at a time after this */
@@ -125,6 +136,7 @@ typedef struct shm {
   shm_ctl *ctl;
   char *msgs, *data;
   uint64_t g; /* chunks this rank has started */
+  int small;  /* the running collective is small (see SPIN_NS) */
   atomic_int aborted;
   int broken; /* status of the failure that made the segment unusable */
   char broken_msg[1024];
@@ -155,6 +167,12 @@ static void cpu_relax(void) {
 #elif defined(__aarch64__)
   __asm__ __volatile__("yield");
 #endif
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static size_t round_up(size_t v, size_t a) {
@@ -318,7 +336,7 @@ static int leader_gone(shm *s, int64_t *checked, const char *step, char *err, si
  * after PATIENT_MS the sleeps stretch to LIVENESS_MS. */
 static int wait_until(shm *s, int f, uint64_t target, int lo, int hi, int patient, const char *what,
                       char *err, size_t errlen) {
-  int64_t start = 0, checked = 0, slept = 0;
+  int64_t start = 0, checked = 0, slept = 0, spin_until = 0;
   for (unsigned spin = 0;; spin++) {
     int q = lo;
     while (q <= hi && atomic_load(&s->ctl[q].cnt[f]) >= target) q++;
@@ -326,11 +344,18 @@ static int wait_until(shm *s, int f, uint64_t target, int lo, int hi, int patien
     if (atomic_load(&s->aborted)) return aborted_status(s, what, err, errlen);
     uint64_t fl = atomic_load(&s->hdr->failed);
     if (fl) return peer_failed(s, fl, what, err, errlen);
-    if (spin < SPIN_PAUSE) {
+    if (s->small && spin_until >= 0) { /* see SPIN_NS */
+      int64_t t = now_ns();
+      if (!spin_until) spin_until = t + SPIN_NS;
+      if (t < spin_until) {
+        sched_yield();
+        continue;
+      }
+      spin_until = -1;
+    } else if (!s->small && spin < SPIN_PAUSE) {
       cpu_relax();
       continue;
-    }
-    if (spin < SPIN_PAUSE + SPIN_YIELD) {
+    } else if (!s->small && spin < SPIN_PAUSE + SPIN_YIELD) {
       sched_yield();
       continue;
     }
@@ -467,6 +492,11 @@ static int bcast_phase(shm *s, const char *what, int root, const void *in, gs__d
 
 /* ---- collectives ------------------------------------------------------------ */
 
+/* Which spin this collective's waits use (see SPIN_NS). */
+static void spin_for(shm *s, size_t bytes) {
+  s->small = bytes <= SPIN_BYTES;
+}
+
 static int check_usable(shm *s, const char *what, char *err, size_t errlen) {
   if (atomic_load(&s->aborted)) return aborted_status(s, what, err, errlen);
   if (s->broken) {
@@ -532,6 +562,7 @@ static int allreduce(shm *s, void *buf, size_t count, gs__dtype dt, gs__reduce_o
   gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
   int divisor = op == GS__AVERAGE ? s->size : 1;
   gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
+  spin_for(s, count * gs__dtype_size(wdt));
   if (s->nhosts == 1)
     return reduce_phase(s, "allreduce", buf, dt, buf, dt, count, wdt, rop, divisor, postscale, err,
                         errlen);
@@ -774,6 +805,7 @@ static int shm_allreduce_segs_vt(gs__backend *b, const gs__seg *segs, size_t nse
   gs__dtype wdt = is_half(dt) ? GS__FLOAT32 : dt;
   gs__reduce_op rop = op == GS__AVERAGE ? GS__SUM : op;
   int divisor = op == GS__AVERAGE ? s->size : 1;
+  spin_for(s, count * gs__dtype_size(wdt));
   if (count == 0)
     rc = GS__OK;
   else if (s->nhosts > 1)
@@ -805,6 +837,7 @@ static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, cha
     return GS__ERR_INVALID_ARG;
   }
   if (len == 0 || s->size == 1) return GS__OK;
+  spin_for(s, len);
   if (!buf) {
     snprintf(err, errlen, "shm: broadcast: buf is NULL with len %zu", len);
     return GS__ERR_INVALID_ARG;
@@ -863,6 +896,7 @@ static int agree_phase(shm *s, const uint8_t *in, uint8_t *out, size_t n, char *
 static int agree(shm *s, uint8_t *buf, size_t n, char *err, size_t errlen) {
   int rc;
   if (n == 0 || s->size == 1) return GS__OK;
+  spin_for(s, n);
   if (!buf) {
     snprintf(err, errlen, "shm: agree: buf is NULL with n %zu", n);
     return GS__ERR_INVALID_ARG;
