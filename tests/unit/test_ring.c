@@ -147,6 +147,7 @@ typedef struct job {
   const uint8_t (*keys)[GS__SECRET_BYTES]; /* per-rank ring keys; NULL = k_key */
   int deterministic;                       /* GRADSYNC_DETERMINISTIC */
   const char *congestion;                  /* GRADSYNC_TCP_CONGESTION */
+  const int *kv_ranks;                     /* job ranks of a subset ring; NULL = itself */
   /* for tests where a rank waits for another to finish */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -192,6 +193,7 @@ static void *rank_main(void *arg) {
       .ring_key = j->keys ? j->keys[rc->rank] : k_key,
       .deterministic = j->deterministic,
       .congestion = j->congestion,
+      .kv_ranks = j->kv_ranks,
   };
   /* through the factory, as gs_init creates it */
   rc->create_rc =
@@ -1667,6 +1669,25 @@ static void test_agree_peer_dies(void **state) {
   free_job(&j, rcs);
 }
 
+/* A ring of a subset of the job's ranks (the hosts' leaders) names job
+ * ranks, not its own positions: job ranks 0, 4, 8 as ring ranks 0, 1, 2. */
+static void test_subset_ring_names_job_ranks(void **state) {
+  (void)state;
+  static const int job_ranks[3] = {0, 4, 8};
+  job j = {.size = 3, .body = body_agree_peer_dies, .io_timeout_ms = 100, .kv_ranks = job_ranks};
+  rank_ctx *rcs = run_job(&j);
+  assert_created(&j, rcs);
+  print_message("ring rank 1: %s\n", rcs[1].err[0]);
+  assert_int_equal(rcs[1].rc[0], GS__ERR_DATA_PLANE);
+  assert_non_null(
+      strstr(rcs[1].err[0], "tcp ring: rank 4 lost its connection to rank 8 (127.0.0.1:"));
+  assert_int_equal(rcs[0].rc[0], GS__ERR_DATA_PLANE);
+  assert_non_null(strstr(rcs[0].err[0], "tcp ring: rank 0 "));
+  assert_non_null(strstr(rcs[0].err[0], "rank 8"));
+  assert_null(strstr(rcs[0].err[0], "rank 2"));
+  free_job(&j, rcs);
+}
+
 /* ---- argument checks ------------------------------------------------------------------- */
 
 static void body_bad_args(rank_ctx *rc) {
@@ -1961,6 +1982,7 @@ int main(void) {
       cmocka_unit_test(test_agree_late_peer),
       cmocka_unit_test(test_agree_abort),
       cmocka_unit_test(test_agree_peer_dies),
+      cmocka_unit_test(test_subset_ring_names_job_ranks),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_bench),
       cmocka_unit_test(test_rogue_connection_dropped),

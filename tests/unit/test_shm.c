@@ -185,6 +185,9 @@ typedef struct tjob {
 typedef struct trank {
   tjob *j;
   int rank;
+  int rc; /* agree_or_leave's result */
+  char err[2048];
+  int64_t ms;
 } trank;
 
 static void record(tjob *j, const char *fmt, ...) {
@@ -265,6 +268,8 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
   if (gs__backend_create(GS__BACKEND_SHM, &o, &b, err, errlen) != GS__OK) return NULL;
   if (j->nhosts > 1 && r == local[0]) {
     char prefix[64];
+    int leader_ranks[8]; /* the leaders' job ranks: what their ring's messages name */
+    for (int h = 0; h < j->nhosts; h++) leader_ranks[h] = h * per;
     snprintf(prefix, sizeof prefix, "job%d/", j->leader_port_key);
     gs__tcp_ring_opts ro = {.rank = host,
                             .size = j->nhosts,
@@ -273,6 +278,7 @@ static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
                             .connect_timeout_ms = HANG_GUARD_MS,
                             .io_timeout_ms = j->io_ms ? j->io_ms : HANG_GUARD_MS,
                             .kv = {NULL, kv_set, kv_get},
+                            .kv_ranks = leader_ranks,
                             .ring_key = k_key,
                             .deterministic = j->deterministic};
     gs__backend *leaders = NULL;
@@ -424,7 +430,7 @@ static void run_job(int size, int nhosts, int deterministic, size_t one_shot) {
   pthread_t th[8];
   trank tr[8];
   for (int r = 0; r < size; r++) {
-    tr[r] = (trank){&j, r};
+    tr[r] = (trank){.j = &j, .rank = r};
     assert_int_equal(pthread_create(&th[r], NULL, correctness_rank, &tr[r]), 0);
   }
   for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
@@ -563,7 +569,7 @@ static void run_agree(int size, int nhosts, int io_ms, int late_rank, int late_m
   pthread_t th[8];
   trank tr[8];
   for (int r = 0; r < size; r++) {
-    tr[r] = (trank){&j, r};
+    tr[r] = (trank){.j = &j, .rank = r};
     assert_int_equal(pthread_create(&th[r], NULL, agree_rank, &tr[r]), 0);
   }
   for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
@@ -591,6 +597,63 @@ static void test_agree_late_peer(void **state) {
   run_agree(3, 1, 300, 2, 900);
   run_agree(4, 2, 300, 3, 900);
   run_agree(4, 2, 300, 2, 900);
+}
+
+/* Hierarchical: host 1's ranks (2 and 3) leave without entering agree --
+ * its leader's connections to the leaders' ring close -- while host 0's
+ * wait in it long past their 100 ms io timeout: rank 0 (host 0's leader)
+ * fails naming rank 2 and its address, and tells rank 1, which waits for
+ * its broadcast without a deadline. */
+static void *agree_or_leave(void *arg) {
+  trank *t = arg;
+  tjob *j = t->j;
+  char err[2048];
+  gs__backend *b = make_rank(j, t->rank, err, sizeof err);
+  if (!b) {
+    record(j, "rank %d: create failed: %s", t->rank, err);
+    return NULL;
+  }
+  if (t->rank >= 2) {
+    usleep(500000);
+    gs__backend_destroy(b);
+    return NULL;
+  }
+  uint8_t v[16] = {0};
+  int64_t t0 = now_ms();
+  t->rc = b->v->agree(b, v, sizeof v, t->err, sizeof t->err);
+  t->ms = now_ms() - t0;
+  gs__backend_destroy(b);
+  return NULL;
+}
+
+static void test_agree_hierarchical_host_leaves(void **state) {
+  (void)state;
+  tjob j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.mu, NULL);
+  j.size = 4;
+  j.nhosts = 2;
+  j.leader_port_key = 2000;
+  j.io_ms = 100;
+  for (int h = 0; h < 2; h++) seg_name(j.seg[h], sizeof j.seg[h]);
+  pthread_t th[4];
+  trank tr[4];
+  for (int r = 0; r < 4; r++) {
+    tr[r] = (trank){.j = &j, .rank = r};
+    assert_int_equal(pthread_create(&th[r], NULL, agree_or_leave, &tr[r]), 0);
+  }
+  for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  for (int r = 0; r < 2; r++) {
+    print_message("rank %d: %s (%lld ms)\n", r, tr[r].err, (long long)tr[r].ms);
+    assert_int_equal(tr[r].rc, GS__ERR_DATA_PLANE);
+    assert_true(tr[r].ms >= 400 && tr[r].ms < HANG_GUARD_MS / 2);
+    assert_non_null(strstr(tr[r].err, "lost its connection to rank 2 (127.0.0.1:"));
+  }
+  assert_non_null(strstr(tr[0].err, "shm: rank 0 (leader of host 0): agree between the hosts:"));
+  assert_non_null(
+      strstr(tr[1].err, "shm: rank 1: agree stopped because rank 0 on this host gave up"));
+  pthread_mutex_destroy(&j.mu);
 }
 
 /* ---- faults, with forked ranks ---------------------------------------------- */
@@ -977,6 +1040,7 @@ int main(void) {
       cmocka_unit_test(test_hierarchical_2x2_defaults),
       cmocka_unit_test(test_agree_values),
       cmocka_unit_test(test_agree_late_peer),
+      cmocka_unit_test(test_agree_hierarchical_host_leaves),
       cmocka_unit_test(test_kill9_peer),
       cmocka_unit_test(test_kill9_leader_before_attach),
       cmocka_unit_test(test_leader_dies_before_sizing),

@@ -168,7 +168,8 @@ typedef struct gs__tcp_ring_opts {
   const char *key_prefix;     /* kv keys are "<prefix>ring/addr/<rank>" */
   const int *kv_ranks;        /* size entries: the <rank> of ring rank r's key, for a
                                  ring of a subset of the job's ranks (the coordinator
-                                 lets only that job rank write it); NULL = r */
+                                 lets only that job rank write it), and the rank the
+                                 ring's messages name for r; NULL = r */
   int connect_timeout_ms;     /* rendezvous + connect (e.g. the join timeout) */
   int io_timeout_ms;          /* longest wait for a peer during a collective */
   gs__kv kv;

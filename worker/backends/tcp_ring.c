@@ -142,6 +142,8 @@ typedef struct ring {
   size_t *offs;                        /* size + 1 block offsets for allgatherv */
   void *fusion;                        /* host fusion staging (gs__host_staging) */
   size_t fusion_cap;
+  int *ids;          /* size entries: the job rank of each ring rank, named in messages
+                        (a ring of a subset of the job: the hosts' leaders); NULL = itself */
   int deterministic; /* reduce every element in rank order (see det_reduce) */
   cc_pref cc;        /* GRADSYNC_TCP_CONGESTION */
   char *det;         /* its scratch: contributions received and relayed */
@@ -202,6 +204,11 @@ static int ms_left(int64_t deadline) {
   if (left < 0) return 0;
   if (left > 1000000000) return 1000000000;
   return (int)left;
+}
+
+/* The rank messages name for ring rank q: its job rank (see ring.ids). */
+static int id(const ring *r, int q) {
+  return r->ids ? r->ids[q] : q;
 }
 
 /* errno -> text: the one place errno is translated into words. */
@@ -767,7 +774,8 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
   int status = GS__ERR_DATA_PLANE;
 
   int my_port = 0;
-  int lfd = listen_on(o->data_addr, o->port_lo, o->port_hi, r->rank, &r->cc, &my_port, err, errlen);
+  int lfd = listen_on(o->data_addr, o->port_lo, o->port_hi, id(r, r->rank), &r->cc, &my_port, err,
+                      errlen);
   if (lfd < 0) return GS__ERR_DATA_PLANE;
 
   if (o->advertise_addr && *o->advertise_addr) {
@@ -802,14 +810,14 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
                  (!r->left_addr[0] && get_peer_addr(o, prefix, r->left, 0, tmp, e2, sizeof e2));
     char who[64];
     if (miss_r && miss_l)
-      snprintf(who, sizeof who, "ranks %d and %d", r->right, r->left);
+      snprintf(who, sizeof who, "ranks %d and %d", id(r, r->right), id(r, r->left));
     else
-      snprintf(who, sizeof who, "rank %d", miss_r ? r->right : r->left);
+      snprintf(who, sizeof who, "rank %d", miss_r ? id(r, r->right) : id(r, r->left));
     snprintf(err, errlen,
              "tcp ring: rank %d could not reach %s: no address was published under \"%sring/"
              "addr/<rank>\" within %d ms. %s never started or failed before joining the ring; "
              "check %s.",
-             r->rank, who, prefix, o->connect_timeout_ms,
+             id(r, r->rank), who, prefix, o->connect_timeout_ms,
              miss_r && miss_l ? "Those ranks" : "That rank",
              miss_r && miss_l ? "their logs" : "its log");
     goto out_close_listener;
@@ -829,22 +837,22 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
              "tcp ring: rank %d could not connect to rank %d at %s within %d ms: %s%s%s. Check "
              "that the rank is running and that its address is reachable from this host "
              "(firewall, GRADSYNC_ADVERTISE_ADDR).",
-             r->rank, r->right, r->right_addr, o->connect_timeout_ms, errtext(e, eb, sizeof eb),
-             why[0] ? "; " : "", why);
+             id(r, r->rank), id(r, r->right), r->right_addr, o->connect_timeout_ms,
+             errtext(e, eb, sizeof eb), why[0] ? "; " : "", why);
     goto out_close_listener;
   }
   unsigned char hello[HELLO_BYTES], nonce_d[NONCE_BYTES];
   if (gs__random_bytes(nonce_d, sizeof nonce_d) != 0) {
     snprintf(err, errlen, "tcp ring: rank %d: no random bytes for the ring handshake (OpenSSL)",
-             r->rank);
+             id(r, r->rank));
     status = GS__ERR_INTERNAL;
     goto out_close_listener;
   }
   put_hello(hello, r->rank, r->size, nonce_d);
   e = io_exact(r->send_fd, hello, sizeof hello, 1, deadline);
   if (e != 0) {
-    snprintf(err, errlen, "tcp ring: rank %d lost its new connection to rank %d (%s): %s", r->rank,
-             r->right, r->right_addr, errtext(e, eb, sizeof eb));
+    snprintf(err, errlen, "tcp ring: rank %d lost its new connection to rank %d (%s): %s",
+             id(r, r->rank), id(r, r->right), r->right_addr, errtext(e, eb, sizeof eb));
     goto out_close_listener;
   }
 
@@ -861,7 +869,7 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
              "tcp ring: rank %d: rank %d (%s) did not connect to %s within %d ms: %s%s. Check "
              "that rank's log, and that this host's port %u is reachable from it (firewall, "
              "GRADSYNC_ADVERTISE_ADDR).",
-             r->rank, r->left, r->left_addr, my_addr, o->connect_timeout_ms,
+             id(r, r->rank), id(r, r->left), r->left_addr, my_addr, o->connect_timeout_ms,
              errtext(e, eb, sizeof eb), extra, (unsigned)my_port);
     goto out_close_listener;
   }
@@ -872,13 +880,14 @@ static int rendezvous(ring *r, const gs__tcp_ring_opts *o, char *err, size_t err
                "membership of this job (its HMAC under the job's ring key is wrong): that "
                "address belongs to another process or job. Check GRADSYNC_ADVERTISE_ADDR and "
                "that every rank uses the same coordinator.",
-               r->rank, r->right, r->right_addr);
+               id(r, r->rank), id(r, r->right), r->right_addr);
     else
       snprintf(err, errlen,
                "tcp ring: rank %d connected to rank %d at %s but it did not confirm within %d "
                "ms: %s. If that address belongs to another process, check "
                "GRADSYNC_ADVERTISE_ADDR and the key prefix; else check that rank's log.",
-               r->rank, r->right, r->right_addr, o->connect_timeout_ms, errtext(e, eb, sizeof eb));
+               id(r, r->rank), id(r, r->right), r->right_addr, o->connect_timeout_ms,
+               errtext(e, eb, sizeof eb));
     goto out_close_listener;
   }
   status = GS__OK;
@@ -948,7 +957,7 @@ static int lost_peer(ring *r, int peer_is_right, int e, const char *what, char *
   return fail(r, GS__ERR_DATA_PLANE, err, errlen,
               "tcp ring: rank %d lost its connection to rank %d (%s) during %s: %s. The peer "
               "process probably died, or gave up after an error of its own; check its log.",
-              r->rank, peer, peer_is_right ? r->right_addr : r->left_addr, what, why);
+              id(r, r->rank), id(r, peer), peer_is_right ? r->right_addr : r->left_addr, what, why);
 }
 
 static int sock_error(int fd) {
@@ -974,31 +983,31 @@ static int right_side_event(ring *r, const char *what, char *err, size_t errlen)
              "rank %d timed out after %d ms waiting for this rank, which was itself still "
              "waiting for its peers. Look for the rank that stopped first (its neighbours' logs "
              "name it)",
-             origin, val);
+             id(r, origin), val);
   else if (kind == NOTE_TIMEOUT)
     snprintf(why, sizeof why,
              "rank %d timed out after %d ms waiting for rank %d. Rank %d is stuck, stopped, or "
              "not running this collective; check its log (if it is just slow, raise "
              "GRADSYNC_DATA_TIMEOUT_MS)",
-             origin, val, culprit, culprit);
+             id(r, origin), val, id(r, culprit), id(r, culprit));
   else if (kind == NOTE_REFUSED)
     snprintf(why, sizeof why,
              "rank %d refused the collective (its arguments disagree with the other ranks'); "
              "its log has the details",
-             origin);
+             id(r, origin));
   else if (kind == NOTE_ABORTED)
     snprintf(why, sizeof why,
              "rank %d aborted its collectives (the job is being torn down); the first error is "
              "in the coordinator's and rank %d's logs",
-             origin, origin);
+             id(r, origin), id(r, origin));
   else
     snprintf(why, sizeof why,
              "rank %d lost its connection to rank %d: %s. Rank %d probably died; check its log",
-             origin, culprit, val ? errtext(val, eb, sizeof eb) : "the peer closed the connection",
-             culprit);
+             id(r, origin), id(r, culprit),
+             val ? errtext(val, eb, sizeof eb) : "the peer closed the connection", id(r, culprit));
   return fail(r, GS__ERR_DATA_PLANE, err, errlen,
-              "tcp ring: rank %d stopped %s on news from rank %d (%s): %s.", r->rank, what,
-              r->right, r->right_addr, why);
+              "tcp ring: rank %d stopped %s on news from rank %d (%s): %s.", id(r, r->rank), what,
+              id(r, r->right), r->right_addr, why);
 }
 
 /* The left neighbour closed or reset. If that is a cascade (it gave up
@@ -1018,7 +1027,7 @@ static int aborted_status(ring *r, const char *what, char *err, size_t errlen) {
   snprintf(err, errlen,
            "tcp ring: rank %d: %s aborted (the job is being torn down after an error "
            "elsewhere)",
-           r->rank, what);
+           id(r, r->rank), what);
   return GS__ERR_ABORTED;
 }
 
@@ -1059,8 +1068,8 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
       if (errno == EINTR) continue;
       char eb[128];
       poison(r, r->rank, NOTE_LOST, 0);
-      return fail(r, GS__ERR_INTERNAL, err, errlen, "tcp ring: rank %d: poll failed: %s", r->rank,
-                  errtext(errno, eb, sizeof eb));
+      return fail(r, GS__ERR_INTERNAL, err, errlen, "tcp ring: rank %d: poll failed: %s",
+                  id(r, r->rank), errtext(errno, eb, sizeof eb));
     }
     if (pr == 0) {
       if (patient || ms_left(deadline) > 0) continue;
@@ -1068,20 +1077,21 @@ static int run_stream(ring *r, const stream *st, char *err, size_t errlen) {
       /* A stopped rank shows up as silence to its right and as a full
        * window to its left; name whichever this rank is waiting on. */
       if (want_recv && can_send && r->left == r->right)
-        snprintf(who, sizeof who, "rank %d (%s) to send or accept data", r->left, r->left_addr);
+        snprintf(who, sizeof who, "rank %d (%s) to send or accept data", id(r, r->left),
+                 r->left_addr);
       else if (want_recv && can_send)
         snprintf(who, sizeof who, "rank %d (%s) to send data and for rank %d (%s) to accept data",
-                 r->left, r->left_addr, r->right, r->right_addr);
+                 id(r, r->left), r->left_addr, id(r, r->right), r->right_addr);
       else if (want_recv || !can_send)
-        snprintf(who, sizeof who, "rank %d (%s) to send data", r->left, r->left_addr);
+        snprintf(who, sizeof who, "rank %d (%s) to send data", id(r, r->left), r->left_addr);
       else
-        snprintf(who, sizeof who, "rank %d (%s) to accept data", r->right, r->right_addr);
+        snprintf(who, sizeof who, "rank %d (%s) to accept data", id(r, r->right), r->right_addr);
       poison(r, want_recv || !can_send ? r->left : r->right, NOTE_TIMEOUT, r->io_timeout_ms);
       return fail(r, GS__ERR_DATA_PLANE, err, errlen,
                   "tcp ring: rank %d timed out after %d ms during %s waiting for %s. That rank "
                   "is stuck, stopped, or not running this collective; if it is just slow, "
                   "raise GRADSYNC_DATA_TIMEOUT_MS.",
-                  r->rank, r->io_timeout_ms, st->what, who);
+                  id(r, r->rank), r->io_timeout_ms, st->what, who);
     }
     if (pfd[0].revents) return aborted_status(r, st->what, err, errlen);
     /* Checked before the left side: when a rank dies its left neighbour
@@ -1177,7 +1187,7 @@ static int check_usable(ring *r, const char *what, char *err, size_t errlen) {
     snprintf(err, errlen,
              "tcp ring: rank %d cannot run %s: an earlier collective failed and the ring is "
              "out of step (%s)",
-             r->rank, what, r->broken_msg);
+             id(r, r->rank), what, r->broken_msg);
     return r->broken;
   }
   return GS__OK;
@@ -2204,6 +2214,7 @@ static void ring_destroy_vt(gs__backend *b) {
   free(r->offs);
   free(r->fusion);
   free(r->det);
+  free(r->ids);
   free(r);
 }
 
@@ -2303,7 +2314,7 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
   r->right = mod(r->rank + 1, r->size);
   r->io_timeout_ms = opts->io_timeout_ms;
   r->deterministic = opts->deterministic;
-  r->cc.rank = opts->rank;
+  r->cc.rank = opts->kv_ranks ? opts->kv_ranks[opts->rank] : opts->rank;
   r->cc.mode = !cc || !strcmp(cc, "auto") ? CC_AUTO : !strcmp(cc, "system") ? CC_SYSTEM : CC_NAMED;
   if (r->cc.mode == CC_NAMED) snprintf(r->cc.name, sizeof r->cc.name, "%s", cc);
   r->send_fd = r->recv_fd = -1;
@@ -2318,6 +2329,10 @@ int gs__tcp_ring_create(const gs__tcp_ring_opts *opts, gs__backend **out, char *
   }
   r->offs = calloc((size_t)r->size + 1, sizeof *r->offs);
   if (!r->offs) goto out_nomem;
+  if (opts->kv_ranks) {
+    if (!(r->ids = malloc((size_t)r->size * sizeof *r->ids))) goto out_nomem;
+    memcpy(r->ids, opts->kv_ranks, (size_t)r->size * sizeof *r->ids);
+  }
   if (r->size > 1) {
     r->scratch = malloc(SEG_BYTES);
     r->send = calloc(2 * (size_t)r->size, sizeof *r->send);
