@@ -608,6 +608,54 @@ static void body_segments(rank_ctx *rc) {
   free(want);
 }
 
+/* Small fused allreduces (up to ONE_CHUNK_BYTES, moved as one chunk):
+ * the segmented path gives the same bits as the packed one, for float32
+ * sums whose value depends on the order, and for float16 (reduced in a
+ * float32 workspace), with padding and an in-place member. */
+static void body_small_segments(rank_ctx *rc) {
+  enum { N = 105 };
+  for (int half = 0; half < 2; half++) {
+    gs__dtype dt = half ? GS__FLOAT16 : GS__FLOAT32;
+    size_t es = gs__dtype_size(dt);
+    char pk[N * 4], buf[N * 4], res[N * 4];
+    for (size_t i = 0; i < N; i++) {
+      float v = 0.1f * (float)(rc->rank + 1) + 1e-3f * (float)i;
+      if (half)
+        ((uint16_t *)buf)[i] = gs__float_to_half(v);
+      else
+        ((float *)buf)[i] = v;
+    }
+    memcpy(pk, buf, sizeof pk);
+    memset(pk + 3 * es, 0, 2 * es); /* the padding, packed */
+    int st = rc->b->v->allreduce_scaled(rc->b, pk, N, dt, GS__AVERAGE, 0.5, rc->err[0], 1024);
+    gs__seg sg[3] = {{buf, buf, 3}, {NULL, NULL, 2}, {buf + 5 * es, res + 5 * es, N - 5}};
+    if (st == GS__OK)
+      st = rc->b->v->allreduce_segs(rc->b, sg, 3, dt, GS__AVERAGE, 0.5, rc->err[0], 1024);
+    if (st != GS__OK) {
+      rc->bad++;
+      return;
+    }
+    if (memcmp(buf, pk, 3 * es) || memcmp(res + 5 * es, pk + 5 * es, (N - 5) * es)) {
+      snprintf(rc->err[0], 1024, "rank %d: %s: segmented result differs from the packed one",
+               rc->rank, gs__dtype_name(dt));
+      rc->bad++;
+      return;
+    }
+  }
+}
+
+static void test_small_segments(void **state) {
+  (void)state;
+  for (int np = 2; np <= 4; np++) {
+    job j = {.size = np, .body = body_small_segments};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    for (int r = 0; r < np; r++)
+      if (rcs[r].bad) fail_msg("np %d: %s", np, rcs[r].err[0]);
+    free_job(&j, rcs);
+  }
+}
+
 static void test_segments(void **state) {
   (void)state;
   /* plain rings, then a deterministic one (rank-order exchange and gather
@@ -1960,6 +2008,7 @@ int main(void) {
       cmocka_unit_test(test_sum_sizes_counts),
       cmocka_unit_test(test_every_dtype_and_op),
       cmocka_unit_test(test_segments),
+      cmocka_unit_test(test_small_segments),
       cmocka_unit_test(test_bitwise_identical),
       cmocka_unit_test(test_deterministic_rank_order),
       cmocka_unit_test(test_deterministic_reducescatter),
