@@ -1565,7 +1565,7 @@ static uint8_t agree_val(int pass, int r, size_t i) {
   return (uint8_t)(i * 37 + (size_t)r * 101 + (i >> 3) * 11) ^ (uint8_t)(r * 29);
 }
 
-static const size_t k_agree_n[] = {1, 2, 3, 5, 7, 33, 1000, 4099};
+static const size_t k_agree_n[] = {1, 2, 3, 5, 7, 33, 1000, 4099, 9001};
 #define NAGREE (sizeof k_agree_n / sizeof k_agree_n[0])
 
 /* Every n of k_agree_n in both passes (rc[k] and err[k] for the first
@@ -1573,7 +1573,7 @@ static const size_t k_agree_n[] = {1, 2, 3, 5, 7, 33, 1000, 4099};
  * With user set, the last rank enters each agree late by that many ms. */
 static void body_agree(rank_ctx *rc) {
   int n = rc->j->size, late_ms = rc->j->user ? *(int *)rc->j->user : 0;
-  uint8_t *buf = malloc(4099);
+  uint8_t *buf = malloc(9001);
   for (size_t k = 0; k < NAGREE; k++)
     for (int pass = 0; pass < 2; pass++) {
       size_t len = k_agree_n[k];
@@ -1615,11 +1615,13 @@ static void check_agree_job(job *j, rank_ctx *rcs) {
 }
 
 /* The minimum over ranks at np 2, 3, 4 (and 1: a no-op), for odd n,
- * n < np included (some ranks own no byte); the ring stays in step. */
+ * n < np included (some ranks own no byte), one chunk and (9001 bytes)
+ * several; the ring stays in step. And on a deterministic ring (agree runs
+ * the plain ring there; the allreduce after it the rank-order one). */
 static void test_agree_values(void **state) {
   (void)state;
-  for (int np = 1; np <= 4; np++) {
-    job j = {.size = np, .body = body_agree};
+  for (int np = 1; np <= 5; np++) {
+    job j = {.size = np == 5 ? 3 : np, .body = body_agree, .deterministic = np == 5};
     rank_ctx *rcs = run_job(&j);
     check_agree_job(&j, rcs);
     free_job(&j, rcs);
