@@ -1,6 +1,8 @@
 /* Fusion buffer layout (see fusion_layout.h). */
 #include "fusion_layout.h"
 
+#include <string.h>
+
 #include "dtype.h"
 
 size_t gs__fusion_align(gs__device device) {
@@ -34,4 +36,42 @@ uint64_t gs__fusion_offsets(const gs__response *r, uint64_t *offsets) {
   }
   /* align is a multiple of every element size, so this is whole elements */
   return gs__align_up(at, align);
+}
+
+int gs__fusion_compatible(const gs__tensor_request *a, const gs__tensor_request *b) {
+  return a->op == GS__OP_ALLREDUCE && b->op == GS__OP_ALLREDUCE && a->dtype == b->dtype &&
+         a->device == b->device && a->reduce_op == b->reduce_op && a->prescale == b->prescale &&
+         a->postscale == b->postscale;
+}
+
+size_t gs__fusion_group(const gs__tensor_request *const *reqs, size_t n, uint64_t threshold,
+                        unsigned char *taken, size_t *order, size_t *starts) {
+  size_t nresp = 0, at = 0;
+  if (n) memset(taken, 0, n);
+  for (size_t i = 0; i < n; i++) {
+    if (taken[i]) continue;
+    taken[i] = 1;
+    starts[nresp++] = at;
+    order[at++] = i;
+    const gs__tensor_request *a = reqs[i];
+    if (!threshold || a->op != GS__OP_ALLREDUCE) continue;
+    size_t align = gs__fusion_align(a->device);
+    uint64_t end = gs__tensor_bytes(a->dtype, a->shape, a->ndim), skipped = 0;
+    for (size_t j = i + 1; j < n; j++) {
+      if (taken[j]) continue;
+      const gs__tensor_request *c = reqs[j];
+      uint64_t cb = gs__tensor_bytes(c->dtype, c->shape, c->ndim);
+      uint64_t c_end = gs__add_sat(gs__align_up(end, align), cb);
+      if (gs__fusion_compatible(a, c) && c_end <= threshold) {
+        taken[j] = 1;
+        order[at++] = j;
+        end = c_end;
+        continue;
+      }
+      skipped = gs__add_sat(skipped, cb);
+      if (skipped > threshold) break;
+    }
+  }
+  starts[nresp] = at;
+  return nresp;
 }

@@ -39,4 +39,24 @@ static inline uint64_t gs__add_sat(uint64_t a, uint64_t b) {
  * sizes overflow 64 bits (no buffer can hold that: callers fail the op). */
 uint64_t gs__fusion_offsets(const gs__response *r, uint64_t *offsets);
 
+/* Whether allreduce b may be fused into a response that starts with
+ * allreduce a (the engine's rule): same dtype, reduce op, device and
+ * scale factors. */
+int gs__fusion_compatible(const gs__tensor_request *a, const gs__tensor_request *b);
+
+/* Groups n requests, in order, into responses by the engine's rule
+ * (server/engine/emit.c): a response starts with the first request not yet
+ * taken; when it is an allreduce and threshold > 0, the later compatible
+ * allreduces join it while the fused buffer (aligned offsets, as
+ * gs__fusion_offsets lays them out) stays within threshold bytes; a
+ * request that cannot join is skipped over (look-ahead) while the skipped
+ * bytes stay within the threshold, and starts a later response. Other ops
+ * stand alone. Writes the requests' indexes in response order into order
+ * (n entries) and where each response starts in order into starts
+ * (responses + 1 entries, the last = n); taken is n bytes of scratch.
+ * Returns the number of responses. Pure: every rank that groups the same
+ * requests gets the same responses. */
+size_t gs__fusion_group(const gs__tensor_request *const *reqs, size_t n, uint64_t threshold,
+                        unsigned char *taken, size_t *order, size_t *starts);
+
 #endif

@@ -604,6 +604,7 @@ static void ctx_free(gs_ctx *ctx) {
   }
   free(ctx->done_plans);
   gs__cache_clear(ctx);
+  gs__fast_state_free(ctx);
   gs__local *l, *ltmp;
   HASH_ITER(hh, ctx->locals, l, ltmp) {
     HASH_DEL(ctx->locals, l);
@@ -794,10 +795,27 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
           "to complete (gs_wait) before submitting the name again, or use another name",
           hs[i]->req.name, ctx->rank);
   }
+  /* In fast mode the ops go to the fast queue, for the exec thread's next
+   * round (fast_round.c); otherwise to the comm thread. */
+  int fast = !st && ctx->fast;
+  uint64_t now = fast ? gs__now_ms() : 0;
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
     HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, strlen(h->req.name), h->hh.hashv,
                                 h);
+    if (fast) {
+      h->fast = 1;
+      h->fast_seq = ++ctx->fast_seq;
+      h->fast_since_ms = now;
+      gs__fast_classify_locked(ctx, h);
+      if (ctx->fast_tail)
+        ctx->fast_tail->next_submit = h;
+      else
+        ctx->fast_head = h;
+      ctx->fast_tail = h;
+      ctx->nfast++;
+      continue;
+    }
     ctx->nunplanned++;
     h->queued = 1;
     if (ctx->sub_tail)
@@ -806,9 +824,15 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
       ctx->sub_head = h;
     ctx->sub_tail = h;
   }
-  int kick = !st && gs__comm_wake_locked(ctx, 1);
+  /* Nagle's rule for the exec thread: wake it only when it sleeps; while
+   * it runs a round, submissions accumulate into the next one (worker.h,
+   * exec_idle, says why no wake-up is lost). */
+  int wake_exec = fast && ctx->exec_idle;
+  if (wake_exec) ctx->exec_idle = 0;
+  int kick = !st && !fast && gs__comm_wake_locked(ctx, 1);
   pthread_mutex_unlock(&ctx->mu);
   if (!st) GS_TRACE(GS__TR_SUBMIT, hs[0]->req.op, n);
+  if (wake_exec) pthread_cond_signal(&ctx->exec_cv);
   if (kick) gs__comm_kick(ctx);
   return st;
 }

@@ -97,6 +97,21 @@ static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status st
     if (h->wnext) h->wnext->wprev = h->wprev;
     h->wprev = h->wnext = NULL;
   }
+  if (h->fast) { /* failed while on the fast queue (not in a round): unlink it */
+    struct gs_handle **p = &ctx->fast_head, *prev = NULL;
+    while (*p && *p != h) {
+      prev = *p;
+      p = &(*p)->next_submit;
+    }
+    if (*p) {
+      *p = h->next_submit;
+      if (ctx->fast_tail == h) ctx->fast_tail = prev;
+      ctx->nfast--;
+    }
+    h->next_submit = NULL;
+    h->fast = 0;
+    h->planned = 1; /* never counted in nunplanned */
+  }
   GS_TRACE(GS__TR_COMPLETE, h->req.op, 0);
   h->status = status;
   h->error = msg ? strdup(msg) : NULL;
@@ -135,6 +150,15 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
     snprintf(ctx->fatal_msg, sizeof ctx->fatal_msg, "%s", msg);
   }
   ctx->sub_head = ctx->sub_tail = NULL;
+  /* The fast queue's ops are failed below like every op in flight; a
+   * round in progress finds fatal set and touches none of them. */
+  for (struct gs_handle *f = ctx->fast_head; f; f = f->next_submit) {
+    f->fast = 0;
+    f->planned = 1; /* never counted in nunplanned */
+  }
+  ctx->fast_head = ctx->fast_tail = NULL;
+  ctx->nfast = 0;
+  ctx->fast = 0;
   struct gs_handle *h, *tmp;
   HASH_ITER(hh, ctx->inflight, h, tmp) complete_locked(ctx, h, ctx->fatal, ctx->fatal_msg);
   pthread_cond_broadcast(&ctx->cv); /* waits, and the exec thread awaiting a verdict */
@@ -182,6 +206,7 @@ static void cache_put(gs_ctx *ctx, uint32_t id, const struct gs_handle *h) {
   HASH_ADD_KEYPTR_BYHASHVALUE(hh_name, ctx->cache_by_name, c->req.name, strlen(c->req.name),
                               h->hh.hashv, c);
   HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
+  ctx->live_dirty = 1; /* its fast-vector slot is computed on entering fast mode */
 }
 
 static void template_drop(gs_ctx *ctx, gs__wtemplate *t) {
@@ -195,6 +220,9 @@ void gs__cache_clear(gs_ctx *ctx) {
   HASH_ITER(hh_id, ctx->cache_by_id, c, tmp) cache_drop(ctx, c);
   gs__wtemplate *t, *ttmp;
   HASH_ITER(hh, ctx->templates, t, ttmp) template_drop(ctx, t);
+  free(ctx->live_ids);
+  ctx->live_ids = NULL;
+  ctx->nlive = ctx->live_cap = 0;
 }
 
 /* Applies the plan-template bookkeeping of a plan: forgets, fills in a
@@ -284,6 +312,7 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
     gs__wcache *c = NULL;
     HASH_FIND(hh_id, ctx->cache_by_id, &n->plan.evicted[i], sizeof(uint32_t), c);
     if (c) cache_drop(ctx, c);
+    gs__live_del_locked(ctx, n->plan.evicted[i]);
   }
   n->nops = nops;
   /* The one lookup by name of each tensor on this rank's side: the exec
@@ -293,6 +322,7 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
     for (size_t k = 0; k < n->plan.responses[i].ntensors; k++, j++) {
       const gs__plan_tensor *t = &n->plan.responses[i].tensors[k];
       struct gs_handle *h = NULL;
+      if (t->cache_id) gs__live_add_locked(ctx, t->cache_id); /* also when this rank holds none */
       HASH_FIND_STR(ctx->inflight, t->name, h);
       if (!h) continue;
       atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed); /* the node's */
@@ -303,6 +333,19 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
     }
   /* A plan without data-plane work, while the exec thread has nothing to
    * do, is run here: one thread hand-off less for a barrier. */
+  if (ctx->live_oom) {
+    pthread_mutex_unlock(&ctx->mu);
+    gs__plan_node_free(n);
+    fail_job(ctx, GS_ERR_NO_MEMORY, "out of memory recording the response cache's ids");
+    return;
+  }
+  /* The marker: submissions go to the fast queue from now on. The exec
+   * thread runs fast rounds only when no plan is left to run, so every
+   * plan up to this one runs first; and no later plan comes before every
+   * rank escalated. (Entering at once rather than when the exec thread
+   * finished this plan keeps the ops submitted meanwhile off the
+   * coordinator, which would hold them and make the first round escalate.) */
+  if (n->plan.fast_after && !ctx->fatal && !ctx->stop) gs__fast_enter_locked(ctx);
   int here = !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only_locked(n);
   if (here) {
     GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 1);
@@ -348,6 +391,9 @@ static int on_message(gs_ctx *ctx, gs__plan_msg *m) {
     pthread_mutex_unlock(&ctx->mu);
     return 0;
   }
+  case GS__MSG_FAST_STOP:
+    gs__fast_stop(ctx, m->abort_round, m->text ? m->text : "");
+    return 0;
   case GS__MSG_ABORT: {
     char msg[4096];
     snprintf(msg, sizeof msg, "the coordinator aborted the job: %s", m->text ? m->text : "");
@@ -465,6 +511,45 @@ static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m)
   return 0;
 }
 
+/* Puts into m the ops submitted in fast mode that have waited more than
+ * FAST_PENDING_MS for the other ranks (fast_pending), when that set
+ * differs from the one last reported; lowers *next to when the next op
+ * would pass that age. Caller holds ctx->mu. Returns non-zero when out of
+ * memory (nothing changed then). */
+#define FAST_PENDING_MS 1000
+static int fast_pending_locked(gs_ctx *ctx, uint64_t now, gs__rank_msg *m, uint64_t *next) {
+  size_t n = 0;
+  uint64_t sig = 1469598103934665603ull;
+  for (const struct gs_handle *h = ctx->fast_head; h; h = h->next_submit) {
+    if (h->fast_since_ms > now || now - h->fast_since_ms < FAST_PENDING_MS) {
+      earliest(next, h->fast_since_ms + FAST_PENDING_MS);
+      continue;
+    }
+    if (n == GS__MAX_BLOCKED) break;
+    n++;
+    for (const char *c = h->req.name; *c; c++) sig = (sig ^ (unsigned char)*c) * 1099511628211ull;
+    sig = (sig ^ 0xff) * 1099511628211ull;
+  }
+  if (!n) sig = 0;
+  if (sig == ctx->fast_pending_sig) return 0;
+  gs__fast_pending *v = n ? calloc(n, sizeof *v) : NULL;
+  if (n && !v) return -1;
+  size_t k = 0;
+  for (const struct gs_handle *h = ctx->fast_head; h && k < n; h = h->next_submit) {
+    if (h->fast_since_ms > now || now - h->fast_since_ms < FAST_PENDING_MS) continue;
+    memcpy(v[k].name, h->req.name, sizeof v[k].name);
+    v[k].cache_id = h->fast_id;
+    uint64_t age = now - h->fast_since_ms;
+    v[k].age_ms = age > UINT32_MAX ? UINT32_MAX : (uint32_t)age;
+    k++;
+  }
+  ctx->fast_pending_sig = sig;
+  m->fast_pending_update = 1;
+  m->fast_pending = v;
+  m->nfast_pending = n;
+  return 0;
+}
+
 /* Moves the executed plans and the local registrations made so far into m:
  * they ride with the next message. Registrations must reach the
  * coordinator no later than the requests submitted after them (it applies
@@ -481,6 +566,10 @@ static void take_reports_locked(gs_ctx *ctx, gs__rank_msg *m) {
   m->nunreg = ctx->nunreg;
   ctx->reg = ctx->unreg = NULL;
   ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
+  /* The escalation goes with the requests it moved back to the submission
+   * queue (fast_round.c): the same message. */
+  m->escalate_round = ctx->escalate_round;
+  ctx->escalate_round = 0;
 }
 
 /* A request message goes out at now_us: later submissions wait for the
@@ -531,7 +620,7 @@ void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m) {
      * no completion will come to clear it. End the claim for it, and wake
      * it for what was queued meanwhile (it was not kicked for that). */
     ctx->comm_send_busy = 0;
-    if (ctx->sub_head || ctx->ndone || ctx->nreg || ctx->nunreg)
+    if (ctx->sub_head || ctx->ndone || ctx->nreg || ctx->nunreg || ctx->escalate_round)
       kick = gs__comm_wake_locked(ctx, 0);
   }
   pthread_mutex_unlock(&ctx->mu);
@@ -572,7 +661,12 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
    * flight), which needs this rank's requests: with none of its ops
    * waiting for a plan they ride along with the next message instead. */
   int done_due = ctx->ndone && ctx->nunplanned;
-  if (m.blocked_update || m.heartbeat || m.has_leave || done_due || ctx->nreg || ctx->nunreg)
+  /* The ops waiting in fast mode for more than a second (news for
+   * ListPending and the stall inspector; an allocation failure only
+   * delays them to the next cycle). */
+  fast_pending_locked(ctx, now, &m, next);
+  if (m.blocked_update || m.heartbeat || m.has_leave || done_due || ctx->nreg || ctx->nunreg ||
+      ctx->escalate_round || m.fast_pending_update)
     hold = 0; /* a message goes out anyway: the requests ride along */
   struct gs_handle *list = NULL;
   if (hold) {
@@ -585,9 +679,16 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
   ctx->comm_req_held = hold; /* new submissions need no kick while held */
   int oom = requests_locked(ctx, list, &m);
   int go = list || done_due || m.heartbeat || m.has_leave || m.blocked_update || ctx->nreg ||
-           ctx->nunreg;
+           ctx->nunreg || ctx->escalate_round || m.fast_pending_update;
   if (go) { /* (without it there are no registrations to take) */
     take_reports_locked(ctx, &m);
+    /* The fast rounds' counters ride along when they changed (never a
+     * message of their own: heartbeats carry them at least every second). */
+    if (memcmp(&ctx->fast_report, &ctx->fast_report_sent, sizeof ctx->fast_report)) {
+      m.has_fast_report = 1;
+      m.fast_report = ctx->fast_report;
+      ctx->fast_report_sent = ctx->fast_report;
+    }
     ctx->comm_send_busy = 1; /* an application thread sends nothing meanwhile */
   }
   pthread_mutex_unlock(&ctx->mu);
@@ -598,7 +699,7 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
     goto out_free;
   }
   if (m.nrequests || m.ncached || m.ndone || m.heartbeat || m.has_leave || m.blocked_update ||
-      m.nreg || m.nunreg) {
+      m.nreg || m.nunreg || m.escalate_round || m.has_fast_report || m.fast_pending_update) {
     size_t bytes = 0;
     rc = gs__client_session_send(ctx->client, &m, &bytes, err, errlen);
     if (m.nrequests || m.ncached) GS_TRACE(GS__TR_SENT, m.nrequests + m.ncached, 0);
@@ -681,6 +782,10 @@ void *gs__background_main(void *arg) {
   }
   pthread_mutex_lock(&ctx->mu);
   ctx->comm_running = 0;
+  /* A fast round in progress waits for the other ranks without a
+   * data-plane timeout; this rank is leaving, so end it (the coordinator
+   * sends the others a FastStop that ends theirs). */
+  if (ctx->fast_in_round) gs__ctx_abort_backends(ctx);
   pthread_mutex_unlock(&ctx->mu);
   /* Leave (bounded): flush the leave message, half-close, wait for the
    * coordinator to end the stream. Then let the exec thread finish the plans

@@ -664,7 +664,7 @@ static int run_collective(gs_ctx *ctx, const gs__response *r, struct gs_handle *
   return GS__OK;
 }
 
-static int run_plan(gs_ctx *ctx, const plan_node *n, char *err, size_t errlen) {
+int gs__run_plan(gs_ctx *ctx, const plan_node *n, char *err, size_t errlen) {
   const gs__plan *p = &n->plan;
   struct gs_handle *const *ops = n->ops;
   for (size_t i = 0; i < p->nresponses; i++) {
@@ -702,7 +702,7 @@ void gs__plan_done_locked(gs_ctx *ctx, uint64_t seq) {
  * verdict so that every rank reports the same cause. */
 #define VERDICT_WAIT_MS 1000
 
-static void await_verdict(gs_ctx *ctx) {
+void gs__await_verdict(gs_ctx *ctx) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   ts.tv_sec += VERDICT_WAIT_MS / 1000;
@@ -712,7 +712,7 @@ static void await_verdict(gs_ctx *ctx) {
     ts.tv_nsec -= 1000000000L;
   }
   pthread_mutex_lock(&ctx->mu);
-  while (!ctx->fatal && !ctx->stop)
+  while (!ctx->fatal && !ctx->stop && ctx->fast_stop != 2)
     if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts) != 0) break;
   pthread_mutex_unlock(&ctx->mu);
 }
@@ -722,7 +722,21 @@ void *gs__executor_main(void *arg) {
   char err[4096];
   pthread_mutex_lock(&ctx->mu);
   for (;;) {
-    while (!ctx->plans_head && !ctx->exec_stop) pthread_cond_wait(&ctx->exec_cv, &ctx->mu);
+    /* exec_idle: see worker.h for why a submission in fast mode never
+     * finds this thread asleep with work queued. */
+    while (!ctx->plans_head && !ctx->exec_stop && !gs__fast_work_locked(ctx)) {
+      ctx->exec_idle = 1;
+      pthread_cond_wait(&ctx->exec_cv, &ctx->mu);
+      ctx->exec_idle = 0;
+    }
+    if (!ctx->plans_head && gs__fast_work_locked(ctx)) {
+      ctx->exec_busy = 1;
+      pthread_mutex_unlock(&ctx->mu);
+      gs__fast_round(ctx);
+      pthread_mutex_lock(&ctx->mu);
+      ctx->exec_busy = 0;
+      continue;
+    }
     if (!ctx->plans_head) break; /* stopped and drained */
     plan_node *n = ctx->plans_head;
     ctx->plans_head = n->next;
@@ -733,9 +747,9 @@ void *gs__executor_main(void *arg) {
     GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 0);
     /* After a failure the job is over: drop the plans, their ops already
      * failed with it. */
-    int rc = failed ? GS__OK : run_plan(ctx, n, err, sizeof err);
+    int rc = failed ? GS__OK : gs__run_plan(ctx, n, err, sizeof err);
     GS_TRACE(GS__TR_PLAN_DONE, n->plan.seq, 0);
-    if (rc == GS__ERR_DATA_PLANE) await_verdict(ctx);
+    if (rc == GS__ERR_DATA_PLANE) gs__await_verdict(ctx);
     if (rc) {
       GS_LOG_ERROR("%s", err);
       gs__ctx_fail(ctx, (gs_status)rc, err); /* the coordinator's verdict, if any, wins */

@@ -10,7 +10,11 @@
  * - A handle is reference-counted (atomically): one reference for the
  *   application, one for the library while the op is in flight. Its done
  *   flag is set with release order after status and error are written, so
- *   a completed handle can be read without the context. */
+ *   a completed handle can be read without the context.
+ * - Fast mode (issue 14, worker/fast_round.c): between a plan marked
+ *   fast_after and an escalation, submissions go to the fast queue (under
+ *   mu) and the exec thread agrees on them with the other ranks over the
+ *   data plane instead of asking the coordinator. */
 #ifndef GS_WORKER_WORKER_H
 #define GS_WORKER_WORKER_H
 
@@ -53,9 +57,17 @@ struct gs_handle {
   struct gs_handle *next_submit; /* submission queue (under mu) */
   int queued;                    /* on the submission queue, not yet sent (under mu) */
   int planned;                   /* a plan names it (under mu) */
-  int compress;                  /* float32 buffers, req.dtype on the wire */
-  void *stream;                  /* caller's cudaStream_t (GPU buffers; NULL = default) */
-  void (*result_free)(void *p);  /* frees result (NULL = free()); set with result */
+  /* Fast mode (under mu): on the fast queue (ctx->fast_head, linked by
+   * next_submit), its position in the fast vector (0 = not a cache hit
+   * or not eligible: the round then escalates), its cache id (0 = none),
+   * when it was submitted or moved there (fast_pending) and its order
+   * among the fast queue's ops (escalation keeps submission order). */
+  int fast;
+  uint32_t fast_slot, fast_id;
+  uint64_t fast_since_ms, fast_seq;
+  int compress;                 /* float32 buffers, req.dtype on the wire */
+  void *stream;                 /* caller's cudaStream_t (GPU buffers; NULL = default) */
+  void (*result_free)(void *p); /* frees result (NULL = free()); set with result */
   /* Deadlock detection (under mu). Blocked-since belongs to the op, not to
    * one call: wait_since_ms is when an application thread first waited on
    * or tested it while pending (0 = never), wait_last_ms the last time one
@@ -91,6 +103,7 @@ void gs__plan_node_free(plan_node *n);
  * thread, read by whichever thread sends requests; under ctx->mu). */
 typedef struct gs__wcache {
   uint32_t id;
+  uint32_t slot; /* 1 + its index among the live ids (ctx->live_ids); 0 = none */
   gs__tensor_request req;
   UT_hash_handle hh_name, hh_id;
 } gs__wcache;
@@ -135,7 +148,7 @@ struct gs_ctx {
   pthread_cond_t exec_cv;
   plan_node *plans_head, *plans_tail;
   int exec_stop;
-  int exec_busy;        /* the exec thread is running a plan it took */
+  int exec_busy;        /* the exec thread is running a plan or a fast round */
   uint64_t *done_plans; /* executed, not yet reported */
   size_t ndone, done_cap;
   gs_stats stats;           /* under mu */
@@ -200,6 +213,58 @@ struct gs_ctx {
    * fusion staging. abort() may be called from the comm thread. */
   gs__backend *backends[GS__DEVICE_COUNT];
   int cuda_devices; /* CUDA devices seen at gs_init (0 = every buffer is host) */
+
+  /* ---- fast mode (issue 14; fast_round.c). Under mu unless noted. ----
+   * The live cache ids, ascending: every id a plan assigned and no plan
+   * evicted since, whether or not this rank held the tensor (so the list
+   * is the same on every rank: it changes only through plans, which every
+   * rank receives alike). A tensor's place in the fast vector is 1 + its
+   * index here; live_dirty says the wcache slots need recomputing. Written
+   * by the comm thread. */
+  uint32_t *live_ids;
+  size_t nlive, live_cap;
+  int live_dirty;
+  int live_oom; /* the list missed an id (out of memory): the job fails */
+  /* In fast mode: set by the comm thread when it queues a fast_after plan
+   * (the exec thread still runs every plan before any round), cleared by
+   * the exec thread when it escalates, or when the job fails. */
+  int fast;
+  /* Submissions in fast mode, in submission order (next_submit);
+   * fast_seq numbers them. */
+  struct gs_handle *fast_head, *fast_tail;
+  size_t nfast;
+  uint64_t fast_seq;
+  /* Waking the exec thread for the fast queue (Nagle's rule, no timer).
+   * exec_idle is set by the exec thread, under mu, only after it found no
+   * work (no plan, no fast work) and right before it sleeps on exec_cv;
+   * a submission that finds it set clears it and signals exec_cv. While
+   * a round runs (exec_idle 0), submissions only accumulate and form the
+   * next round.
+   *
+   * Why no wake-up is lost: the fast queue and exec_idle change only
+   * under mu. The exec thread reads the queue under mu after its last
+   * round and sets exec_idle in the same critical section in which it
+   * starts to wait (pthread_cond_wait releases mu atomically), so a
+   * submission made after that read finds exec_idle = 1 and signals a
+   * thread already waiting; one made before it is seen by that read.
+   * A submitter that finds exec_idle = 0 is either before that read or
+   * after another submitter's signal, which wakes the thread to read the
+   * queue again. FastStop, failure and stop wake it by broadcast. */
+  int exec_idle;
+  /* The exec thread is inside a fast round (from its snapshot to the end
+   * of the common set's collectives): a FastStop with abort_round aborts
+   * the backends only then. */
+  int fast_in_round;
+  /* FastStop received for the current or a queued fast period: 1 = the
+   * next round says "not clear", 2 = abort_round (a rank left: end the
+   * round in progress, escalate at once). Reset by the escalation. */
+  int fast_stop;
+  char fast_stop_reason[256];
+  uint64_t fast_round;     /* fast rounds run since gs_init (the k of escalate_round) */
+  uint64_t escalate_round; /* to send with the escalated requests (0 = none) */
+  gs__fast_report fast_report, fast_report_sent; /* cumulative; the last sent */
+  uint64_t fast_pending_sig; /* the fast_pending set last reported (comm thread) */
+  void *fast_state;          /* the exec thread's round buffers (fast_round.c) */
 };
 
 /* Aborts every backend (any thread). */
@@ -229,6 +294,32 @@ int gs__requests_claim_locked(gs_ctx *ctx, gs__rank_msg *m);
 /* Writes the claimed message (without ctx->mu), frees m's contents, and
  * releases the claim; a failure fails the job. */
 void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m);
+
+/* fast_round.c (caller holds ctx->mu). A plan with fast_after was queued:
+ * fast mode begins, the ops the comm thread has not taken move to the fast
+ * queue. Comm thread. */
+void gs__fast_enter_locked(gs_ctx *ctx);
+/* Whether the exec thread has fast work: a round to run, or an escalation
+ * to make at once (FastStop with abort_round). */
+int gs__fast_work_locked(const gs_ctx *ctx);
+/* Runs one fast round, or escalates (exec thread, without ctx->mu). */
+void gs__fast_round(gs_ctx *ctx);
+/* The slot and cache id of an op submitted in fast mode (caller holds
+ * ctx->mu; h is in ctx->inflight, so hh.hashv is its name's hash). */
+void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h);
+/* fast_round.c: a plan assigned / evicted cache id id (comm thread, caller
+ * holds ctx->mu). Out of memory sets live_oom. */
+void gs__live_add_locked(gs_ctx *ctx, uint32_t id);
+void gs__live_del_locked(gs_ctx *ctx, uint32_t id);
+/* Frees the exec thread's round buffers (after the exec thread ended). */
+void gs__fast_state_free(gs_ctx *ctx);
+/* background.c: a FastStop arrived (comm thread). */
+void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason);
+/* executor.c: runs plan node n's responses in order (exec thread). */
+int gs__run_plan(gs_ctx *ctx, const plan_node *n, char *err, size_t errlen);
+/* executor.c: a data-plane failure: waits (bounded) for the coordinator's
+ * verdict, a FastStop with abort_round, or stop. */
+void gs__await_verdict(gs_ctx *ctx);
 
 /* background.c: the comm thread */
 void *gs__background_main(void *arg);

@@ -448,6 +448,15 @@ typedef struct gs_stats {
   uint64_t local_ops;       /* ops on local tensors (never sent) */
   uint64_t plans_replayed;  /* plans the coordinator sent as a template id */
   uint64_t gpu_collectives; /* of collectives, those run by the nccl backend */
+  /* The fast path (issue 14): rounds in which the ranks agreed among
+   * themselves, over the data plane, on which cached ops to run, without
+   * asking the coordinator; the tensors those rounds completed (also
+   * counted in tensors); and how often the ranks went back to the
+   * coordinator (an uncached op, a reordering, a barrier missing on a rank,
+   * the coordinator's FastStop). */
+  uint64_t fast_rounds;
+  uint64_t fast_tensors;
+  uint64_t fast_escalations;
 } gs_stats;
 
 /* Sets struct_size and zeroes the counters. */

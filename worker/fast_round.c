@@ -1,0 +1,526 @@
+/* The worker's fast path (issue 14): between a plan marked fast_after and
+ * an escalation, the ranks agree among themselves, over the data plane, on
+ * which of their cached requests to run, instead of asking the
+ * coordinator for each step.
+ *
+ * A fast round, on the exec thread: snapshot the fast queue into a byte
+ * vector V (V[0] = "clear": nothing here the coordinator must see; V[1] = a
+ * barrier is pending; V[1 + s] = the cached op of slot s is queued), take
+ * the MIN over ranks (agree), then run the common set -- the slots set on
+ * every rank, in ascending cache id -- as a plan built here with the
+ * engine's fusion rule, through the same executor code as the
+ * coordinator's plans. Every rank sees the same V, so every rank takes the
+ * same branch. A round that is not clear or has nothing in common (an
+ * uncached op, a reordering, a desync, a deadlock, a FastStop) escalates:
+ * fast mode ends and the whole fast queue goes to the coordinator, in
+ * submission order, with escalate_round in the same message.
+ *
+ * Owns the exec thread's round buffers (fast_state, exec thread only);
+ * the fast queue, the live cache ids and the fast flags are ctx's, under
+ * ctx->mu (see worker.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "dtype.h"
+#include "fusion_layout.h"
+#include "log.h"
+#include "status.h"
+#include "worker.h"
+
+/* The exec thread's buffers for one round, kept between rounds (grown,
+ * never shrunk) so that a steady-state round allocates nothing. */
+typedef struct fast_state {
+  uint8_t *v; /* the fast vector: 2 + nlive bytes */
+  size_t vcap;
+  struct gs_handle **by_slot; /* this rank's queued op of each slot (1..nlive) */
+  size_t slotcap;
+  struct gs_handle **held; /* the snapshot's ops, each with a reference */
+  size_t nheld, heldcap;
+  /* the common set and the plan built from it */
+  const gs__tensor_request **reqs;
+  struct gs_handle **common, **ops;
+  size_t *order, *starts;
+  unsigned char *taken;
+  gs__plan_tensor *tensors;
+  gs__response *resps;
+  size_t commoncap;
+} fast_state;
+
+/* ---- the live cache ids (comm thread writes, under mu) ------------------- */
+
+static size_t live_find(const gs_ctx *ctx, uint32_t id) {
+  size_t lo = 0, hi = ctx->nlive;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (ctx->live_ids[mid] < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+void gs__live_add_locked(gs_ctx *ctx, uint32_t id) {
+  size_t at = ctx->nlive && ctx->live_ids[ctx->nlive - 1] < id ? ctx->nlive : live_find(ctx, id);
+  if (at < ctx->nlive && ctx->live_ids[at] == id) return;
+  if (ctx->nlive == ctx->live_cap) {
+    size_t cap = ctx->live_cap ? ctx->live_cap * 2 : 256;
+    uint32_t *v = realloc(ctx->live_ids, cap * sizeof *v);
+    if (!v) {
+      ctx->live_oom = 1;
+      return;
+    }
+    ctx->live_ids = v;
+    ctx->live_cap = cap;
+  }
+  memmove(ctx->live_ids + at + 1, ctx->live_ids + at, (ctx->nlive - at) * sizeof *ctx->live_ids);
+  ctx->live_ids[at] = id;
+  ctx->nlive++;
+  ctx->live_dirty = 1;
+}
+
+void gs__live_del_locked(gs_ctx *ctx, uint32_t id) {
+  size_t at = live_find(ctx, id);
+  if (at == ctx->nlive || ctx->live_ids[at] != id) return;
+  memmove(ctx->live_ids + at, ctx->live_ids + at + 1,
+          (ctx->nlive - at - 1) * sizeof *ctx->live_ids);
+  ctx->nlive--;
+  ctx->live_dirty = 1;
+}
+
+/* ---- entering fast mode, submissions, FastStop ---------------------------- */
+
+void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h) {
+  const gs__tensor_request *r = &h->req;
+  h->fast_slot = h->fast_id = 0;
+  /* Only these run in a round; anything else (allgather, alltoall, join,
+   * sparse as allgather, a group member) is for the coordinator. A barrier
+   * has its own place in the vector (V[1]). */
+  if ((r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BROADCAST && r->op != GS__OP_REDUCESCATTER) ||
+      r->group_id)
+    return;
+  gs__wcache *c = NULL;
+  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, r->name, strlen(r->name), h->hh.hashv, c);
+  if (!c || !gs__tensor_request_equal(&c->req, r)) return;
+  h->fast_id = c->id;
+  h->fast_slot = c->slot;
+}
+
+void gs__fast_enter_locked(gs_ctx *ctx) {
+  if (ctx->live_dirty) {
+    /* The slots follow the live ids, which only plans change: once per
+     * fast period at most. */
+    gs__wcache *c, *tmp;
+    HASH_ITER(hh_id, ctx->cache_by_id, c, tmp) {
+      size_t at = live_find(ctx, c->id);
+      c->slot = at < ctx->nlive && ctx->live_ids[at] == c->id ? (uint32_t)at + 1 : 0;
+    }
+    ctx->live_dirty = 0;
+  }
+  ctx->fast = 1;
+  /* Ops the comm thread has not sent go to the fast queue instead (it
+   * takes them only under mu, so each is either sent or moved). */
+  uint64_t now = gs__now_ms();
+  for (struct gs_handle *h = ctx->sub_head, *next; h; h = next) {
+    next = h->next_submit;
+    h->next_submit = NULL;
+    h->queued = 0;
+    h->fast = 1;
+    h->fast_seq = ++ctx->fast_seq;
+    h->fast_since_ms = now;
+    ctx->nunplanned--;
+    gs__fast_classify_locked(ctx, h);
+    if (ctx->fast_tail)
+      ctx->fast_tail->next_submit = h;
+    else
+      ctx->fast_head = h;
+    ctx->fast_tail = h;
+    ctx->nfast++;
+  }
+  ctx->sub_head = ctx->sub_tail = NULL;
+  if (ctx->fast_head && ctx->exec_idle) {
+    ctx->exec_idle = 0;
+    pthread_cond_signal(&ctx->exec_cv);
+  }
+}
+
+int gs__fast_work_locked(const gs_ctx *ctx) {
+  return ctx->fast && !ctx->fatal && !ctx->stop && !ctx->exec_stop &&
+         (ctx->fast_head || ctx->fast_stop == 2);
+}
+
+void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
+  pthread_mutex_lock(&ctx->mu);
+  int applies = ctx->fast && !ctx->fatal;
+  if (applies) {
+    int level = abort_round ? 2 : 1;
+    if (level > ctx->fast_stop) {
+      ctx->fast_stop = level;
+      snprintf(ctx->fast_stop_reason, sizeof ctx->fast_stop_reason, "%s", reason);
+    }
+    if (abort_round) {
+      /* The round can never complete (a rank left). Only a round in
+       * progress is aborted: an idle exec thread escalates at once. */
+      if (ctx->fast_in_round) gs__ctx_abort_backends(ctx);
+      if (ctx->exec_idle) {
+        ctx->exec_idle = 0;
+        pthread_cond_signal(&ctx->exec_cv);
+      }
+      pthread_cond_broadcast(&ctx->cv); /* an exec thread awaiting a verdict */
+    }
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (applies)
+    GS_LOG_INFO("the coordinator ends the fast path%s: %s",
+                abort_round ? " and the round in progress" : "", reason);
+}
+
+/* ---- escalation -------------------------------------------------------------- */
+
+/* Leaves fast mode after round k: the fast queue goes, in submission
+ * order, to the front of the submission queue, for the comm thread to send
+ * with escalate_round = k in one message. Caller holds ctx->mu; returns 1
+ * when the caller must kick the comm thread after unlocking. */
+static int escalate_locked(gs_ctx *ctx, uint64_t k) {
+  ctx->fast = 0;
+  ctx->fast_stop = 0;
+  size_t n = 0;
+  for (struct gs_handle *h = ctx->fast_head; h; h = h->next_submit, n++) {
+    h->fast = 0;
+    h->queued = 1;
+    ctx->nunplanned++;
+  }
+  if (ctx->fast_head) {
+    /* (The submission queue is empty in fast mode; kept behind anyway.) */
+    ctx->fast_tail->next_submit = ctx->sub_head;
+    if (!ctx->sub_head) ctx->sub_tail = ctx->fast_tail;
+    ctx->sub_head = ctx->fast_head;
+  }
+  ctx->fast_head = ctx->fast_tail = NULL;
+  ctx->nfast = 0;
+  ctx->escalate_round = k;
+  ctx->stats.fast_escalations++;
+  GS_LOG_DEBUG("fast round %llu: back to the coordinator with %zu op(s)", (unsigned long long)k, n);
+  return gs__comm_wake_locked(ctx, 0);
+}
+
+/* Puts the ops of a failed round's common set that are still pending back
+ * on the fast queue, in submission order (they are escalated next).
+ * Caller holds ctx->mu. */
+static void requeue_one_locked(gs_ctx *ctx, struct gs_handle *h) {
+  if (!h || atomic_load_explicit(&h->done, memory_order_relaxed)) return;
+  h->planned = 0;
+  h->fast = 1;
+  struct gs_handle **p = &ctx->fast_head;
+  while (*p && (*p)->fast_seq < h->fast_seq) p = &(*p)->next_submit;
+  h->next_submit = *p;
+  *p = h;
+  if (!h->next_submit) ctx->fast_tail = h;
+  ctx->nfast++;
+}
+
+static void requeue_locked(gs_ctx *ctx, struct gs_handle *const *hs, size_t n,
+                           struct gs_handle *barrier) {
+  for (size_t i = 0; i < n; i++) requeue_one_locked(ctx, hs[i]);
+  requeue_one_locked(ctx, barrier);
+}
+
+/* ---- a round ------------------------------------------------------------------- */
+
+static int grow(void **p, size_t *cap, size_t want, size_t each) {
+  if (want <= *cap) return 0;
+  size_t c = *cap ? *cap : 64;
+  while (c < want) c *= 2;
+  void *np = realloc(*p, c * each);
+  if (!np) return -1;
+  *p = np;
+  *cap = c;
+  return 0;
+}
+
+static fast_state *state_of(gs_ctx *ctx) {
+  if (!ctx->fast_state) ctx->fast_state = calloc(1, sizeof(fast_state));
+  return ctx->fast_state;
+}
+
+void gs__fast_state_free(gs_ctx *ctx) {
+  fast_state *st = ctx->fast_state;
+  if (!st) return;
+  free(st->v);
+  free(st->by_slot);
+  free(st->held);
+  free(st->reqs);
+  free(st->common);
+  free(st->ops);
+  free(st->order);
+  free(st->starts);
+  free(st->taken);
+  free(st->tensors);
+  free(st->resps);
+  free(st);
+  ctx->fast_state = NULL;
+}
+
+static int common_room(fast_state *st, size_t n) {
+  if (n <= st->commoncap) return 0;
+  size_t c = st->commoncap ? st->commoncap : 64;
+  while (c < n) c *= 2;
+  const gs__tensor_request **reqs = realloc(st->reqs, c * sizeof *reqs);
+  if (reqs) st->reqs = reqs;
+  struct gs_handle **common = realloc(st->common, c * sizeof *common);
+  if (common) st->common = common;
+  struct gs_handle **ops = realloc(st->ops, c * sizeof *ops);
+  if (ops) st->ops = ops;
+  size_t *order = realloc(st->order, c * sizeof *order);
+  if (order) st->order = order;
+  size_t *starts = realloc(st->starts, (c + 1) * sizeof *starts);
+  if (starts) st->starts = starts;
+  unsigned char *taken = realloc(st->taken, c);
+  if (taken) st->taken = taken;
+  gs__plan_tensor *tensors = realloc(st->tensors, c * sizeof *tensors);
+  if (tensors) st->tensors = tensors;
+  gs__response *resps = realloc(st->resps, c * sizeof *resps);
+  if (resps) st->resps = resps;
+  if (!reqs || !common || !ops || !order || !starts || !taken || !tensors || !resps) return -1;
+  st->commoncap = c;
+  return 0;
+}
+
+static void release_held(fast_state *st) {
+  for (size_t i = 0; i < st->nheld; i++) gs__handle_unref(st->held[i]);
+  st->nheld = 0;
+}
+
+/* The round's agreement: MIN over the ranks of v (n bytes), in place, on
+ * the host backend. The one place to switch to the backend's agree (no
+ * data-plane timeout while the other ranks have not arrived) once it has
+ * one; until then the ordinary allreduce, which times out after the
+ * data-plane timeout. */
+static int agree(gs_ctx *ctx, uint8_t *v, size_t n, char *err, size_t errlen) {
+  gs__backend *b = ctx->backends[GS__DEVICE_CPU];
+  return b->v->allreduce(b, v, n, GS__UINT8, GS__MIN, err, errlen);
+}
+
+/* "tensor 'a' and 3 other op(s) of fast round k (rank r on host): ..." for a
+ * round that failed; keeps an abort an abort. */
+static int round_error(gs_ctx *ctx, uint64_t k, const char *name, size_t others, int rc, char *err,
+                       size_t errlen) {
+  if (rc == GS__ERR_NO_MEMORY || rc == GS__ERR_INTERNAL) return rc;
+  char *detail = strdup(err);
+  char more[64] = "";
+  if (others) snprintf(more, sizeof more, " and %zu other op(s)", others);
+  snprintf(err, errlen,
+           "tensor '%s'%s of fast round %llu (rank %d on %s, agreeing with the other ranks over "
+           "the data plane): %s",
+           name, more, (unsigned long long)k, ctx->rank, ctx->host,
+           detail ? detail : "data-plane failure");
+  free(detail);
+  return rc == GS__ERR_ABORTED ? GS__ERR_ABORTED : GS__ERR_DATA_PLANE;
+}
+
+/* A round failed with rc (message in err): after a FastStop with
+ * abort_round it escalates (the coordinator then fails the ops with its
+ * "rank r left" text); at shutdown the ops fail with gs_shutdown's text;
+ * otherwise the job fails, as when a plan fails. Releases the snapshot. */
+static void round_failed(gs_ctx *ctx, fast_state *st, uint64_t k, int rc, char *err,
+                         struct gs_handle *const *common, size_t ncommon,
+                         struct gs_handle *barrier) {
+  if (rc == GS__ERR_DATA_PLANE || rc == GS__ERR_ABORTED) gs__await_verdict(ctx);
+  pthread_mutex_lock(&ctx->mu);
+  ctx->fast_in_round = 0;
+  int kick = 0, fail = 0;
+  if (ctx->fatal || ctx->stop) {
+    /* the job's failure or gs_shutdown fails the ops */
+  } else if (ctx->fast_stop == 2) {
+    requeue_locked(ctx, common, ncommon, barrier);
+    kick = escalate_locked(ctx, k);
+  } else {
+    fail = 1;
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (kick) gs__comm_kick(ctx);
+  release_held(st);
+  if (fail) {
+    GS_LOG_ERROR("%s", err);
+    gs__ctx_fail(ctx, (gs_status)rc, err);
+  }
+}
+
+/* Counts a finished round (caller holds ctx->mu). */
+static void count_round_locked(gs_ctx *ctx, size_t ncoll, size_t ntensors, uint64_t bytes) {
+  ctx->fast_report.rounds++;
+  ctx->fast_report.collectives += ncoll;
+  ctx->fast_report.tensors += ntensors;
+  ctx->fast_report.bytes += bytes;
+  ctx->stats.fast_rounds++;
+  ctx->stats.fast_tensors += ntensors;
+}
+
+void gs__fast_round(gs_ctx *ctx) {
+  char err[4096];
+  fast_state *st = state_of(ctx);
+  pthread_mutex_lock(&ctx->mu);
+  if (!ctx->fast || ctx->fatal) {
+    pthread_mutex_unlock(&ctx->mu);
+    return;
+  }
+  if (ctx->fast_stop == 2) {
+    /* A rank left: no round can complete any more. Back at once, as the
+     * round this rank would have run next. */
+    int kick = escalate_locked(ctx, ctx->fast_round + 1);
+    pthread_mutex_unlock(&ctx->mu);
+    if (kick) gs__comm_kick(ctx);
+    return;
+  }
+  size_t nlive = ctx->nlive, n = 2 + nlive;
+  if (!st || grow((void **)&st->v, &st->vcap, n, 1) ||
+      grow((void **)&st->by_slot, &st->slotcap, nlive + 1, sizeof *st->by_slot) ||
+      grow((void **)&st->held, &st->heldcap, ctx->nfast, sizeof *st->held)) {
+    pthread_mutex_unlock(&ctx->mu);
+    gs__ctx_fail(ctx, GS_ERR_NO_MEMORY, "out of memory starting a fast round");
+    return;
+  }
+  uint64_t k = ++ctx->fast_round;
+  uint8_t *v = st->v;
+  memset(v, 0, n);
+  /* Clear unless the coordinator must see something of this rank: an op
+   * that is not a cache hit or not eligible, a request it has not planned
+   * yet, a FastStop, or a cache changed by a plan in fast mode. */
+  int clear = !ctx->nunplanned && !ctx->fast_stop && !ctx->live_dirty;
+  struct gs_handle *barrier = NULL;
+  st->nheld = 0;
+  for (struct gs_handle *h = ctx->fast_head; h; h = h->next_submit) {
+    atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed); /* the snapshot's */
+    st->held[st->nheld++] = h;
+    if (h->req.op == GS__OP_BARRIER) {
+      if (!barrier) barrier = h; /* the oldest; later ones wait for later rounds */
+      continue;
+    }
+    if (!h->fast_slot || h->fast_slot > nlive) {
+      clear = 0;
+      continue;
+    }
+    v[1 + h->fast_slot] = 1;
+    st->by_slot[h->fast_slot] = h;
+  }
+  v[0] = (uint8_t)clear;
+  v[1] = barrier != NULL;
+  const char *first = ctx->fast_head ? ctx->fast_head->req.name : "(none)";
+  char first_name[GS__MAX_NAME + 1];
+  snprintf(first_name, sizeof first_name, "%s", first);
+  size_t nsnap = st->nheld;
+  ctx->fast_in_round = 1;
+  pthread_mutex_unlock(&ctx->mu);
+
+  int rc = agree(ctx, v, n, err, sizeof err);
+  if (rc) {
+    rc = round_error(ctx, k, first_name, nsnap ? nsnap - 1 : 0, rc, err, sizeof err);
+    round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
+    return;
+  }
+  /* The common set, ascending cache id (the slots' order). */
+  size_t ncommon = 0;
+  if (v[0])
+    for (size_t s = 1; s <= nlive; s++) ncommon += v[1 + s];
+  if (!v[0] || (!ncommon && !v[1])) {
+    pthread_mutex_lock(&ctx->mu);
+    ctx->fast_in_round = 0;
+    int kick = 0;
+    if (!ctx->fatal && ctx->fast) kick = escalate_locked(ctx, k);
+    pthread_mutex_unlock(&ctx->mu);
+    if (kick) gs__comm_kick(ctx);
+    release_held(st);
+    return;
+  }
+  if (common_room(st, ncommon)) {
+    snprintf(err, sizeof err, "out of memory running fast round %llu of %zu ops",
+             (unsigned long long)k, ncommon);
+    round_failed(ctx, st, k, GS__ERR_NO_MEMORY, err, NULL, 0, NULL);
+    return;
+  }
+  pthread_mutex_lock(&ctx->mu);
+  if (ctx->fatal) { /* the ops were failed with the job */
+    ctx->fast_in_round = 0;
+    pthread_mutex_unlock(&ctx->mu);
+    release_held(st);
+    return;
+  }
+  size_t c = 0;
+  for (size_t s = 1; s <= nlive; s++) {
+    if (!v[1 + s]) continue;
+    struct gs_handle *h = st->by_slot[s]; /* set here: MIN over ranks is 1 only if it was */
+    st->common[c] = h;
+    st->reqs[c++] = &h->req;
+    h->fast = 0; /* leaves the queue below */
+    h->planned = 1;
+  }
+  if (v[1]) barrier->fast = 0;
+  /* Unlink the ops taken (one pass keeps the rest in submission order). */
+  struct gs_handle **p = &ctx->fast_head;
+  ctx->fast_tail = NULL;
+  while (*p) {
+    struct gs_handle *h = *p;
+    if (!h->fast) {
+      *p = h->next_submit;
+      h->next_submit = NULL;
+      ctx->nfast--;
+      continue;
+    }
+    ctx->fast_tail = h;
+    p = &h->next_submit;
+  }
+  uint64_t threshold = ctx->join.config.fusion_threshold_bytes;
+  pthread_mutex_unlock(&ctx->mu);
+
+  /* The plan every rank builds alike from the same common set and cache. */
+  size_t nresp = gs__fusion_group(st->reqs, ncommon, threshold, st->taken, st->order, st->starts);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < ncommon; i++) {
+    const struct gs_handle *h = st->common[st->order[i]];
+    gs__plan_tensor *t = &st->tensors[i];
+    size_t len = strlen(h->req.name);
+    memcpy(t->name, h->req.name, len + 1);
+    t->ndim = h->req.ndim;
+    memcpy(t->shape, h->req.shape, (size_t)h->req.ndim * sizeof *t->shape);
+    t->nrank_dims = 0;
+    t->rank_dims = NULL;
+    t->cache_id = h->fast_id;
+    st->ops[i] = st->common[st->order[i]];
+    bytes += gs__tensor_bytes(h->req.dtype, h->req.shape, h->req.ndim);
+  }
+  for (size_t r = 0; r < nresp; r++) {
+    const gs__tensor_request *q = &st->ops[st->starts[r]]->req;
+    gs__response *rp = &st->resps[r];
+    memset(rp, 0, sizeof *rp);
+    rp->kind = GS__RESP_COLLECTIVE;
+    rp->op = q->op;
+    rp->dtype = q->dtype;
+    rp->reduce_op = q->reduce_op;
+    rp->prescale = q->prescale;
+    rp->postscale = q->postscale;
+    rp->root_rank = q->root_rank;
+    rp->device = q->device;
+    rp->ntensors = st->starts[r + 1] - st->starts[r];
+    rp->tensors = &st->tensors[st->starts[r]];
+  }
+  plan_node node;
+  memset(&node, 0, sizeof node);
+  node.plan.nresponses = nresp;
+  node.plan.responses = st->resps;
+  node.ops = st->ops;
+  node.nops = ncommon;
+  rc = gs__run_plan(ctx, &node, err, sizeof err);
+  if (rc) {
+    round_failed(ctx, st, k, rc, err, st->common, ncommon, v[1] ? barrier : NULL);
+    return;
+  }
+  /* The oldest barrier: every rank had one pending. */
+  if (v[1]) gs__handle_complete(ctx, barrier, GS_OK, NULL);
+  pthread_mutex_lock(&ctx->mu);
+  ctx->fast_in_round = 0;
+  count_round_locked(ctx, nresp, ncommon, bytes);
+  pthread_mutex_unlock(&ctx->mu);
+  release_held(st);
+}
