@@ -308,12 +308,6 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
     return;
   }
   pthread_mutex_lock(&ctx->mu); /* application threads read the cache too */
-  for (size_t i = 0; i < n->plan.nevicted; i++) {
-    gs__wcache *c = NULL;
-    HASH_FIND(hh_id, ctx->cache_by_id, &n->plan.evicted[i], sizeof(uint32_t), c);
-    if (c) cache_drop(ctx, c);
-    gs__live_del_locked(ctx, n->plan.evicted[i]);
-  }
   n->nops = nops;
   /* The one lookup by name of each tensor on this rank's side: the exec
    * thread (or this thread, below) takes the ops from n->ops. */
@@ -331,6 +325,15 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
       h->planned = 1;
       if (t->cache_id) cache_put(ctx, t->cache_id, h);
     }
+  /* The evictions after the assignments: the engine assigns the plan's ids
+   * one after another, and a cache smaller than the plan evicts some of
+   * them within the same plan (ids are never reused). */
+  for (size_t i = 0; i < n->plan.nevicted; i++) {
+    gs__wcache *c = NULL;
+    HASH_FIND(hh_id, ctx->cache_by_id, &n->plan.evicted[i], sizeof(uint32_t), c);
+    if (c) cache_drop(ctx, c);
+    gs__live_del_locked(ctx, n->plan.evicted[i]);
+  }
   /* A plan without data-plane work, while the exec thread has nothing to
    * do, is run here: one thread hand-off less for a barrier. */
   if (ctx->live_oom) {
@@ -774,6 +777,10 @@ void *gs__background_main(void *arg) {
       ctx->comm_next_ms = next_ms;
       pthread_mutex_unlock(&ctx->mu);
     }
+    /* A FastStop with abort_round gave the round in progress a grace
+     * period (fast_round.c): end it when that passed. */
+    uint64_t abort_due = gs__fast_abort_check(ctx, gs__now_ms());
+    if (abort_due && abort_due < next_ms) next_ms = abort_due;
     /* 3. Until when to sleep: the finished send or a kick wakes it sooner. */
     uint64_t now_us = gs__now_us(), due_us = next_ms * 1000;
     if (!gs__client_session_idle(ctx->client) && due_us <= now_us)

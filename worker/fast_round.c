@@ -29,6 +29,12 @@
 #include "status.h"
 #include "worker.h"
 
+/* How long a round in progress may still complete after a FastStop with
+ * abort_round (a rank left) before it is aborted: long enough for the
+ * other ranks to finish a round the leaver had finished (they need no more
+ * of it), short against a job that now fails. */
+#define FAST_ABORT_GRACE_MS 1000
+
 /* The exec thread's buffers for one round, kept between rounds (grown,
  * never shrunk) so that a steady-state round allocates nothing. */
 typedef struct fast_state {
@@ -154,6 +160,8 @@ int gs__fast_work_locked(const gs_ctx *ctx) {
 void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
   pthread_mutex_lock(&ctx->mu);
   int applies = ctx->fast && !ctx->fatal;
+  /* Worth a line only when it ends something this rank waits for. */
+  int affects = applies && (ctx->fast_in_round || ctx->fast_head);
   if (applies) {
     int level = abort_round ? 2 : 1;
     if (level > ctx->fast_stop) {
@@ -161,9 +169,15 @@ void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
       snprintf(ctx->fast_stop_reason, sizeof ctx->fast_stop_reason, "%s", reason);
     }
     if (abort_round) {
-      /* The round can never complete (a rank left). Only a round in
-       * progress is aborted: an idle exec thread escalates at once. */
-      if (ctx->fast_in_round) gs__ctx_abort_backends(ctx);
+      /* A rank left. A round in progress completes if the leaver had
+       * finished it (it left after its ops completed, and its part of the
+       * collective is sent); if it never joined the round, the round can
+       * never complete: the comm thread aborts it after a grace period
+       * (gs__fast_abort_check). An idle exec thread escalates at once. */
+      if (ctx->fast_in_round && !ctx->fast_abort_due_ms) {
+        ctx->fast_abort_round = ctx->fast_round;
+        ctx->fast_abort_due_ms = gs__now_ms() + FAST_ABORT_GRACE_MS;
+      }
       if (ctx->exec_idle) {
         ctx->exec_idle = 0;
         pthread_cond_signal(&ctx->exec_cv);
@@ -172,9 +186,28 @@ void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
     }
   }
   pthread_mutex_unlock(&ctx->mu);
-  if (applies)
+  if (affects)
     GS_LOG_INFO("the coordinator ends the fast path%s: %s",
-                abort_round ? " and the round in progress" : "", reason);
+                abort_round && ctx->fast_in_round ? " and the round in progress" : "", reason);
+  else if (applies)
+    GS_LOG_DEBUG("the coordinator ends the fast path: %s", reason);
+}
+
+uint64_t gs__fast_abort_check(gs_ctx *ctx, uint64_t now_ms) {
+  /* Only the comm thread (this one) writes fast_abort_due_ms. */
+  if (!ctx->fast_abort_due_ms) return 0;
+  pthread_mutex_lock(&ctx->mu);
+  uint64_t due = ctx->fast_abort_due_ms;
+  if (due && (!ctx->fast_in_round || ctx->fast_round != ctx->fast_abort_round)) {
+    due = ctx->fast_abort_due_ms = 0; /* the round ended by itself */
+  } else if (due && now_ms >= due) {
+    GS_LOG_INFO("fast round %llu still waits for a rank that left the job: ending it",
+                (unsigned long long)ctx->fast_round);
+    gs__ctx_abort_backends(ctx);
+    due = ctx->fast_abort_due_ms = 0;
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  return due;
 }
 
 /* ---- escalation -------------------------------------------------------------- */
@@ -434,7 +467,7 @@ void gs__fast_round(gs_ctx *ctx) {
     release_held(st);
     return;
   }
-  if (common_room(st, ncommon)) {
+  if (common_room(st, ncommon ? ncommon : 1)) {
     snprintf(err, sizeof err, "out of memory running fast round %llu of %zu ops",
              (unsigned long long)k, ncommon);
     round_failed(ctx, st, k, GS__ERR_NO_MEMORY, err, NULL, 0, NULL);
@@ -456,7 +489,10 @@ void gs__fast_round(gs_ctx *ctx) {
     h->fast = 0; /* leaves the queue below */
     h->planned = 1;
   }
-  if (v[1]) barrier->fast = 0;
+  if (v[1]) {
+    barrier->fast = 0;
+    barrier->planned = 1;
+  }
   /* Unlink the ops taken (one pass keeps the rest in submission order). */
   struct gs_handle **p = &ctx->fast_head;
   ctx->fast_tail = NULL;
@@ -505,13 +541,18 @@ void gs__fast_round(gs_ctx *ctx) {
     rp->ntensors = st->starts[r + 1] - st->starts[r];
     rp->tensors = &st->tensors[st->starts[r]];
   }
+  /* Counted before the ops complete, so that a thread that waited for
+   * them sees the round in gs_get_stats. */
+  pthread_mutex_lock(&ctx->mu);
+  count_round_locked(ctx, nresp, ncommon, bytes);
+  pthread_mutex_unlock(&ctx->mu);
   plan_node node;
   memset(&node, 0, sizeof node);
   node.plan.nresponses = nresp;
   node.plan.responses = st->resps;
   node.ops = st->ops;
   node.nops = ncommon;
-  rc = gs__run_plan(ctx, &node, err, sizeof err);
+  rc = ncommon ? gs__run_plan(ctx, &node, err, sizeof err) : GS__OK;
   if (rc) {
     round_failed(ctx, st, k, rc, err, st->common, ncommon, v[1] ? barrier : NULL);
     return;
@@ -520,7 +561,6 @@ void gs__fast_round(gs_ctx *ctx) {
   if (v[1]) gs__handle_complete(ctx, barrier, GS_OK, NULL);
   pthread_mutex_lock(&ctx->mu);
   ctx->fast_in_round = 0;
-  count_round_locked(ctx, nresp, ncommon, bytes);
   pthread_mutex_unlock(&ctx->mu);
   release_held(st);
 }

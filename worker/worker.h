@@ -260,6 +260,11 @@ struct gs_ctx {
    * round in progress, escalate at once). Reset by the escalation. */
   int fast_stop;
   char fast_stop_reason[256];
+  /* FastStop with abort_round arrived during round fast_abort_round: the
+   * comm thread aborts the backends at fast_abort_due_ms (0 = nothing
+   * due) if that round is still running then. A round the leaver had
+   * finished completes meanwhile; one it never joined cannot. */
+  uint64_t fast_abort_round, fast_abort_due_ms;
   uint64_t fast_round;     /* fast rounds run since gs_init (the k of escalate_round) */
   uint64_t escalate_round; /* to send with the escalated requests (0 = none) */
   gs__fast_report fast_report, fast_report_sent; /* cumulative; the last sent */
@@ -313,8 +318,11 @@ void gs__live_add_locked(gs_ctx *ctx, uint32_t id);
 void gs__live_del_locked(gs_ctx *ctx, uint32_t id);
 /* Frees the exec thread's round buffers (after the exec thread ended). */
 void gs__fast_state_free(gs_ctx *ctx);
-/* background.c: a FastStop arrived (comm thread). */
+/* fast_round.c: a FastStop arrived (comm thread). */
 void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason);
+/* fast_round.c: aborts the round a FastStop gave a grace period when that
+ * passed by now (comm thread); returns when to check again (0 = never). */
+uint64_t gs__fast_abort_check(gs_ctx *ctx, uint64_t now_ms);
 /* executor.c: runs plan node n's responses in order (exec thread). */
 int gs__run_plan(gs_ctx *ctx, const plan_node *n, char *err, size_t errlen);
 /* executor.c: a data-plane failure: waits (bounded) for the coordinator's
