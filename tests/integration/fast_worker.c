@@ -1,0 +1,324 @@
+/* gs-fast-worker: a real worker process for test_fastpath (the fast path of
+ * issue 14: ranks agreeing on cached ops among themselves after the
+ * coordinator's marker).
+ *
+ * Every mode runs training-like steps over one tensor set: NT float32
+ * allreduces (average) of different sizes, an int32 sum and a float64
+ * broadcast from the last rank. The first steps go
+ * through the coordinator (nothing is cached yet); the later ones run in
+ * fast rounds. Every value is checked against a reference computed here;
+ * every step prints its gs_get_stats deltas:
+ *   "fast: rank R step S: tensors=T requests=Q fast_tensors=F fast_rounds=N escalations=E"
+ * and success ends with "fast: passed (rank R of N, S steps)".
+ *
+ * Usage: gs-fast-worker MODE STEPS [ARG] (environment as gradsync-run sets)
+ *   steps N WAIT       N steps; WAIT = block | timed (gs_wait(h, 50) in a
+ *                      loop) | poll (gs_test every 1 ms)
+ *   newtensor N K      in step K a tensor never seen before is submitted in
+ *                      the middle of the step ('fast/new.K')
+ *   reorder N K        in step K rank 1 submits the step in reverse order
+ *   barrier N          each step: a mark file, gs_barrier, then every rank's
+ *                      mark of the step must exist (in $GS_TEST_DIR); rank r
+ *                      sleeps r * 30 ms before the barrier
+ *   deadlock K         in step K (after K - 1 normal steps) rank 0 submits
+ *                      only fast/t00, rank 1 only fast/t01, the others both,
+ *                      and waits: every rank must fail with GS_ERR_DEADLOCK
+ *   leave K            in step K the last rank calls gs_shutdown while the
+ *                      others wait on fast/t00: their op must fail naming it
+ *   hang K             in step K the last rank prints "hanging" and sleeps
+ *                      (the driver kill -9s it); the others wait on
+ *                      fast/t00, which must fail naming it
+ * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded. */
+#include "gradsync.h"
+#include "worker_util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NT 12         /* float32 tensors per step */
+#define WAIT_MS 60000 /* one op never takes this long on a healthy job */
+#define ERR_MS 30000  /* an op that must fail does so within this */
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+typedef enum wait_style { WAIT_BLOCK, WAIT_TIMED, WAIT_POLL } wait_style;
+
+/* One op of a step. */
+typedef struct op {
+  char name[64];
+  int kind; /* 0 float32 average, 1 int32 sum, 2 float64 broadcast */
+  size_t count;
+  void *buf;
+  gs_handle *h;
+} op;
+
+static int base(size_t i, size_t j, int s) {
+  return (int)((i * 7 + j + (size_t)s * 3) % 17) - 8;
+}
+
+static void fill(op *o, size_t i, int s) {
+  for (size_t j = 0; j < o->count; j++) {
+    if (o->kind == 0) ((float *)o->buf)[j] = (float)(base(i, j, s) * (g_rank + 1));
+    if (o->kind == 1) ((int32_t *)o->buf)[j] = base(i, j, s) * (g_rank + 1);
+    if (o->kind == 2) ((double *)o->buf)[j] = (double)(g_rank + 1) * 1000 + s + (double)j;
+  }
+}
+
+static void check(const op *o, size_t i, int s) {
+  int w = g_size * (g_size + 1) / 2; /* sum over ranks of (r + 1) */
+  int root = g_size - 1;
+  for (size_t j = 0; j < o->count; j++) {
+    double got = 0, want = 0;
+    if (o->kind == 0) {
+      got = ((float *)o->buf)[j];
+      want = (double)((float)(base(i, j, s) * w) / (float)g_size);
+    } else if (o->kind == 1) {
+      got = ((int32_t *)o->buf)[j];
+      want = base(i, j, s) * w;
+    } else {
+      got = ((double *)o->buf)[j];
+      want = (double)(root + 1) * 1000 + s + (double)j;
+    }
+    if (got != want)
+      wu_die("tensor '%s' (step %d): element %zu: got %.9g, expected %.9g", o->name, s, j, got,
+             want);
+  }
+}
+
+static void submit(gs_ctx *ctx, op *o) {
+  gs_status st;
+  if (o->kind == 0)
+    st = gs_allreduce_async(ctx, o->name, o->buf, o->buf, o->count, GS_FLOAT32, GS_AVERAGE, NULL,
+                            &o->h);
+  else if (o->kind == 1)
+    st = gs_allreduce_async(ctx, o->name, o->buf, o->buf, o->count, GS_INT32, GS_SUM, NULL, &o->h);
+  else
+    st = gs_broadcast_async(ctx, o->name, o->buf, o->count, GS_FLOAT64, g_size - 1, NULL, &o->h);
+  if (st != GS_OK)
+    wu_die("tensor '%s': submitting: %s: %s", o->name, wu_status_name(st), gs_last_error(ctx));
+}
+
+/* Waits for o in the given style; returns its status. */
+static gs_status wait_op(op *o, wait_style style, int timeout_ms) {
+  if (style == WAIT_BLOCK) return gs_wait(o->h, timeout_ms);
+  for (int waited = 0; waited < timeout_ms;) {
+    if (style == WAIT_TIMED) {
+      gs_status st = gs_wait(o->h, 50);
+      if (st != GS_ERR_TIMEOUT) return st;
+      waited += 50;
+    } else {
+      int done = 0;
+      if (gs_test(o->h, &done) != GS_OK) wu_die("tensor '%s': gs_test failed", o->name);
+      if (done) return gs_wait(o->h, 0);
+      sleep_ms(1);
+      waited += 1;
+    }
+  }
+  return GS_ERR_TIMEOUT;
+}
+
+static gs_stats stats_now(const gs_ctx *ctx) {
+  gs_stats st;
+  gs_stats_init(&st);
+  if (gs_get_stats(ctx, &st) != GS_OK) wu_die("gs_get_stats: %s", gs_last_error(ctx));
+  return st;
+}
+
+static void print_step(int s, const gs_stats *a, const gs_stats *b) {
+  printf("fast: rank %d step %d: tensors=%llu requests=%llu fast_tensors=%llu fast_rounds=%llu "
+         "escalations=%llu\n",
+         g_rank, s, (unsigned long long)(b->tensors - a->tensors),
+         (unsigned long long)(b->requests_sent - a->requests_sent),
+         (unsigned long long)(b->fast_tensors - a->fast_tensors),
+         (unsigned long long)(b->fast_rounds - a->fast_rounds),
+         (unsigned long long)(b->fast_escalations - a->fast_escalations));
+}
+
+static op g_ops[NT + 3];
+static size_t g_nops;
+
+static void make_ops(void) {
+  for (size_t i = 0; i < NT; i++) {
+    op *o = &g_ops[g_nops++];
+    snprintf(o->name, sizeof o->name, "fast/t%02zu", i);
+    o->kind = 0;
+    o->count = 1 + (i * 37) % 300;
+  }
+  op *o = &g_ops[g_nops++];
+  snprintf(o->name, sizeof o->name, "fast/i32");
+  o->kind = 1;
+  o->count = 33;
+  o = &g_ops[g_nops++];
+  snprintf(o->name, sizeof o->name, "fast/bcast");
+  o->kind = 2;
+  o->count = 9;
+  for (size_t i = 0; i < g_nops; i++) g_ops[i].buf = wu_xcalloc(g_ops[i].count, 8);
+}
+
+/* One step: every op (plus `extra` in the middle when not NULL) submitted
+ * in order (reversed when reverse), waited on in submission order, checked. */
+static void step(gs_ctx *ctx, int s, wait_style style, int reverse, op *extra) {
+  op *list[NT + 4];
+  size_t n = 0;
+  for (size_t i = 0; i < g_nops; i++) {
+    if (extra && i == g_nops / 2) list[n++] = extra;
+    list[n++] = &g_ops[i];
+  }
+  if (reverse)
+    for (size_t i = 0; i < n / 2; i++) {
+      op *t = list[i];
+      list[i] = list[n - 1 - i];
+      list[n - 1 - i] = t;
+    }
+  gs_stats a = stats_now(ctx);
+  for (size_t k = 0; k < n; k++) {
+    size_t i = list[k] == extra ? 100 : (size_t)(list[k] - g_ops);
+    fill(list[k], i, s);
+    submit(ctx, list[k]);
+  }
+  for (size_t k = 0; k < n; k++) {
+    gs_status st = wait_op(list[k], style, WAIT_MS);
+    if (st != GS_OK)
+      wu_die("tensor '%s' (step %d): %s: %s", list[k]->name, s, wu_status_name(st),
+             gs_handle_error(list[k]->h));
+  }
+  gs_stats b = stats_now(ctx);
+  for (size_t k = 0; k < n; k++) {
+    size_t i = list[k] == extra ? 100 : (size_t)(list[k] - g_ops);
+    check(list[k], i, s);
+    gs_handle_free(list[k]->h);
+    list[k]->h = NULL;
+  }
+  print_step(s, &a, &b);
+}
+
+static gs_ctx *join_or_die(void) {
+  gs_ctx *ctx = NULL;
+  gs_status s = gs_init(NULL, &ctx);
+  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
+  g_rank = gs_rank(ctx);
+  g_size = gs_size(ctx);
+  return ctx;
+}
+
+static void mark(int s, int r, char *path, size_t cap) {
+  const char *dir = getenv("GS_TEST_DIR");
+  if (!dir) wu_die("GS_TEST_DIR is not set");
+  snprintf(path, cap, "%s/mark.%d.%d", dir, s, r);
+}
+
+/* Waits on op o, which must fail; prints "fast: rank R: 'NAME': STATUS: TEXT". */
+static void expect_failure(op *o, gs_status want) {
+  gs_status st = gs_wait(o->h, ERR_MS);
+  printf("fast: rank %d: '%s': %s: %s\n", g_rank, o->name, wu_status_name(st),
+         gs_handle_error(o->h));
+  if (st == GS_OK || st == GS_ERR_TIMEOUT || (want != GS_OK && st != want))
+    wu_die("tensor '%s': expected %s, got %s", o->name,
+           want != GS_OK ? wu_status_name(want) : "an error", wu_status_name(st));
+  gs_handle_free(o->h);
+  o->h = NULL;
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll | newtensor N K | reorder N K |\n"
+                  "                      barrier N | deadlock K | leave K | hang K\n");
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc < 3) usage();
+  const char *mode = argv[1];
+  g_mode = mode;
+  int n = atoi(argv[2]), k = argc > 3 ? atoi(argv[3]) : 0;
+  if (n < 1) usage();
+  gs_ctx *ctx = join_or_die();
+  make_ops();
+  int steps = n;
+  if (!strcmp(mode, "steps")) {
+    if (argc != 4) usage();
+    wait_style style = !strcmp(argv[3], "timed")  ? WAIT_TIMED
+                       : !strcmp(argv[3], "poll") ? WAIT_POLL
+                                                  : WAIT_BLOCK;
+    for (int s = 1; s <= n; s++) step(ctx, s, style, 0, NULL);
+  } else if (!strcmp(mode, "newtensor") || !strcmp(mode, "reorder")) {
+    if (argc != 4 || k < 1 || k > n) usage();
+    op extra = {.kind = 0, .count = 5};
+    snprintf(extra.name, sizeof extra.name, "fast/new.%d", k);
+    extra.buf = wu_xcalloc(extra.count, sizeof(float));
+    int reorder = !strcmp(mode, "reorder");
+    for (int s = 1; s <= n; s++)
+      step(ctx, s, WAIT_BLOCK, reorder && s == k && g_rank == 1,
+           !reorder && s == k ? &extra : NULL);
+    free(extra.buf);
+  } else if (!strcmp(mode, "barrier")) {
+    for (int s = 1; s <= n; s++) {
+      step(ctx, s, WAIT_BLOCK, 0, NULL);
+      char path[600];
+      mark(s, g_rank, path, sizeof path);
+      FILE *f = fopen(path, "w");
+      if (!f) wu_die("cannot create %s: %s", path, strerror(errno));
+      fclose(f);
+      sleep_ms(30L * g_rank);
+      gs_stats a = stats_now(ctx);
+      gs_status st = gs_barrier(ctx);
+      if (st != GS_OK)
+        wu_die("gs_barrier (step %d): %s: %s", s, wu_status_name(st), gs_last_error(ctx));
+      gs_stats b = stats_now(ctx);
+      for (int r = 0; r < g_size; r++) {
+        mark(s, r, path, sizeof path);
+        if (access(path, F_OK) != 0)
+          wu_die("step %d: gs_barrier returned before rank %d arrived (%s missing)", s, r, path);
+      }
+      printf("fast: rank %d barrier %d: requests=%llu\n", g_rank, s,
+             (unsigned long long)(b.requests_sent - a.requests_sent));
+    }
+  } else if (!strcmp(mode, "deadlock") || !strcmp(mode, "leave") || !strcmp(mode, "hang")) {
+    if (argc != 3) usage();
+    int last = g_size - 1;
+    steps = n - 1;
+    for (int s = 1; s < n; s++) step(ctx, s, WAIT_BLOCK, 0, NULL);
+    op *t0 = &g_ops[0], *t1 = &g_ops[1];
+    fill(t0, 0, n);
+    fill(t1, 1, n);
+    if (!strcmp(mode, "deadlock")) {
+      if (g_rank != 1) submit(ctx, t0);
+      if (g_rank != 0) submit(ctx, t1);
+      expect_failure(g_rank == 1 ? t1 : t0, GS_ERR_DEADLOCK);
+    } else if (g_rank == last) {
+      printf("fast: rank %d %s\n", g_rank, !strcmp(mode, "leave") ? "leaving" : "hanging");
+      /* The others are inside their round, waiting for this rank, by the
+       * time it leaves (either order must pass). */
+      sleep_ms(!strcmp(mode, "hang") ? 120000 : 500);
+      printf("fast: passed (rank %d of %d, %d steps)\n", g_rank, g_size, steps);
+      gs_shutdown(ctx);
+      return 0;
+    } else {
+      submit(ctx, t0);
+      expect_failure(t0, GS_OK);
+    }
+    printf("fast: passed (rank %d of %d, %d steps)\n", g_rank, g_size, steps);
+    /* A rank that left fails only the ops that needed it: shut down
+     * cleanly. A deadlock or a lost rank failed the job: leave at once. */
+    if (!strcmp(mode, "leave")) {
+      gs_status st = gs_shutdown(ctx);
+      if (st != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(st), gs_last_error(NULL));
+    }
+    _exit(0);
+  } else {
+    usage();
+  }
+  printf("fast: passed (rank %d of %d, %d steps)\n", g_rank, g_size, steps);
+  gs_status s = gs_shutdown(ctx);
+  if (s != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(s), gs_last_error(NULL));
+  for (size_t i = 0; i < g_nops; i++) free(g_ops[i].buf);
+  return 0;
+}

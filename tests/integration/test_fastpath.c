@@ -1,0 +1,345 @@
+/* The fast path (issue 14) end to end: a real gradsyncd and real worker
+ * processes (gs-fast-worker) on 127.0.0.1. After the coordinator's marker
+ * the ranks agree on their cached ops among themselves, over the data
+ * plane; these tests check what a user relies on there:
+ * - values stay right in fast mode at np 2, 3 and 4, with blocking waits,
+ *   gs_wait(h, 50) in a loop and gs_test polling, and later steps run with
+ *   no request to the coordinator at all (gs_get_stats);
+ * - a tensor never seen before in the middle of a step, and a step that
+ *   rank 1 submits in the reverse order, go back to the coordinator and
+ *   complete with the right values; later steps are fast again;
+ * - a response cache smaller than the step's tensors;
+ * - gs_barrier in fast mode still waits for every rank;
+ * - a deadlock between cached tensors is still reported with the ranks
+ *   and the tensor names; a rank that leaves, and a rank SIGKILLed, while
+ *   the others wait in a fast round: their ops fail naming it, no hang;
+ * - gradsyncd --fast-path off: every step through the coordinator, as
+ *   before the fast path.
+ * No timing assertion: every wait is bounded by the hang guard only. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "job.h"
+
+#define GUARD_MS 120000
+
+static const char worker_path[] = GS_BIN_DIR "/gs-fast-worker";
+static char g_host[64];
+
+static int setup(void **state) {
+  (void)state;
+  return proc_test_begin("fastpath", GUARD_MS);
+}
+
+static proc *start_rank(job *w, int rank, char *const args[]) {
+  char dir[600];
+  snprintf(dir, sizeof dir, "GS_TEST_DIR=%s", proc_test_dir());
+  char *env[] = {dir, NULL};
+  return job_start_rank(w, rank, worker_path, args, env);
+}
+
+static void start_world(job *w, int size, char *const coord_args[], char *const args[]) {
+  job_start_coordinator(w, size, coord_args);
+  for (int r = 0; r < size; r++) w->ranks[r] = start_rank(w, r, args);
+}
+
+/* Every rank exits 0 after "fast: passed (rank R of SIZE". */
+static void expect_passed(job *w) {
+  for (int r = 0; r < w->size; r++) job_expect_exit(w->ranks[r], 0);
+  for (int r = 0; r < w->size; r++) {
+    char want[128];
+    snprintf(want, sizeof want, "fast: passed (rank %d of %d", r, w->size);
+    job_expect_output(w->ranks[r], want);
+  }
+}
+
+/* The stats line of rank r's step s. */
+typedef struct step_stats {
+  unsigned long long tensors, requests, fast_tensors, fast_rounds, escalations;
+} step_stats;
+
+static step_stats stats_of(const proc *p, int r, int s) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "fast: rank %d step %d: ", r, s);
+  char *out = proc_output(p);
+  char *at = strstr(out, prefix);
+  step_stats st;
+  memset(&st, 0, sizeof st);
+  if (!at ||
+      sscanf(at + strlen(prefix),
+             "tensors=%llu requests=%llu fast_tensors=%llu fast_rounds=%llu "
+             "escalations=%llu",
+             &st.tensors, &st.requests, &st.fast_tensors, &st.fast_rounds, &st.escalations) != 5) {
+    free(out);
+    job_fail("%s: no stats line \"%s...\"", p->label, prefix);
+  }
+  free(out);
+  return st;
+}
+
+#define STEP_OPS 14 /* gs-fast-worker: 12 float32 averages, an int32 sum, a broadcast */
+
+/* Step s of every rank ran entirely in fast rounds: every op completed by
+ * a fast round, no request sent, and (unless it is the last step, during
+ * which the first ranks to finish may already have left, which ends fast
+ * mode on the others) no escalation. */
+static void expect_fast_step_ex(const job *w, int s, unsigned long long ops, int last) {
+  for (int r = 0; r < w->size; r++) {
+    step_stats st = stats_of(w->ranks[r], r, s);
+    if (st.tensors != ops || st.fast_tensors != ops || st.requests != 0 ||
+        (!last && st.escalations != 0) || st.fast_rounds == 0)
+      job_fail("rank %d step %d: %llu tensors, %llu by fast rounds (%llu rounds), %llu requests, "
+               "%llu escalations; expected all %llu in fast rounds, no request, no escalation",
+               r, s, st.tensors, st.fast_tensors, st.fast_rounds, st.requests, st.escalations, ops);
+  }
+}
+
+static void expect_fast_step(const job *w, int s, unsigned long long ops) {
+  expect_fast_step_ex(w, s, ops, 0);
+}
+
+/* ---- values in fast mode ----------------------------------------------------- */
+
+static void steps_world(int size, const char *wait) {
+  char *args[] = {"steps", "6", (char *)wait, NULL};
+  job w;
+  start_world(&w, size, NULL, args);
+  expect_passed(&w);
+  /* Step 1 teaches the coordinator's cache; from step 3 on (step 2 may
+   * still start before the marker) every step runs in fast rounds. */
+  for (int s = 3; s <= 6; s++) expect_fast_step_ex(&w, s, STEP_OPS, s == 6);
+  job_stop_coordinator(&w);
+}
+
+static void test_values_np2(void **state) {
+  (void)state;
+  steps_world(2, "block");
+}
+
+static void test_values_np3(void **state) {
+  (void)state;
+  steps_world(3, "block");
+}
+
+static void test_values_np4(void **state) {
+  (void)state;
+  steps_world(4, "block");
+}
+
+/* Wait loops as Python bindings and completion threads use them. */
+static void test_timed_waits_np2(void **state) {
+  (void)state;
+  steps_world(2, "timed");
+}
+
+static void test_polling_np3(void **state) {
+  (void)state;
+  steps_world(3, "poll");
+}
+
+/* gradsyncd --fast-path off: no marker, so every op of every step is a
+ * request to the coordinator (cached ids from step 2), none a fast round. */
+static void test_fast_path_off(void **state) {
+  (void)state;
+  char *coord_args[] = {"--fast-path", "off", NULL};
+  char *args[] = {"steps", "4", "block", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  for (int r = 0; r < 2; r++)
+    for (int s = 1; s <= 4; s++) {
+      step_stats st = stats_of(w.ranks[r], r, s);
+      if (st.tensors != STEP_OPS || st.requests != STEP_OPS || st.fast_tensors || st.fast_rounds ||
+          st.escalations)
+        job_fail("--fast-path off: rank %d step %d: %llu tensors, %llu requests, %llu fast "
+                 "tensors, %llu fast rounds, %llu escalations; expected %d requests, nothing fast",
+                 r, s, st.tensors, st.requests, st.fast_tensors, st.fast_rounds, st.escalations,
+                 STEP_OPS);
+    }
+  job_stop_coordinator(&w);
+}
+
+/* ---- back to the coordinator and fast again ----------------------------------- */
+
+/* Step 4 carries a tensor never negotiated: it cannot be agreed on among
+ * the ranks, so that step escalates (its requests reach the coordinator)
+ * and completes right; step 6 is fast again. */
+static void test_new_tensor_mid_step_np3(void **state) {
+  (void)state;
+  char *args[] = {"newtensor", "7", "4", NULL};
+  job w;
+  start_world(&w, 3, NULL, args);
+  expect_passed(&w);
+  for (int r = 0; r < 3; r++) {
+    step_stats st = stats_of(w.ranks[r], r, 4);
+    if (st.tensors != STEP_OPS + 1 || st.escalations < 1 || st.requests < 1)
+      job_fail("rank %d step 4 (a new tensor): %llu tensors, %llu escalations, %llu requests; "
+               "expected %d tensors and an escalation with requests",
+               r, st.tensors, st.escalations, st.requests, STEP_OPS + 1);
+  }
+  expect_fast_step(&w, 6, STEP_OPS);
+  expect_fast_step_ex(&w, 7, STEP_OPS, 1);
+  job_stop_coordinator(&w);
+}
+
+/* Rank 1 submits step 4 in the reverse order: whatever the rounds agree on,
+ * every value is right (the worker checks) and step 6 is fast again. */
+static void test_reordered_submissions_np2(void **state) {
+  (void)state;
+  char *args[] = {"reorder", "7", "4", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  expect_fast_step(&w, 6, STEP_OPS);
+  expect_fast_step_ex(&w, 7, STEP_OPS, 1);
+  job_stop_coordinator(&w);
+}
+
+/* A response cache of 4 entries for 14 ops per step: most ops are never
+ * cached when the step comes, so steps keep going back to the
+ * coordinator; every value is right and nothing hangs. */
+static void test_cache_smaller_than_step_np2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--cache-capacity", "4", NULL};
+  char *args[] = {"steps", "6", "block", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  for (int r = 0; r < 2; r++)
+    for (int s = 2; s <= 6; s++) {
+      step_stats st = stats_of(w.ranks[r], r, s);
+      if (st.tensors != STEP_OPS || st.requests == 0)
+        job_fail("rank %d step %d with a 4-entry cache: %llu tensors, %llu requests; expected %d "
+                 "tensors, some through the coordinator",
+                 r, s, st.tensors, st.requests, STEP_OPS);
+    }
+  job_stop_coordinator(&w);
+}
+
+/* gs_barrier in fast mode: each rank returns only once every rank's mark
+ * of the step exists (the worker checks), without a request to the
+ * coordinator once the job runs in fast mode. */
+static void test_barrier_np3(void **state) {
+  (void)state;
+  char *args[] = {"barrier", "5", NULL};
+  job w;
+  start_world(&w, 3, NULL, args);
+  expect_passed(&w);
+  for (int r = 0; r < 3; r++)
+    for (int s = 3; s <= 5; s++) {
+      char want[96];
+      snprintf(want, sizeof want, "fast: rank %d barrier %d: requests=0\n", r, s);
+      job_expect_output(w.ranks[r], want);
+    }
+  job_stop_coordinator(&w);
+}
+
+/* ---- failures -------------------------------------------------------------------- */
+
+/* After 3 fast steps rank 0 waits on fast/t00 and rank 1 on fast/t01, both
+ * cached: the rounds have nothing in common and escalate, and the
+ * coordinator's deadlock report names both ranks and both tensors. */
+static void test_deadlock_reported_np2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--deadlock-time-ms", "1500", NULL};
+  char *args[] = {"deadlock", "4", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  expect_fast_step(&w, 3, STEP_OPS);
+  char waits[2][256];
+  snprintf(waits[0], sizeof waits[0], "rank 0 (%s:%d) waits on [fast/t00] (missing from rank 1)",
+           g_host, (int)w.ranks[0]->pid);
+  snprintf(waits[1], sizeof waits[1], "rank 1 (%s:%d) waits on [fast/t01] (missing from rank 0)",
+           g_host, (int)w.ranks[1]->pid);
+  for (int r = 0; r < 2; r++) {
+    char want[128];
+    snprintf(want, sizeof want, "fast: rank %d: 'fast/t0%d': GS_ERR_DEADLOCK: ", r, r);
+    job_expect_output(w.ranks[r], want);
+    for (int k = 0; k < 2; k++) job_expect_output(w.ranks[r], waits[k]);
+  }
+  job_expect_output(w.coord, "aborting the job: deadlock: ");
+  job_expect_coordinator_failed(&w);
+}
+
+/* The last of 3 ranks calls gs_shutdown while the others wait in a fast
+ * round on fast/t00: the coordinator ends the round (FastStop), the op
+ * goes to it and fails with its "has already left" text naming rank 2. */
+static void test_rank_leaves_during_round_np3(void **state) {
+  (void)state;
+  char *coord_args[] = {"--deadlock-time-ms", "0", NULL};
+  char *args[] = {"leave", "4", NULL};
+  job w;
+  start_world(&w, 3, coord_args, args);
+  expect_passed(&w);
+  expect_fast_step_ex(&w, 3, STEP_OPS, 1); /* rank 2 leaves right after it */
+  for (int r = 0; r < 2; r++) {
+    char *out = proc_output(w.ranks[r]);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "fast: rank %d: 'fast/t00': ", r);
+    char *line = strstr(out, prefix);
+    int ok = line && strstr(line, "rank 2 ") && strstr(line, "left");
+    free(out);
+    if (!ok) job_fail("rank %d: fast/t00 did not fail naming rank 2 as gone", r);
+  }
+  job_stop_coordinator(&w);
+}
+
+/* The last of 3 ranks is SIGKILLed while the others wait in a fast round:
+ * their op fails naming it (the coordinator's "was lost", or the data
+ * plane's lost connection), and nothing is left running. */
+static void test_kill9_during_round_np3(void **state) {
+  (void)state;
+  char *args[] = {"hang", "4", NULL};
+  job w;
+  start_world(&w, 3, NULL, args);
+  if (proc_wait_for_output(w.ranks[2], "fast: rank 2 hanging", GUARD_MS) != 0)
+    job_fail("rank 2 never reached step 4");
+  sleep(1); /* the others are inside their round by now (either order must pass) */
+  proc_signal(w.ranks[2], SIGKILL);
+  for (int r = 0; r < 2; r++) {
+    job_expect_exit(w.ranks[r], 0);
+    char *out = proc_output(w.ranks[r]);
+    char prefix[64], by_coord[256];
+    snprintf(prefix, sizeof prefix, "fast: rank %d: 'fast/t00': ", r);
+    snprintf(by_coord, sizeof by_coord, "rank 2 (%s, pid %d) was lost", g_host,
+             (int)w.ranks[2]->pid);
+    char *line = strstr(out, prefix);
+    int ok = line && ((strstr(line, "GS_ERR_RANK_LOST") && strstr(line, by_coord)) ||
+                      (strstr(line, "GS_ERR_DATA_PLANE") && strstr(line, "rank 2")));
+    free(out);
+    if (!ok) job_fail("rank %d: fast/t00 did not fail naming rank 2 as lost", r);
+  }
+  expect_fast_step(&w, 3, STEP_OPS);
+  job_expect_coordinator_failed(&w);
+  if (proc_strays(5000) != 0) job_fail("processes left running");
+}
+
+int main(void) {
+  if (gethostname(g_host, sizeof g_host) != 0) snprintf(g_host, sizeof g_host, "?");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_values_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_values_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_values_np4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_timed_waits_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_polling_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_cache_smaller_than_step_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_barrier_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_deadlock_reported_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_rank_leaves_during_round_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
+  };
+  return cmocka_run_group_tests_name("fastpath", tests, NULL, NULL);
+}
