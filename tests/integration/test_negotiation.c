@@ -199,12 +199,17 @@ static void test_mismatch_every_attribute_3(void **state) {
  * requests (the count of all messages, plan reports included, bounds that). */
 static void fusion_world(const char *threshold, const char *policy, unsigned long long min_coll,
                          unsigned long long max_coll, int chunks) {
+  /* --fast-path off: these pin down the coordinator's fusion and response
+   * cache, which the fast path (issue 14) bypasses from the second step
+   * on; test_fastpath covers fusion in fast rounds. */
   char *coord_args[] = {"--fusion-threshold",
                         (char *)threshold,
                         "--emit-policy",
                         (char *)policy,
                         "--cycle-time-ms",
                         "20",
+                        "--fast-path",
+                        "off",
                         NULL};
   char n[16], count[16], steps[16];
   snprintf(n, sizeof n, "%d", FUSION_TENSORS);
@@ -265,8 +270,11 @@ static void test_resnet50_cache(void **state) {
   /* In the repository: a clone without it is broken, not a reason to skip. */
   if (access(resnet50_path, R_OK) != 0) job_fail("workload %s is missing", resnet50_path);
   char *args[] = {"workload", (char *)resnet50_path, "5", NULL};
+  /* The coordinator's response cache: without the fast path, which would
+   * run steps 2-5 with no request at all (test_fastpath). */
+  char *coord_args[] = {"--fast-path", "off", NULL};
   job w;
-  run_world(&w, 2, NULL, args, "workload");
+  run_world(&w, 2, coord_args, args, "workload");
   for (int r = 0; r < 2; r++) {
     char line[512];
     line_or_fail(w.ranks[r], "workload: passed", line, sizeof line);
