@@ -23,7 +23,8 @@
  * cache hits, plans the coordinator sent as a replay of a plan template it
  * defined before (plans_replayed; replay_rate: replayed / plans over all
  * measured steps, the plans of the steps' barriers included: those are
- * never replays), bytes and messages to the coordinator) and the time of the
+ * never replays), bytes and messages to the coordinator, and the fast path's
+ * rounds, tensors and escalations, issue 14) and the time of the
  * step's barrier (one control-plane round trip). After the run one
  * allreduce (max) gathers the worst rank of every step; rank 0 prints the
  * medians as one line starting with "RESULT ", key=value pairs, for
@@ -81,6 +82,9 @@ enum {
   M_UPBYTES,
   M_MSGS,
   M_BARRIER,
+  M_FAST_ROUNDS, /* issue 14: fast rounds, tensors they completed, escalations */
+  M_FAST_TENSORS,
+  M_FAST_ESC,
   M_COUNT
 };
 
@@ -284,6 +288,9 @@ static void stats_delta(const gs_stats *a, const gs_stats *b, double *row) {
   row[M_REPLAYED] = (double)(b->plans_replayed - a->plans_replayed);
   row[M_UPBYTES] = (double)(b->bytes_to_coordinator - a->bytes_to_coordinator);
   row[M_MSGS] = (double)(b->messages_to_coordinator - a->messages_to_coordinator);
+  row[M_FAST_ROUNDS] = (double)(b->fast_rounds - a->fast_rounds);
+  row[M_FAST_TENSORS] = (double)(b->fast_tensors - a->fast_tensors);
+  row[M_FAST_ESC] = (double)(b->fast_escalations - a->fast_escalations);
 }
 
 /* The same pseudo-random delay in [0, max_us) on every rank for a step. */
@@ -372,12 +379,13 @@ static void report(const options *o, const char *label, int size, uint64_t total
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
          "plans_replayed=%.0f replay_rate=%.3f up_bytes=%.0f up_msgs=%.0f barrier_ms=%.3f "
-         "busbw_gbs=%.3f\n",
+         "busbw_gbs=%.3f fast_rounds=%.0f fast_tensors=%.0f fast_escalations=%.0f\n",
          label, size, o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps,
          o->gap_us, med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT],
          q3[M_CRIT], med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS],
          med[M_HITS], hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES],
-         med[M_MSGS], med[M_BARRIER], busbw);
+         med[M_MSGS], med[M_BARRIER], busbw, med[M_FAST_ROUNDS], med[M_FAST_TENSORS],
+         med[M_FAST_ESC]);
   fflush(stdout);
 }
 

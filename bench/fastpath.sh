@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# bench/fastpath.sh — the fast path of issue 14 on and off, side by side:
+# the control-plane cases of bench/control.sh run once with gradsyncd
+# --fast-path on and once with off, interleaved in every round, medians
+# over rounds.
+#
+#   bench/fastpath.sh [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
+#
+# Cases (gradsync-bench under gradsync-run, as in control.sh):
+# - ctl: the ResNet-50 control-only step (161 tensors of 4 B, --scale 1e9,
+#   cache warm, submissions included) and the gs_barrier before each step;
+# - lat: a lone 4-byte allreduce.
+# Raw RESULT lines go to --out (default: a temporary file, printed); the
+# table to stdout, with the load average. Timings are never pass/fail.
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=${GRADSYNC_BUILD:-$root/build-bench}
+rounds=3
+nps="2 4"
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --build) build=$2; shift 2 ;;
+  --rounds) rounds=$2; shift 2 ;;
+  --np) nps=$2; shift 2 ;;
+  --out) out=$2; shift 2 ;;
+  -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "fastpath.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+bin=$build/bin
+for f in gradsync-run gradsync-bench gradsyncd; do
+  [ -x "$bin/$f" ] || { echo "fastpath.sh: $bin/$f not found; build first:" \
+    "cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench" >&2; exit 1; }
+done
+resnet=$root/bench/workloads/resnet50.txt
+[ -n "$out" ] || out=$(mktemp /tmp/gradsync-fastpath.XXXXXX)
+: >"$out"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# rec CASE ROUND NP FP BENCH-ARGS...: one gradsync-bench run, its RESULT line kept.
+rec() {
+  local c=$1 r=$2 np=$3 fp=$4
+  shift 4
+  local line
+  line=$("$bin/gradsync-run" -np "$np" --timeout 150 --coord-arg --fast-path --coord-arg "$fp" \
+    "$bin/gradsync-bench" "$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)
+  if [ -z "$line" ]; then
+    echo "fastpath.sh: $c (np=$np fast-path $fp, round $r) failed; its stderr:" >&2
+    tail -3 "$out.err" >&2
+    return
+  fi
+  echo "CASE $c.$fp round=$r np=$np $line" >>"$out"
+}
+
+for r in $(seq 1 "$rounds"); do
+  echo "fastpath.sh: round $r/$rounds" >&2
+  for np in $nps; do
+    for fp in on off; do
+      rec ctl "$r" "$np" "$fp" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
+      rec lat "$r" "$np" "$fp" --raw-allreduce 4 --steps 200 --warmup 10
+    done
+  done
+done
+rm -f "$out.err"
+
+# med CASE KEY NP: median over rounds of KEY in the CASE lines.
+med() {
+  awk -v c="$1" -v k="$2" -v np="$3" '
+    $1 == "CASE" && $2 == c && $4 == "np=" np {
+      for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) a[n++] = kv[2] + 0 }
+    }
+    END {
+      if (!n) { print "nan"; exit }
+      for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2
+    }' "$out"
+}
+us() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.0f", a * 1000 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+
+echo
+echo "gradsync fast path (issue 14), on vs off side by side — $(nproc) CPUs, rounds=$rounds," \
+  "load average $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after," \
+  "$(date -u +%Y-%m-%dT%H:%MZ), raw lines: $out"
+echo
+echo "Median µs (each a median over rounds of the run's median step):"
+echo
+echo "| np | case | fast path on | off | on / off | on: fast rounds/step | on: requests/step |"
+echo "|---|---|---|---|---|---|---|"
+for np in $nps; do
+  for c in "ctl step_ms ResNet-50 control-only step" "ctl barrier_ms gs_barrier" \
+    "lat step_ms lone 4 B allreduce"; do
+    set -- $c
+    case_=$1 key=$2
+    shift 2
+    on=$(med "$case_.on" "$key" "$np") off=$(med "$case_.off" "$key" "$np")
+    echo "| $np | $* | $(us "$on") | $(us "$off") | $(ratio "$on" "$off") |" \
+      "$(med "$case_.on" fast_rounds "$np") | $(med "$case_.on" requests "$np") |"
+  done
+done
