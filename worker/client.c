@@ -627,6 +627,7 @@ int gs__client_session_open(gs__client *c, int32_t rank, uint64_t epoch, char *e
   hello.has_hello = 1;
   hello.hello_rank = rank;
   hello.hello_epoch = epoch;
+  hello.hello_fast_path = 1; /* this worker runs fast rounds (worker/fast_round.c) */
   memcpy(hello.hello_secret, c->secret, sizeof hello.hello_secret);
   return gs__client_session_send(c, &hello, NULL, err, errlen);
 }

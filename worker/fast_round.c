@@ -327,13 +327,13 @@ static void release_held(fast_state *st) {
 }
 
 /* The round's agreement: MIN over the ranks of v (n bytes), in place, on
- * the host backend. The one place to switch to the backend's agree (no
- * data-plane timeout while the other ranks have not arrived) once it has
- * one; until then the ordinary allreduce, which times out after the
- * data-plane timeout. */
+ * the host backend (tcp or shm), whatever the tensors' device. Its agree
+ * has no data-plane timeout while the other ranks have not arrived (they
+ * may be computing); only abort (FastStop, a failure, this rank's leave)
+ * or a peer's death ends that wait. */
 static int agree(gs_ctx *ctx, uint8_t *v, size_t n, char *err, size_t errlen) {
   gs__backend *b = ctx->backends[GS__DEVICE_CPU];
-  return b->v->allreduce(b, v, n, GS__UINT8, GS__MIN, err, errlen);
+  return b->v->agree(b, v, n, err, errlen);
 }
 
 /* "tensor 'a' and 3 other op(s) of fast round k (rank r on host): ..." for a
