@@ -74,8 +74,12 @@ int gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
     if (ctx->waited) ctx->waited->wprev = h;
     ctx->waited = h;
     /* This op may count as blocked from wait_since + the grace: make sure
-     * the comm thread looks by then. */
-    if (!h->planned && ctx->comm_next_ms > h->wait_since_ms + BLOCKED_GRACE_MS &&
+     * the comm thread looks by then. Not for an op on the fast queue: the
+     * coordinator runs no deadlock check in fast mode, a round with nothing
+     * in common escalates at once (and the escalation's message carries
+     * the blocked-on set), and a wake-up of the comm thread at every
+     * step's first wait would cost the fast path a thread switch. */
+    if (!h->planned && !h->fast && ctx->comm_next_ms > h->wait_since_ms + BLOCKED_GRACE_MS &&
         ctx->comm_running && !ctx->kicked) {
       ctx->kicked = 1;
       kick = 1;
