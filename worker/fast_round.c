@@ -153,8 +153,12 @@ void gs__fast_enter_locked(gs_ctx *ctx) {
 }
 
 int gs__fast_work_locked(const gs_ctx *ctx) {
+  /* A FastStop makes a round due even with nothing queued: the other ranks
+   * may be waiting in theirs (for one this rank, with nothing to submit
+   * but a request the coordinator holds, would never start), and a round
+   * that says "not clear" is how every rank leaves together. */
   return ctx->fast && !ctx->fatal && !ctx->stop && !ctx->exec_stop &&
-         (ctx->fast_head || ctx->fast_stop == 2);
+         (ctx->fast_head || ctx->fast_stop);
 }
 
 void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
@@ -178,11 +182,12 @@ void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
         ctx->fast_abort_round = ctx->fast_round;
         ctx->fast_abort_due_ms = gs__now_ms() + FAST_ABORT_GRACE_MS;
       }
-      if (ctx->exec_idle) {
-        ctx->exec_idle = 0;
-        pthread_cond_signal(&ctx->exec_cv);
-      }
       pthread_cond_broadcast(&ctx->cv); /* an exec thread awaiting a verdict */
+    }
+    /* Idle: a round is due now (gs__fast_work_locked). */
+    if (ctx->exec_idle) {
+      ctx->exec_idle = 0;
+      pthread_cond_signal(&ctx->exec_cv);
     }
   }
   pthread_mutex_unlock(&ctx->mu);
