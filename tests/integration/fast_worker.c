@@ -13,7 +13,8 @@
  *
  * Usage: gs-fast-worker MODE STEPS [ARG] (environment as gradsync-run sets)
  *   steps N WAIT       N steps; WAIT = block | timed (gs_wait(h, 50) in a
- *                      loop) | poll (gs_test every 1 ms)
+ *                      loop) | poll (gs_test every 1 ms) | paced (block,
+ *                      then 40 ms between steps)
  *   newtensor N K      in step K a tensor never seen before is submitted in
  *                      the middle of the step ('fast/new.K')
  *   reorder N K        in step K rank 1 submits the step in reverse order
@@ -49,7 +50,7 @@ static void sleep_ms(long ms) {
   }
 }
 
-typedef enum wait_style { WAIT_BLOCK, WAIT_TIMED, WAIT_POLL } wait_style;
+typedef enum wait_style { WAIT_BLOCK, WAIT_TIMED, WAIT_POLL, WAIT_PACED } wait_style;
 
 /* One op of a step. */
 typedef struct op {
@@ -108,7 +109,7 @@ static void submit(gs_ctx *ctx, op *o) {
 
 /* Waits for o in the given style; returns its status. */
 static gs_status wait_op(op *o, wait_style style, int timeout_ms) {
-  if (style == WAIT_BLOCK) return gs_wait(o->h, timeout_ms);
+  if (style == WAIT_BLOCK || style == WAIT_PACED) return gs_wait(o->h, timeout_ms);
   for (int waited = 0; waited < timeout_ms;) {
     if (style == WAIT_TIMED) {
       gs_status st = gs_wait(o->h, 50);
@@ -228,7 +229,8 @@ static void expect_failure(op *o, gs_status want) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll | newtensor N K | reorder N K |\n"
+  fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
+                  "                      reorder N K |\n"
                   "                      barrier N | deadlock K | leave K | hang K\n");
   exit(2);
 }
@@ -245,10 +247,14 @@ int main(int argc, char **argv) {
   int steps = n;
   if (!strcmp(mode, "steps")) {
     if (argc != 4) usage();
-    wait_style style = !strcmp(argv[3], "timed")  ? WAIT_TIMED
-                       : !strcmp(argv[3], "poll") ? WAIT_POLL
-                                                  : WAIT_BLOCK;
-    for (int s = 1; s <= n; s++) step(ctx, s, style, 0, NULL);
+    wait_style style = !strcmp(argv[3], "timed")   ? WAIT_TIMED
+                       : !strcmp(argv[3], "poll")  ? WAIT_POLL
+                       : !strcmp(argv[3], "paced") ? WAIT_PACED
+                                                   : WAIT_BLOCK;
+    for (int s = 1; s <= n; s++) {
+      step(ctx, s, style, 0, NULL);
+      if (style == WAIT_PACED) sleep_ms(40);
+    }
   } else if (!strcmp(mode, "newtensor") || !strcmp(mode, "reorder")) {
     if (argc != 4 || k < 1 || k > n) usage();
     op extra = {.kind = 0, .count = 5};

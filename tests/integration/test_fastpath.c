@@ -10,6 +10,8 @@
  *   complete with the right values; later steps are fast again;
  * - a response cache smaller than the step's tensors;
  * - gs_barrier in fast mode still waits for every rank;
+ * - a timeline started in fast mode brings the job back to the
+ *   coordinator, which records the steps; fast again after it stops;
  * - a deadlock between cached tensors is still reported with the ranks
  *   and the tensor names; a rank that leaves, and a rank SIGKILLed, while
  *   the others wait in a fast round: their ops fail naming it, no hang;
@@ -243,6 +245,52 @@ static void test_barrier_np3(void **state) {
   job_stop_coordinator(&w);
 }
 
+/* An operator starts a timeline while the job runs in fast mode: the
+ * coordinator's FastStop brings every rank back (the timeline must see
+ * every request), the steps it records name the tensors, and once it
+ * stops the job goes fast again. */
+static void test_timeline_in_fast_mode_np2(void **state) {
+  (void)state;
+  char *args[] = {"steps", "60", "paced", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  if (proc_wait_for_output(w.ranks[0], "fast: rank 0 step 5:", GUARD_MS) != 0)
+    job_fail("rank 0 never reached step 5");
+  char path[600];
+  snprintf(path, sizeof path, "%s/timeline.json", proc_test_dir());
+  const char *ctl = GS_BIN_DIR "/gradsyncctl";
+  char *start[] = {(char *)ctl, "--addr", w.addr, "timeline", "start", path, NULL};
+  proc *p = proc_spawn("gradsyncctl start", start, NULL);
+  if (!p) job_fail("could not start gradsyncctl");
+  job_expect_exit(p, 0);
+  if (proc_wait_for_output(w.ranks[0], "fast: rank 0 step 30:", GUARD_MS) != 0)
+    job_fail("rank 0 never reached step 30");
+  char *stop[] = {(char *)ctl, "--addr", w.addr, "timeline", "stop", NULL};
+  p = proc_spawn("gradsyncctl stop", stop, NULL);
+  if (!p) job_fail("could not start gradsyncctl");
+  job_expect_exit(p, 0);
+  expect_passed(&w);
+  /* While it recorded, the steps went through the coordinator ... */
+  int seen = 0;
+  for (int s = 20; s <= 30; s++) {
+    step_stats st = stats_of(w.ranks[0], 0, s);
+    if (st.requests == STEP_OPS && st.fast_tensors == 0) seen++;
+  }
+  if (!seen) job_fail("no step from 20 to 30 went through the coordinator while a timeline ran");
+  /* ... and it holds their negotiations. */
+  FILE *f = fopen(path, "r");
+  if (!f) job_fail("the timeline %s was not written", path);
+  char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  if (!strstr(buf, "fast/t05") || !strstr(buf, "fast/bcast"))
+    job_fail("the timeline does not name fast/t05 and fast/bcast");
+  /* After the stop the job runs in fast rounds again. */
+  expect_fast_step_ex(&w, 60, STEP_OPS, 1);
+  job_stop_coordinator(&w);
+}
+
 /* ---- failures -------------------------------------------------------------------- */
 
 /* After 3 fast steps rank 0 waits on fast/t00 and rank 1 on fast/t01, both
@@ -337,6 +385,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_cache_smaller_than_step_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_barrier_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_timeline_in_fast_mode_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_deadlock_reported_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_rank_leaves_during_round_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
