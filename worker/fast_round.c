@@ -146,7 +146,12 @@ void gs__fast_enter_locked(gs_ctx *ctx) {
     ctx->nfast++;
   }
   ctx->sub_head = ctx->sub_tail = NULL;
-  if (ctx->fast_head && ctx->exec_idle) {
+  /* Requests sent before the marker and not in any plan: the coordinator
+   * holds them until every rank escalates, and this rank's application may
+   * wait on them only, with nothing to start a round with while the others
+   * wait in theirs. A round is due at once, and says "not clear". */
+  if (ctx->nunplanned && !ctx->fast_stop) ctx->fast_stop = 1;
+  if ((ctx->fast_head || ctx->fast_stop) && ctx->exec_idle) {
     ctx->exec_idle = 0;
     pthread_cond_signal(&ctx->exec_cv);
   }
@@ -164,8 +169,9 @@ int gs__fast_work_locked(const gs_ctx *ctx) {
 void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
   pthread_mutex_lock(&ctx->mu);
   int applies = ctx->fast && !ctx->fatal;
-  /* Worth a line only when it ends something this rank waits for. */
-  int affects = applies && (ctx->fast_in_round || ctx->fast_head);
+  /* Worth a line only when a departure ends something this rank waits
+   * for; a timeline start or a late request is routine (debug). */
+  int affects = applies && abort_round && (ctx->fast_in_round || ctx->fast_head);
   if (applies) {
     int level = abort_round ? 2 : 1;
     if (level > ctx->fast_stop) {
