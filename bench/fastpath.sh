@@ -9,7 +9,11 @@
 # Cases (gradsync-bench under gradsync-run, as in control.sh):
 # - ctl: the ResNet-50 control-only step (161 tensors of 4 B, --scale 1e9,
 #   cache warm, submissions included) and the gs_barrier before each step;
-# - lat: a lone 4-byte allreduce.
+# - lat: a lone 4-byte allreduce;
+# and, in the same rounds, the references of issue 14's targets when built:
+# the Horovod-style negotiation over OpenMPI, cached (bench/mpi_negotiation.c,
+# the bit-vector allreduce: mpi-negotiation + mpirun) and one round trip
+# through gradsyncd (gradsync-rank-sim --ranks 1, its floor round).
 # Raw RESULT lines go to --out (default: a temporary file, printed); the
 # table to stdout, with the load average. Timings are never pass/fail.
 set -u -o pipefail
@@ -55,9 +59,26 @@ rec() {
   echo "CASE $c.$fp round=$r np=$np $line" >>"$out"
 }
 
+mpi=0
+[ -x "$bin/mpi-negotiation" ] && command -v mpirun >/dev/null && mpi=1
+mpirun_=(mpirun --oversubscribe --mca btl tcp,self)
+[ "$(id -u)" = 0 ] && mpirun_+=(--allow-run-as-root)
+# ref CASE ROUND NP COMMAND...: a reference's RESULT line kept.
+ref() {
+  local c=$1 r=$2 np=$3
+  shift 3
+  local line
+  line=$("$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)
+  [ -n "$line" ] && echo "CASE $c round=$r np=$np $line" >>"$out"
+}
+
 for r in $(seq 1 "$rounds"); do
   echo "fastpath.sh: round $r/$rounds" >&2
+  [ -x "$bin/gradsync-rank-sim" ] &&
+    ref rtt "$r" 1 "$bin/gradsync-rank-sim" --ranks 1 --workload "$resnet" --cache 1 --steps 200 --warmup 5
   for np in $nps; do
+    [ "$mpi" = 1 ] &&
+      ref mpi "$r" "$np" "${mpirun_[@]}" -np "$np" "$bin/mpi-negotiation" --workload "$resnet" --steps 200 --warmup 5
     for fp in on off; do
       rec ctl "$r" "$np" "$fp" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
       rec lat "$r" "$np" "$fp" --raw-allreduce 4 --steps 200 --warmup 10
@@ -100,4 +121,14 @@ for np in $nps; do
     echo "| $np | $* | $(us "$on") | $(us "$off") | $(ratio "$on" "$off") |" \
       "$(med "$case_.on" fast_rounds "$np") | $(med "$case_.on" requests "$np") |"
   done
+done
+echo
+echo "References in the same rounds (median µs): one round trip through gradsyncd (gradsync-rank-sim"
+echo "--ranks 1, floor round) and the Horovod-style negotiation over OpenMPI, cached (mpi-negotiation):"
+echo
+echo "| np | round trip | MPI cached step | ResNet-50 step, fast path on / MPI cached |"
+echo "|---|---|---|---|"
+for np in $nps; do
+  m=$(med mpi step_ms "$np")
+  echo "| $np | $(us "$(med rtt floor_ms 1)") | $(us "$m") | $(ratio "$(med ctl.on step_ms "$np")" "$m") |"
 done
