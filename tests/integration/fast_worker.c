@@ -26,6 +26,10 @@
  *                      and waits: every rank must fail with GS_ERR_DEADLOCK
  *   leave K            in step K the last rank calls gs_shutdown while the
  *                      others wait on fast/t00: their op must fail naming it
+ *   shutdown K         in step K rank 0 submits fast/t00 and calls gs_shutdown
+ *                      at once (its op waits in a fast round): the op must
+ *                      fail with gs_shutdown's text; the others submit it
+ *                      300 ms later and it must fail naming rank 0
  *   hang K             in step K the last rank prints "hanging" and sleeps
  *                      (the driver kill -9s it); the others wait on
  *                      fast/t00, which must fail naming it
@@ -231,7 +235,7 @@ static void expect_failure(op *o, gs_status want) {
 static void usage(void) {
   fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
                   "                      reorder N K |\n"
-                  "                      barrier N | deadlock K | leave K | hang K\n");
+                  "                      barrier N | deadlock K | leave K | shutdown K | hang K\n");
   exit(2);
 }
 
@@ -287,6 +291,28 @@ int main(int argc, char **argv) {
       printf("fast: rank %d barrier %d: requests=%llu\n", g_rank, s,
              (unsigned long long)(b.requests_sent - a.requests_sent));
     }
+  } else if (!strcmp(mode, "shutdown")) {
+    if (argc != 3) usage();
+    steps = n - 1;
+    for (int s = 1; s < n; s++) step(ctx, s, WAIT_BLOCK, 0, NULL);
+    op *t0 = &g_ops[0];
+    fill(t0, 0, n);
+    if (g_rank == 0) {
+      submit(ctx, t0);
+      sleep_ms(100); /* its exec thread is inside the round, waiting for the others */
+      gs_status st = gs_shutdown(ctx);
+      if (st != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(st), gs_last_error(NULL));
+      expect_failure(t0, GS_ERR_SHUTDOWN);
+      printf("fast: passed (rank %d of %d, %d steps)\n", g_rank, g_size, steps);
+      return 0;
+    }
+    sleep_ms(300);
+    submit(ctx, t0);
+    expect_failure(t0, GS_OK);
+    printf("fast: passed (rank %d of %d, %d steps)\n", g_rank, g_size, steps);
+    gs_status st = gs_shutdown(ctx);
+    if (st != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(st), gs_last_error(NULL));
+    return 0;
   } else if (!strcmp(mode, "deadlock") || !strcmp(mode, "leave") || !strcmp(mode, "hang")) {
     if (argc != 3) usage();
     int last = g_size - 1;

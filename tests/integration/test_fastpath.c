@@ -14,7 +14,8 @@
  *   coordinator, which records the steps; fast again after it stops;
  * - a deadlock between cached tensors is still reported with the ranks
  *   and the tensor names; a rank that leaves, and a rank SIGKILLed, while
- *   the others wait in a fast round: their ops fail naming it, no hang;
+ *   the others wait in a fast round: their ops fail naming it, no hang; a
+ *   rank that shuts down with its own op in a round: no hang either;
  * - gradsyncd --fast-path off: every step through the coordinator, as
  *   before the fast path.
  * No timing assertion: every wait is bounded by the hang guard only. */
@@ -342,6 +343,26 @@ static void test_rank_leaves_during_round_np3(void **state) {
   job_stop_coordinator(&w);
 }
 
+/* Rank 0 calls gs_shutdown while its own op waits in a fast round for
+ * rank 1: its op fails with gs_shutdown's text (its round is ended, no
+ * hang), and rank 1's same op, submitted later, fails naming rank 0. */
+static void test_shutdown_with_op_in_round_np2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--deadlock-time-ms", "0", NULL};
+  char *args[] = {"shutdown", "4", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  job_expect_output(w.ranks[0], "fast: rank 0: 'fast/t00': GS_ERR_SHUTDOWN: gs_shutdown was called "
+                                "while this op was in flight");
+  char *out = proc_output(w.ranks[1]);
+  char *line = strstr(out, "fast: rank 1: 'fast/t00': ");
+  int ok = line && strstr(line, "rank 0 ") && strstr(line, "left");
+  free(out);
+  if (!ok) job_fail("rank 1: fast/t00 did not fail naming rank 0 as gone");
+  job_stop_coordinator(&w);
+}
+
 /* The last of 3 ranks is SIGKILLed while the others wait in a fast round:
  * their op fails naming it (the coordinator's "was lost", or the data
  * plane's lost connection), and nothing is left running. */
@@ -388,6 +409,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_timeline_in_fast_mode_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_deadlock_reported_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_rank_leaves_during_round_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_shutdown_with_op_in_round_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("fastpath", tests, NULL, NULL);
