@@ -1129,7 +1129,7 @@ gs_status gs_register_local(gs_ctx *ctx, const char *name) {
       HASH_ADD_STR(ctx->locals, name, l);
     }
   }
-  int kick = !st && gs__comm_wake_locked(ctx, 0);
+  int kick = !st && gs__regs_due_locked(ctx) && gs__comm_wake_locked(ctx, 0);
   pthread_mutex_unlock(&ctx->mu);
   if (kick) gs__comm_kick(ctx);
   return st;
@@ -1149,7 +1149,7 @@ gs_status gs_unregister_local(gs_ctx *ctx, const char *name) {
       free(l);
     }
   }
-  int kick = !st && gs__comm_wake_locked(ctx, 0);
+  int kick = !st && gs__regs_due_locked(ctx) && gs__comm_wake_locked(ctx, 0);
   pthread_mutex_unlock(&ctx->mu);
   if (kick) gs__comm_kick(ctx);
   return st;

@@ -567,12 +567,18 @@ static void take_reports_locked(gs_ctx *ctx, gs__rank_msg *m) {
   m->ndone = ctx->ndone;
   ctx->done_plans = NULL;
   ctx->ndone = ctx->done_cap = 0;
-  m->reg = ctx->reg;
-  m->nreg = ctx->nreg;
-  m->unreg = ctx->unreg;
-  m->nunreg = ctx->nunreg;
-  ctx->reg = ctx->unreg = NULL;
-  ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
+  /* In fast mode they wait for the escalation, which they force (the next
+   * round says "not clear", fast_round.c): a message of their own could
+   * reach the coordinator after another rank's escalated request, which
+   * it would then check against the old registrations. */
+  if (gs__regs_due_locked(ctx)) {
+    m->reg = ctx->reg;
+    m->nreg = ctx->nreg;
+    m->unreg = ctx->unreg;
+    m->nunreg = ctx->nunreg;
+    ctx->reg = ctx->unreg = NULL;
+    ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
+  }
   /* The escalation goes with the requests it moved back to the submission
    * queue (fast_round.c): the same message. */
   m->escalate_round = ctx->escalate_round;
@@ -627,7 +633,7 @@ void gs__requests_send(gs_ctx *ctx, gs__rank_msg *m) {
      * no completion will come to clear it. End the claim for it, and wake
      * it for what was queued meanwhile (it was not kicked for that). */
     ctx->comm_send_busy = 0;
-    if (ctx->sub_head || ctx->ndone || ctx->nreg || ctx->nunreg || ctx->escalate_round)
+    if (ctx->sub_head || ctx->ndone || gs__regs_due_locked(ctx) || ctx->escalate_round)
       kick = gs__comm_wake_locked(ctx, 0);
   }
   pthread_mutex_unlock(&ctx->mu);
@@ -672,8 +678,9 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
    * ListPending and the stall inspector; an allocation failure only
    * delays them to the next cycle). */
   fast_pending_locked(ctx, now, &m, next);
-  if (m.blocked_update || m.heartbeat || m.has_leave || done_due || ctx->nreg || ctx->nunreg ||
-      ctx->escalate_round || m.fast_pending_update)
+  int regs = gs__regs_due_locked(ctx);
+  if (m.blocked_update || m.heartbeat || m.has_leave || done_due || regs || ctx->escalate_round ||
+      m.fast_pending_update)
     hold = 0; /* a message goes out anyway: the requests ride along */
   struct gs_handle *list = NULL;
   if (hold) {
@@ -685,8 +692,8 @@ static int send_cycle(gs_ctx *ctx, int stopping, uint64_t *next, char *err, size
   }
   ctx->comm_req_held = hold; /* new submissions need no kick while held */
   int oom = requests_locked(ctx, list, &m);
-  int go = list || done_due || m.heartbeat || m.has_leave || m.blocked_update || ctx->nreg ||
-           ctx->nunreg || ctx->escalate_round || m.fast_pending_update;
+  int go = list || done_due || m.heartbeat || m.has_leave || m.blocked_update || regs ||
+           ctx->escalate_round || m.fast_pending_update;
   if (go) { /* (without it there are no registrations to take) */
     take_reports_locked(ctx, &m);
     /* The fast rounds' counters ride along when they changed (never a

@@ -431,8 +431,10 @@ void gs__fast_round(gs_ctx *ctx) {
   memset(v, 0, n);
   /* Clear unless the coordinator must see something of this rank: an op
    * that is not a cache hit or not eligible, a request it has not planned
-   * yet, a FastStop, or a cache changed by a plan in fast mode. */
-  int clear = !ctx->nunplanned && !ctx->fast_stop && !ctx->live_dirty;
+   * yet, a FastStop, a cache changed by a plan in fast mode, or
+   * (un)registrations it has not been told (held for the escalation: see
+   * gs__regs_due_locked). */
+  int clear = !ctx->nunplanned && !ctx->fast_stop && !ctx->live_dirty && !ctx->nreg && !ctx->nunreg;
   struct gs_handle *barrier = NULL;
   st->nheld = 0;
   for (struct gs_handle *h = ctx->fast_head; h; h = h->next_submit) {

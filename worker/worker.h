@@ -156,7 +156,9 @@ struct gs_ctx {
   int joined;               /* in gs_join: contribute zeros (under mu) */
   int scale_local;
   gs__local *locals; /* under mu */
-  /* registrations not yet told to the coordinator (under mu) */
+  /* Registrations not yet told to the coordinator (under mu). In fast
+   * mode they are held for the escalation they force: see
+   * gs__regs_due_locked. */
   char (*reg)[GS__MAX_NAME + 1], (*unreg)[GS__MAX_NAME + 1];
   size_t nreg, nunreg, reg_cap, unreg_cap;
 
@@ -271,6 +273,17 @@ struct gs_ctx {
   uint64_t fast_pending_sig; /* the fast_pending set last reported (comm thread) */
   void *fast_state;          /* the exec thread's round buffers (fast_round.c) */
 };
+
+/* Whether (un)registrations wait to be sent (caller holds ctx->mu). Not in
+ * fast mode: users rely on "(un)register, barrier, then submit", and the
+ * coordinator checks a request against the registrations it has at the
+ * time. So in fast mode they go with the escalation, before its requests,
+ * and a rank holding some is not clear in its next round: the barrier
+ * after them goes through the coordinator, which plans it only once every
+ * rank's message, registrations first, has arrived. */
+static inline int gs__regs_due_locked(const gs_ctx *ctx) {
+  return !ctx->fast && (ctx->nreg || ctx->nunreg);
+}
 
 /* Aborts every backend (any thread). */
 void gs__ctx_abort_backends(gs_ctx *ctx);

@@ -33,6 +33,13 @@
  *   hang K             in step K the last rank prints "hanging" and sleeps
  *                      (the driver kill -9s it); the others wait on
  *                      fast/t00, which must fail naming it
+ *   unregister N       every rank registers 'fast/tower' local before the
+ *                      steps (its op completes at once); after N steps
+ *                      rank r sleeps r * 100 ms, unregisters it and calls
+ *                      gs_barrier, printing "fast: rank R unregister
+ *                      barrier: requests=Q escalations=E"; then every rank
+ *                      allreduces (sum) 'fast/tower', checked, and runs one
+ *                      more step
  * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded. */
 #include "gradsync.h"
 #include "worker_util.h"
@@ -291,6 +298,53 @@ int main(int argc, char **argv) {
       printf("fast: rank %d barrier %d: requests=%llu\n", g_rank, s,
              (unsigned long long)(b.requests_sent - a.requests_sent));
     }
+  } else if (!strcmp(mode, "unregister")) {
+    /* What users rely on: (un)register, barrier, then submit. The barrier
+     * is through only once every rank's (un)registration reached the
+     * coordinator, in fast mode too: it decides local or global when the
+     * requests come. */
+    if (argc != 3) usage();
+    steps = n + 1;
+    const char *tower = "fast/tower";
+    int32_t tv[6];
+    if (gs_register_local(ctx, tower) != GS_OK) wu_die("gs_register_local: %s", gs_last_error(ctx));
+    for (int j = 0; j < 6; j++) tv[j] = j + 10 * g_rank;
+    gs_handle *h = NULL;
+    if (gs_allreduce_async(ctx, tower, tv, tv, 6, GS_INT32, GS_SUM, NULL, &h) != GS_OK)
+      wu_die("tensor '%s': submitting: %s", tower, gs_last_error(ctx));
+    int done = 0;
+    if (gs_test(h, &done) != GS_OK || !done)
+      wu_die("tensor '%s' is registered local but its op was not complete on return", tower);
+    if (gs_wait(h, 0) != GS_OK || tv[5] != 5 + 10 * g_rank)
+      wu_die("tensor '%s' (local): got %d, expected %d", tower, tv[5], 5 + 10 * g_rank);
+    gs_handle_free(h);
+    for (int s = 1; s <= n; s++) step(ctx, s, WAIT_BLOCK, 0, NULL);
+    sleep_ms(100L * g_rank);
+    if (gs_unregister_local(ctx, tower) != GS_OK)
+      wu_die("gs_unregister_local: %s", gs_last_error(ctx));
+    gs_stats a = stats_now(ctx);
+    gs_status st = gs_barrier(ctx);
+    if (st != GS_OK) wu_die("gs_barrier: %s: %s", wu_status_name(st), gs_last_error(ctx));
+    gs_stats b = stats_now(ctx);
+    printf("fast: rank %d unregister barrier: requests=%llu escalations=%llu\n", g_rank,
+           (unsigned long long)(b.requests_sent - a.requests_sent),
+           (unsigned long long)(b.fast_escalations - a.fast_escalations));
+    for (int j = 0; j < 6; j++) tv[j] = j + 10 * g_rank;
+    if (gs_allreduce_async(ctx, tower, tv, tv, 6, GS_INT32, GS_SUM, NULL, &h) != GS_OK)
+      wu_die("tensor '%s': submitting: %s", tower, gs_last_error(ctx));
+    st = gs_wait(h, WAIT_MS);
+    if (st != GS_OK)
+      wu_die("tensor '%s' after gs_unregister_local: %s: %s", tower, wu_status_name(st),
+             gs_handle_error(h));
+    for (int j = 0; j < 6; j++) {
+      int32_t want = j * g_size + 10 * (g_size * (g_size - 1) / 2);
+      if (tv[j] != want)
+        wu_die("tensor '%s' after gs_unregister_local: element %d: got %d, expected %d (the sum "
+               "over ranks)",
+               tower, j, tv[j], want);
+    }
+    gs_handle_free(h);
+    step(ctx, n + 1, WAIT_BLOCK, 0, NULL);
   } else if (!strcmp(mode, "shutdown")) {
     if (argc != 3) usage();
     steps = n - 1;

@@ -10,6 +10,8 @@
  *   complete with the right values; later steps are fast again;
  * - a response cache smaller than the step's tensors;
  * - gs_barrier in fast mode still waits for every rank;
+ * - gs_unregister_local in fast mode, gs_barrier, then the name submitted:
+ *   a global op again (the barrier goes through the coordinator);
  * - a timeline started in fast mode brings the job back to the
  *   coordinator, which records the steps; fast again after it stops;
  * - a deadlock between cached tensors is still reported with the ranks
@@ -246,6 +248,31 @@ static void test_barrier_np3(void **state) {
   job_stop_coordinator(&w);
 }
 
+/* gs_unregister_local in fast mode, then gs_barrier, then every rank
+ * submits the name: the barrier goes through the coordinator (one request,
+ * one escalation on every rank), so every rank's unregistration has reached
+ * it before anybody's request; the op is a global sum again. The ranks
+ * unregister 100 ms apart (a rank clear in its round while its
+ * unregistration was still on its way let the barrier pass in a fast round,
+ * and the coordinator refused the next request as registered local on it:
+ * test_models' towers, about 1 run in 7). */
+static void test_unregister_then_barrier_np3(void **state) {
+  (void)state;
+  char *args[] = {"unregister", "4", NULL};
+  job w;
+  start_world(&w, 3, NULL, args);
+  expect_passed(&w);
+  for (int r = 0; r < 3; r++) {
+    char want[96];
+    snprintf(want, sizeof want, "fast: rank %d unregister barrier: requests=1 escalations=1\n", r);
+    job_expect_output(w.ranks[r], want);
+  }
+  /* fast mode before it (what the test is about) and again after */
+  expect_fast_step(&w, 4, STEP_OPS);
+  expect_fast_step_ex(&w, 5, STEP_OPS, 1);
+  job_stop_coordinator(&w);
+}
+
 /* An operator starts a timeline while the job runs in fast mode: the
  * coordinator's FastStop brings every rank back (the timeline must see
  * every request), the steps it records name the tensors, and once it
@@ -406,6 +433,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_cache_smaller_than_step_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_barrier_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_unregister_then_barrier_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_timeline_in_fast_mode_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_deadlock_reported_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_rank_leaves_during_round_np3, setup, job_teardown),
