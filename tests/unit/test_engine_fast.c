@@ -794,7 +794,7 @@ static void test_fast_pending_in_views_and_stalls(void **state) {
   gs__fast_pending p1[1] = {fp_of("a", id, 1100)};
   send_fast_pending(f, 0, p0, 2);
   send_fast_pending(f, 1, p1, 1);
-  send_full(f, 0, ar("t")); /* in the table, from rank 0 only */
+  send_full(f, 0, ar("t"));      /* in the table, from rank 0 only */
   assert_int_equal(nmsgs(f), 1); /* FastStop: t came without an escalation */
   assert_int_equal(msg_at(f, 0)->msg.kind, GS__MSG_FAST_STOP);
   gs__outbox_clear(&f->box);
