@@ -1298,9 +1298,31 @@ static void test_wrong_ring_key(void **state) {
   free_job(&j, rcs);
 }
 
-/* A port range of 50 from a pid-derived base: ports a rank may take. */
-static int range_base(void) {
-  return 20000 + (int)(getpid() % 20000);
+/* n consecutive ports of 127.0.0.1 that nothing holds now (each binds
+ * without SO_REUSEADDR, so a listener, a connection or a TIME_WAIT on it
+ * counts as taken), below the kernel's ephemeral ports, from a pid-derived
+ * start so that two test runs on one machine rarely look at the same ones.
+ * Returns the first port. */
+static int free_range(int n) {
+  static int next;
+  if (!next) next = 20000 + (int)(getpid() % 600) * 20;
+  for (int tries = 0; tries < 600; tries++) {
+    int base = next, ok = 1;
+    next += n;
+    if (next + n > 32000) next = 20000;
+    for (int k = 0; k < n && ok; k++) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      struct sockaddr_in sin = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)(base + k)),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+      assert_true(fd >= 0);
+      ok = bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0;
+      close(fd);
+    }
+    if (ok) return base;
+  }
+  fail_msg("no %d free consecutive ports of 127.0.0.1 in 20000-31999", n);
+  return -1;
 }
 
 /* Every rank of j published "<host>:<port>" with port in [lo, hi]. */
@@ -1320,14 +1342,19 @@ static void expect_published(const job *j, const char *host, int lo, int hi) {
 
 static void test_data_addr_and_port_range(void **state) {
   (void)state;
-  int lo = range_base(), hi = lo + 49;
-  job j = {.size = 3, .body = body_mixed, .data_addr = "127.0.0.1", .port_lo = lo, .port_hi = hi};
-  rank_ctx *rcs = run_job(&j);
-  assert_created(&j, rcs);
-  check_all_ok_and_equal(&j, rcs, 9);
-  /* bound to and advertised as GRADSYNC_DATA_ADDR, on a port of the range */
-  expect_published(&j, "127.0.0.1", lo, hi);
-  free_job(&j, rcs);
+  /* a range exactly as wide as the job: every rank starts at its bottom at
+   * once, and each must still end on a port of its own (two sockets may bind
+   * one port before either listens); a few jobs, to give that race a chance */
+  for (int round = 0; round < 4; round++) {
+    int lo = free_range(3), hi = lo + 2;
+    job j = {.size = 3, .body = body_mixed, .data_addr = "127.0.0.1", .port_lo = lo, .port_hi = hi};
+    rank_ctx *rcs = run_job(&j);
+    assert_created(&j, rcs);
+    check_all_ok_and_equal(&j, rcs, 9);
+    /* bound to and advertised as GRADSYNC_DATA_ADDR, on a port of the range */
+    expect_published(&j, "127.0.0.1", lo, hi);
+    free_job(&j, rcs);
+  }
 }
 
 static void test_port_range_in_use(void **state) {
@@ -2039,5 +2066,7 @@ int main(void) {
       cmocka_unit_test(test_rogue_connection_dropped),
       cmocka_unit_test(test_wrong_ring_key),
   };
+  /* GS_TEST_FILTER=test_name (a glob) runs only the tests it matches */
+  if (getenv("GS_TEST_FILTER")) cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
   return cmocka_run_group_tests(tests, setup_kv, teardown_kv);
 }

@@ -344,6 +344,44 @@ static int local_addr_toward(const char *coordinator, char *out, size_t outlen, 
   return GS__ERR_DATA_PLANE;
 }
 
+/* One listening socket of p on port (0: the kernel picks). Bind and listen
+ * both count: with SO_REUSEADDR two sockets that are not listening yet may
+ * bind the same port (two ranks of a host starting at the bottom of
+ * GRADSYNC_DATA_PORT_RANGE at once), and then the later listen fails with
+ * EADDRINUSE; the socket is then spent and the caller tries the next port
+ * with a fresh one. Returns the socket, or -1 with *e set. */
+static int listen_one(struct addrinfo *p, const char *node, int port, cc_pref *cc, int *e) {
+  int fd = socket(p->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 && !node && p->ai_family == AF_INET6) {
+    /* IPv6 disabled in this kernel: fall back to IPv4 */
+    struct sockaddr_in any4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    memcpy(p->ai_addr, &any4, sizeof any4);
+    p->ai_addrlen = sizeof any4;
+    p->ai_family = AF_INET;
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  }
+  if (fd < 0) {
+    *e = errno;
+    return -1;
+  }
+  int one = 1, zero = 0;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (p->ai_family == AF_INET6 && !node)
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  tune_socket(fd, cc); /* inherited by the accepted socket */
+  if (p->ai_family == AF_INET6)
+    ((struct sockaddr_in6 *)p->ai_addr)->sin6_port = htons((uint16_t)port);
+  else
+    ((struct sockaddr_in *)p->ai_addr)->sin_port = htons((uint16_t)port);
+  if (bind(fd, p->ai_addr, p->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+    *e = errno;
+    close(fd);
+    return -1;
+  }
+  *e = 0;
+  return fd;
+}
+
 /* Binds a listening socket: to data_addr when given (an IPv4 or IPv6
  * address or a host name), else to every interface (IPv6 dual-stack, or
  * IPv4 where the host has no IPv6); on the first free port of [lo, hi] when
@@ -373,46 +411,22 @@ static int listen_on(const char *data_addr, int lo, int hi, int rank, cc_pref *c
   int lfd = -1, e = 0;
   const char *where = node ? node : "all interfaces";
   for (struct addrinfo *p = ai; p && lfd < 0; p = p->ai_next) {
-    int fd = socket(p->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 && !node && p->ai_family == AF_INET6) {
-      /* IPv6 disabled in this kernel: fall back to IPv4 */
-      struct sockaddr_in any4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-      memcpy(p->ai_addr, &any4, sizeof any4);
-      p->ai_addrlen = sizeof any4;
-      p->ai_family = AF_INET;
-      fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    }
-    if (fd < 0) {
-      e = errno;
-      continue;
-    }
-    int one = 1, zero = 0;
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (p->ai_family == AF_INET6 && !node)
-      (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    tune_socket(fd, cc); /* inherited by the accepted socket */
     int first = lo > 0 ? lo : 0, last = lo > 0 ? hi : 0;
-    for (int port = first; port <= last; port++) {
-      if (p->ai_family == AF_INET6)
-        ((struct sockaddr_in6 *)p->ai_addr)->sin6_port = htons((uint16_t)port);
-      else
-        ((struct sockaddr_in *)p->ai_addr)->sin_port = htons((uint16_t)port);
-      if (bind(fd, p->ai_addr, p->ai_addrlen) == 0) {
-        e = 0;
-        break;
-      }
-      e = errno;
-      if (e != EADDRINUSE) break;
+    for (int port = first; port <= last && lfd < 0; port++) {
+      lfd = listen_one(p, node, port, cc, &e);
+      if (lfd < 0 && e != EADDRINUSE) break;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (e == 0 && listen(fd, 64) == 0 && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
-      *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
-      lfd = fd;
-    } else {
-      if (e == 0) e = errno;
-      close(fd);
+    if (lfd >= 0) {
+      struct sockaddr_storage ss;
+      socklen_t sl = sizeof ss;
+      if (getsockname(lfd, (struct sockaddr *)&ss, &sl) == 0) {
+        *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                   : ((struct sockaddr_in *)&ss)->sin_port);
+      } else {
+        e = errno;
+        close(lfd);
+        lfd = -1;
+      }
     }
   }
   freeaddrinfo(ai);
