@@ -220,7 +220,11 @@ static const gs__setting table[GS__S_COUNT] = {
                             "but opened no session within it."},
     [GS__S_DATA_TIMEOUT] = {"data_timeout_ms", NULL, "GRADSYNC_DATA_TIMEOUT_MS", NULL, GS__T_INT,
                             "60000", NULL, 1, DAY_MS, NULL, GS__FOR_WORKER, "MS",
-                            "Longest wait for a peer inside one step of a collective."},
+                            "Longest wait for a peer inside one step of a collective. A "
+                            "fast round (the fast path) waits for the other ranks to enter it "
+                            "without this bound, as they may still be computing: until they "
+                            "enter, one of them dies or leaves, or the job shuts down; then the "
+                            "bound applies."},
     [GS__S_SCALE_LOCAL] = {"scale_local", NULL, "GRADSYNC_SCALE_LOCAL", NULL, GS__T_BOOL, "1", NULL,
                            0, 1, NULL, GS__FOR_WORKER, "BOOL",
                            "An average on a local tensor returns input / size (0: input "

@@ -171,7 +171,8 @@ typedef struct gs__tcp_ring_opts {
                                  lets only that job rank write it), and the rank the
                                  ring's messages name for r; NULL = r */
   int connect_timeout_ms;     /* rendezvous + connect (e.g. the join timeout) */
-  int io_timeout_ms;          /* longest wait for a peer during a collective */
+  int io_timeout_ms;          /* longest wait for a peer during a collective
+                                 (agree: once every rank has entered) */
   gs__kv kv;
   /* The job's ring key (GS__SECRET_BYTES, from the JoinResponse; required
    * when size > 1): connections prove membership with HMAC-SHA256 under it. */

@@ -113,7 +113,8 @@ typedef struct gs_options {
   int join_timeout_ms;        /* -1 = GRADSYNC_JOIN_TIMEOUT_MS or 60000 */
   int data_timeout_ms;        /* -1 = GRADSYNC_DATA_TIMEOUT_MS or 60000:
                                  longest wait for a peer inside one step
-                                 of a collective */
+                                 of a collective (a fast round waits for
+                                 the peers to enter it without a bound) */
   int scale_local;            /* -1 = GRADSYNC_SCALE_LOCAL or 1: an average
                                  on a local tensor returns input / size
                                  (as Horovod's scale_local_gradients) */
