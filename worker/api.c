@@ -785,6 +785,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
     unsigned hv;
     HASH_VALUE(hs[i]->req.name, len, hv);
     hs[i]->hh.hashv = hv;
+    hs[i]->hh.keylen = (unsigned)len; /* (HASH_ADD below sets it again) */
     HASH_FIND_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, len, hv, dup);
     for (size_t k = 0; k < i && !dup; k++)
       if (!strcmp(hs[k]->req.name, hs[i]->req.name)) dup = hs[k];
@@ -801,8 +802,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   uint64_t now = fast ? gs__now_ms() : 0;
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
-    HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, strlen(h->req.name), h->hh.hashv,
-                                h);
+    HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, h->hh.keylen, h->hh.hashv, h);
     if (fast) {
       h->fast = 1;
       h->fast_seq = ++ctx->fast_seq;
@@ -1078,6 +1078,9 @@ gs_status gs_reduce_op_from_string(const char *name, gs_reduce_op *out) {
 
 int gs_is_local(gs_ctx *ctx, const char *name) {
   if (!ctx || !name) return 0;
+  /* A registration made before this call (in this thread, or published to
+   * it) is seen: its count is stored with release order. */
+  if (!atomic_load_explicit(&ctx->nlocals, memory_order_acquire)) return 0;
   gs__local *l = NULL;
   pthread_mutex_lock(&ctx->mu);
   HASH_FIND_STR(ctx->locals, name, l);
@@ -1127,6 +1130,7 @@ gs_status gs_register_local(gs_ctx *ctx, const char *name) {
     } else {
       snprintf(l->name, sizeof l->name, "%s", name);
       HASH_ADD_STR(ctx->locals, name, l);
+      atomic_store_explicit(&ctx->nlocals, HASH_COUNT(ctx->locals), memory_order_release);
     }
   }
   int kick = !st && gs__regs_due_locked(ctx) && gs__comm_wake_locked(ctx, 0);
@@ -1147,6 +1151,7 @@ gs_status gs_unregister_local(gs_ctx *ctx, const char *name) {
     } else {
       HASH_DEL(ctx->locals, l);
       free(l);
+      atomic_store_explicit(&ctx->nlocals, HASH_COUNT(ctx->locals), memory_order_release);
     }
   }
   int kick = !st && gs__regs_due_locked(ctx) && gs__comm_wake_locked(ctx, 0);

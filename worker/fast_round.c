@@ -52,6 +52,16 @@ typedef struct fast_state {
   gs__plan_tensor *tensors;
   gs__response *resps;
   size_t commoncap;
+  /* The plan built last (tensors, resps, order, starts above): the cache
+   * ids of its common set in order, its responses and bytes, the fusion
+   * threshold it used. A round whose common set is the same ids runs it
+   * again with only its ops replaced: a cache id names one request for
+   * good (ids are never reused), so the same ids give the same plan. The
+   * usual steady state: every step the same tensors. */
+  uint32_t *last_ids;
+  size_t nlast, nlast_resp, lastcap;
+  uint64_t last_bytes, last_threshold;
+  int last_valid;
 } fast_state;
 
 /* ---- the live cache ids (comm thread writes, under mu) ------------------- */
@@ -108,7 +118,7 @@ void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h) {
       r->group_id)
     return;
   gs__wcache *c = NULL;
-  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, r->name, strlen(r->name), h->hh.hashv, c);
+  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, r->name, h->hh.keylen, h->hh.hashv, c);
   if (!c || !gs__tensor_request_equal(&c->req, r)) return;
   h->fast_id = c->id;
   h->fast_slot = c->slot;
@@ -303,6 +313,7 @@ void gs__fast_state_free(gs_ctx *ctx) {
   free(st->taken);
   free(st->tensors);
   free(st->resps);
+  free(st->last_ids);
   free(st);
   ctx->fast_state = NULL;
 }
@@ -327,6 +338,7 @@ static int common_room(fast_state *st, size_t n) {
   if (tensors) st->tensors = tensors;
   gs__response *resps = realloc(st->resps, c * sizeof *resps);
   if (resps) st->resps = resps;
+  st->last_valid = 0; /* resps point into tensors, which may have moved */
   if (!reqs || !common || !ops || !order || !starts || !taken || !tensors || !resps) return -1;
   st->commoncap = c;
   return 0;
@@ -400,6 +412,53 @@ static void count_round_locked(gs_ctx *ctx, size_t ncoll, size_t ntensors, uint6
   ctx->fast_report.bytes += bytes;
   ctx->stats.fast_rounds++;
   ctx->stats.fast_tensors += ntensors;
+}
+
+/* Builds the plan of the common set (st->common, ncommon ops, ascending
+ * cache id) into st->tensors / resps / order / starts / ops with the
+ * engine's fusion rule, and remembers it for the next round (see
+ * fast_state). Returns the number of responses; *bytes the set's bytes. */
+static size_t build_plan(fast_state *st, size_t ncommon, uint64_t threshold, uint64_t *bytes) {
+  size_t nresp = gs__fusion_group(st->reqs, ncommon, threshold, st->taken, st->order, st->starts);
+  *bytes = 0;
+  for (size_t i = 0; i < ncommon; i++) {
+    const struct gs_handle *h = st->common[st->order[i]];
+    gs__plan_tensor *t = &st->tensors[i];
+    size_t len = strlen(h->req.name);
+    memcpy(t->name, h->req.name, len + 1);
+    t->ndim = h->req.ndim;
+    memcpy(t->shape, h->req.shape, (size_t)h->req.ndim * sizeof *t->shape);
+    t->nrank_dims = 0;
+    t->rank_dims = NULL;
+    t->cache_id = h->fast_id;
+    st->ops[i] = st->common[st->order[i]];
+    *bytes += gs__tensor_bytes(h->req.dtype, h->req.shape, h->req.ndim);
+  }
+  for (size_t r = 0; r < nresp; r++) {
+    const gs__tensor_request *q = &st->ops[st->starts[r]]->req;
+    gs__response *rp = &st->resps[r];
+    memset(rp, 0, sizeof *rp);
+    rp->kind = GS__RESP_COLLECTIVE;
+    rp->op = q->op;
+    rp->dtype = q->dtype;
+    rp->reduce_op = q->reduce_op;
+    rp->prescale = q->prescale;
+    rp->postscale = q->postscale;
+    rp->root_rank = q->root_rank;
+    rp->device = q->device;
+    rp->ntensors = st->starts[r + 1] - st->starts[r];
+    rp->tensors = &st->tensors[st->starts[r]];
+  }
+  st->last_valid = 0;
+  if (!grow((void **)&st->last_ids, &st->lastcap, ncommon ? ncommon : 1, sizeof *st->last_ids)) {
+    for (size_t i = 0; i < ncommon; i++) st->last_ids[i] = st->common[i]->fast_id;
+    st->nlast = ncommon;
+    st->nlast_resp = nresp;
+    st->last_bytes = *bytes;
+    st->last_threshold = threshold;
+    st->last_valid = 1;
+  }
+  return nresp;
 }
 
 void gs__fast_round(gs_ctx *ctx) {
@@ -523,36 +582,18 @@ void gs__fast_round(gs_ctx *ctx) {
   uint64_t threshold = ctx->join.config.fusion_threshold_bytes;
   pthread_mutex_unlock(&ctx->mu);
 
-  /* The plan every rank builds alike from the same common set and cache. */
-  size_t nresp = gs__fusion_group(st->reqs, ncommon, threshold, st->taken, st->order, st->starts);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < ncommon; i++) {
-    const struct gs_handle *h = st->common[st->order[i]];
-    gs__plan_tensor *t = &st->tensors[i];
-    size_t len = strlen(h->req.name);
-    memcpy(t->name, h->req.name, len + 1);
-    t->ndim = h->req.ndim;
-    memcpy(t->shape, h->req.shape, (size_t)h->req.ndim * sizeof *t->shape);
-    t->nrank_dims = 0;
-    t->rank_dims = NULL;
-    t->cache_id = h->fast_id;
-    st->ops[i] = st->common[st->order[i]];
-    bytes += gs__tensor_bytes(h->req.dtype, h->req.shape, h->req.ndim);
-  }
-  for (size_t r = 0; r < nresp; r++) {
-    const gs__tensor_request *q = &st->ops[st->starts[r]]->req;
-    gs__response *rp = &st->resps[r];
-    memset(rp, 0, sizeof *rp);
-    rp->kind = GS__RESP_COLLECTIVE;
-    rp->op = q->op;
-    rp->dtype = q->dtype;
-    rp->reduce_op = q->reduce_op;
-    rp->prescale = q->prescale;
-    rp->postscale = q->postscale;
-    rp->root_rank = q->root_rank;
-    rp->device = q->device;
-    rp->ntensors = st->starts[r + 1] - st->starts[r];
-    rp->tensors = &st->tensors[st->starts[r]];
+  /* The plan every rank builds alike from the same common set and cache,
+   * or the last one again when the common set is the same ids. */
+  int same = st->last_valid && st->nlast == ncommon && st->last_threshold == threshold;
+  for (size_t i = 0; same && i < ncommon; i++) same = st->last_ids[i] == st->common[i]->fast_id;
+  size_t nresp;
+  uint64_t bytes;
+  if (same) {
+    nresp = st->nlast_resp;
+    bytes = st->last_bytes;
+    for (size_t i = 0; i < ncommon; i++) st->ops[i] = st->common[st->order[i]];
+  } else {
+    nresp = build_plan(st, ncommon, threshold, &bytes);
   }
   /* Counted before the ops complete, so that a thread that waited for
    * them sees the round in gs_get_stats. */

@@ -156,6 +156,9 @@ struct gs_ctx {
   int joined;               /* in gs_join: contribute zeros (under mu) */
   int scale_local;
   gs__local *locals; /* under mu */
+  /* HASH_COUNT(locals), written under mu (release): gs_is_local skips the
+   * lock and the name's hash while no name is local, on every submission. */
+  atomic_size_t nlocals;
   /* Registrations not yet told to the coordinator (under mu). In fast
    * mode they are held for the escalation they force: see
    * gs__regs_due_locked. */
@@ -323,7 +326,7 @@ int gs__fast_work_locked(const gs_ctx *ctx);
 /* Runs one fast round, or escalates (exec thread, without ctx->mu). */
 void gs__fast_round(gs_ctx *ctx);
 /* The slot and cache id of an op submitted in fast mode (caller holds
- * ctx->mu; h is in ctx->inflight, so hh.hashv is its name's hash). */
+ * ctx->mu; h is in ctx->inflight, so hh.hashv and hh.keylen are its name's hash and length). */
 void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h);
 /* fast_round.c: a plan assigned / evicted cache id id (comm thread, caller
  * holds ctx->mu). Out of memory sets live_oom. */
