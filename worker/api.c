@@ -768,6 +768,18 @@ int gs_local_size(const gs_ctx *ctx) {
 /* Hands n ops to the background thread atomically: all are queued, or none
  * (a failed job, shutdown, or a name already in flight). */
 static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
+  /* The name is hashed here once, before taking the lock: the table of ops
+   * in flight keeps the value and the length (hh.hashv, hh.keylen), and
+   * the response cache, keyed by the same name, is searched with them
+   * (fast_round.c at submission in fast mode, background.c when the
+   * request goes out). */
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(hs[i]->req.name);
+    unsigned hv;
+    HASH_VALUE(hs[i]->req.name, len, hv);
+    hs[i]->hh.hashv = hv;
+    hs[i]->hh.keylen = (unsigned)len;
+  }
   pthread_mutex_lock(&ctx->mu);
   gs_status st = GS_OK;
   if (ctx->fatal) {
@@ -777,16 +789,9 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
         gs__set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", hs[0]->req.name);
   }
   for (size_t i = 0; i < n && !st; i++) {
-    /* The name is hashed here once: the table of ops in flight keeps the
-     * value (hh.hashv), and the response cache, keyed by the same name,
-     * is searched with it when the request goes out (background.c). */
     struct gs_handle *dup = NULL;
-    size_t len = strlen(hs[i]->req.name);
-    unsigned hv;
-    HASH_VALUE(hs[i]->req.name, len, hv);
-    hs[i]->hh.hashv = hv;
-    hs[i]->hh.keylen = (unsigned)len; /* (HASH_ADD below sets it again) */
-    HASH_FIND_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, len, hv, dup);
+    HASH_FIND_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, hs[i]->hh.keylen, hs[i]->hh.hashv,
+                          dup);
     for (size_t k = 0; k < i && !dup; k++)
       if (!strcmp(hs[k]->req.name, hs[i]->req.name)) dup = hs[k];
     if (dup)

@@ -586,9 +586,11 @@ void gs__fast_round(gs_ctx *ctx) {
    * or the last one again when the common set is the same ids. */
   int same = st->last_valid && st->nlast == ncommon && st->last_threshold == threshold;
   for (size_t i = 0; same && i < ncommon; i++) same = st->last_ids[i] == st->common[i]->fast_id;
-  size_t nresp;
-  uint64_t bytes;
-  if (same) {
+  size_t nresp = 0;
+  uint64_t bytes = 0;
+  if (!ncommon) {
+    /* a barrier alone: no plan (and the last one stays for the next step) */
+  } else if (same) {
     nresp = st->nlast_resp;
     bytes = st->last_bytes;
     for (size_t i = 0; i < ncommon; i++) st->ops[i] = st->common[st->order[i]];
