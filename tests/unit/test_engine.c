@@ -19,48 +19,12 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine_fixture.h"
 #include "fusion_layout.h"
 #include "messages.h"
 #include "status.h"
 
-#define assert_contains(hay, needle)                                                               \
-  do {                                                                                             \
-    const char *hay_ = (hay), *needle_ = (needle);                                                 \
-    if (!hay_ || !strstr(hay_, needle_)) {                                                         \
-      print_error("expected \"%s\" in \"%s\"\n", needle_, hay_ ? hay_ : "(null)");                 \
-      fail();                                                                                      \
-    }                                                                                              \
-  } while (0)
-
 /* ---- fixture ----------------------------------------------------------------- */
-
-typedef struct fx {
-  gs__engine *e;
-  gs__outbox box;
-  uint64_t now; /* the fake clock, in ms */
-  int32_t world;
-} fx;
-
-static int setup(void **state) {
-  fx *f = calloc(1, sizeof *f);
-  if (!f) return -1;
-  f->now = 1000000;
-  *state = f;
-  return 0;
-}
-
-static int teardown(void **state) {
-  fx *f = *state;
-  gs__outbox_free(&f->box);
-  gs__engine_destroy(f->e);
-  free(f);
-  return 0;
-}
-
-static uint64_t tick(fx *f) {
-  f->now += 10;
-  return f->now;
-}
 
 /* An engine that plans every ready tensor at once (room for any number of
  * plans in flight); with fusion_bytes 0 it never fuses (each tensor gets its
@@ -144,44 +108,6 @@ static void connect_all(fx *f) {
 static void start_world(fx *f, int32_t n) {
   make_engine(f, n, NULL);
   connect_all(f);
-}
-
-/* The non-log items of the outbox. */
-static size_t nmsgs(const fx *f) {
-  size_t n = 0;
-  for (size_t i = 0; i < f->box.n; i++)
-    if (f->box.items[i].kind != GS__OUT_LOG) n++;
-  return n;
-}
-
-static const gs__out *msg_at(const fx *f, size_t k) {
-  for (size_t i = 0; i < f->box.n; i++)
-    if (f->box.items[i].kind != GS__OUT_LOG && k-- == 0) return &f->box.items[i];
-  fail_msg("outbox holds fewer than %zu messages", k + 1);
-  return NULL;
-}
-
-/* The one message in the outbox. */
-static const gs__out *only_msg(const fx *f) {
-  assert_int_equal(nmsgs(f), 1);
-  return msg_at(f, 0);
-}
-
-/* The one plan in the outbox, checked to go to every rank. */
-static const gs__plan *only_plan(const fx *f) {
-  const gs__out *o = only_msg(f);
-  assert_int_equal(o->kind, GS__OUT_TO_ALL);
-  assert_int_equal(o->msg.kind, GS__MSG_PLAN);
-  return &o->msg.plan;
-}
-
-/* Whether some log line contains s. */
-static int logged(const fx *f, const char *s) {
-  for (size_t i = 0; i < f->box.n; i++)
-    if (f->box.items[i].kind == GS__OUT_LOG && f->box.items[i].text &&
-        strstr(f->box.items[i].text, s))
-      return 1;
-  return 0;
 }
 
 static gs__tensor_request req_of(const char *name, gs__op_type op, const int64_t *shape, int ndim) {

@@ -22,47 +22,11 @@
 
 #include "codec.h"
 #include "engine.h"
+#include "engine_fixture.h"
 #include "messages.h"
 #include "status.h"
 
-#define assert_contains(hay, needle)                                                               \
-  do {                                                                                             \
-    const char *hay_ = (hay), *needle_ = (needle);                                                 \
-    if (!hay_ || !strstr(hay_, needle_)) {                                                         \
-      print_error("expected \"%s\" in \"%s\"\n", needle_, hay_ ? hay_ : "(null)");                 \
-      fail();                                                                                      \
-    }                                                                                              \
-  } while (0)
-
 /* ---- fixture ----------------------------------------------------------------- */
-
-typedef struct fx {
-  gs__engine *e;
-  gs__outbox box;
-  uint64_t now; /* the fake clock, in ms */
-  int32_t world;
-} fx;
-
-static int setup(void **state) {
-  fx *f = calloc(1, sizeof *f);
-  if (!f) return -1;
-  f->now = 1000000;
-  *state = f;
-  return 0;
-}
-
-static int teardown(void **state) {
-  fx *f = *state;
-  gs__outbox_free(&f->box);
-  gs__engine_destroy(f->e);
-  free(f);
-  return 0;
-}
-
-static uint64_t tick(fx *f) {
-  f->now += 10;
-  return f->now;
-}
 
 /* An engine of n ranks, every rank joined (as host-<r>, pid 1000 + r) and
  * connected, outbox empty. No fusion (one response per tensor), a cache of
@@ -119,37 +83,6 @@ static void start_ex(fx *f, int32_t n, int fast_path, uint32_t cache_capacity) {
 
 static void start(fx *f, int32_t n) {
   start_ex(f, n, 1, 1024);
-}
-
-static size_t nmsgs(const fx *f) {
-  size_t n = 0;
-  for (size_t i = 0; i < f->box.n; i++)
-    if (f->box.items[i].kind != GS__OUT_LOG) n++;
-  return n;
-}
-
-static const gs__out *msg_at(const fx *f, size_t k) {
-  for (size_t i = 0; i < f->box.n; i++)
-    if (f->box.items[i].kind != GS__OUT_LOG && k-- == 0) return &f->box.items[i];
-  fail_msg("outbox holds fewer than %zu messages", k + 1);
-  return NULL;
-}
-
-static const gs__plan *only_plan(const fx *f) {
-  assert_int_equal(nmsgs(f), 1);
-  const gs__out *o = msg_at(f, 0);
-  assert_int_equal(o->kind, GS__OUT_TO_ALL);
-  assert_int_equal(o->msg.kind, GS__MSG_PLAN);
-  return &o->msg.plan;
-}
-
-/* The log line containing s, or NULL. */
-static const char *logged(const fx *f, const char *s) {
-  for (size_t i = 0; i < f->box.n; i++)
-    if (f->box.items[i].kind == GS__OUT_LOG && f->box.items[i].text &&
-        strstr(f->box.items[i].text, s))
-      return f->box.items[i].text;
-  return NULL;
 }
 
 static gs__engine_stats stats(const fx *f) {
