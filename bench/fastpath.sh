@@ -20,6 +20,8 @@ set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
 nps="2 4"
@@ -87,18 +89,6 @@ for r in $(seq 1 "$rounds"); do
 done
 rm -f "$out.err"
 
-# med CASE KEY NP: median over rounds of KEY in the CASE lines.
-med() {
-  awk -v c="$1" -v k="$2" -v np="$3" '
-    $1 == "CASE" && $2 == c && $4 == "np=" np {
-      for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) a[n++] = kv[2] + 0 }
-    }
-    END {
-      if (!n) { print "nan"; exit }
-      for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-      print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2
-    }' "$out"
-}
 us() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.0f", a * 1000 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
 
