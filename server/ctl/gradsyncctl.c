@@ -374,9 +374,10 @@ static int cmd_status(ctl *c, int ranks_only) {
            (unsigned long long)st.tensors_planned, st.mean_tensors_per_op);
     printf("negotiated:   %llu bytes; response cache hit rate %.1f%%\n",
            (unsigned long long)st.bytes_negotiated, st.cache_hit_rate * 100.0);
-    printf("fast path:    %llu rounds, %llu tensors, %llu collectives (largest rank's count)\n",
-           (unsigned long long)st.fast_rounds, (unsigned long long)st.fast_tensors,
-           (unsigned long long)st.fast_collectives);
+    printf("fast path:    %llu round%s, %llu tensor%s, %llu collective%s (largest rank's count)\n",
+           (unsigned long long)st.fast_rounds, st.fast_rounds == 1 ? "" : "s",
+           (unsigned long long)st.fast_tensors, st.fast_tensors == 1 ? "" : "s",
+           (unsigned long long)st.fast_collectives, st.fast_collectives == 1 ? "" : "s");
     printf("pending:      %llu tensors\n", (unsigned long long)st.pending_tensors);
     printf("settings:    ");
     for (size_t i = 0; i < st.nsettings; i++)

@@ -332,6 +332,11 @@ try:
           "timeline stop with none running: " + r.stderr)
     r = ctl(addr, "status", token="")
     check(r.returncode == 0 and "2 connected" in r.stdout, "--diagnostics-open: status without token")
+    fp = re.search(r"^fast path: +(\d+) (rounds?), (\d+) (tensors?), (\d+) (collectives?) ",
+                   r.stdout, re.M)
+    check(fp and all((fp.group(i) == "1") == (not fp.group(i + 1).endswith("s"))
+                     for i in (1, 3, 5)),
+          "status's fast path line: singular for 1, plural otherwise:\n" + r.stdout)
     r = ctl(addr, "abort", "no token", token="")
     check(r.returncode == 1 and "refused" in r.stderr, "--diagnostics-open: abort without token refused")
     r = ctl(addr, "abort", "operator test abort")
