@@ -138,8 +138,9 @@ static const gs__setting table[GS__S_COUNT] = {
         {"grpc_memory_max_bytes", "--grpc-memory-max-bytes", "GRADSYNC_GRPC_MEMORY_MAX_BYTES", NULL,
          GS__T_INT, "536870912", NULL, 16 << 20, 1LL << 40, NULL, GS__FOR_SERVER, "BYTES",
          "gRPC's memory quota for all that the connections buffer, also before a call's token "
-         "is checked; it also sets how many requests of the open methods (health checks) "
-         "gRPC reads at once: one per 256 MiB, 1 to 16 (the rest wait unread, 256 at most). A "
+         "is checked; it also sets how many messages of the open methods (health checks, "
+         "reflection) gRPC reads at once: one per 256 MiB, 1 to 16 (the rest wait unread, 256 at "
+         "most, served by connection in turn). A "
          "backstop: past it gRPC closes idle connections and cancels streams of "
          "its choice, a rank's too (RESOURCE_EXHAUSTED, RST_STREAM code 11), so keep it well "
          "above the job's needs; each peer is bounded first by --max-streams-per-connection, "

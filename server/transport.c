@@ -53,15 +53,20 @@
 /* Header bytes (all metadata of one batch) a call may carry: the token and
  * the rank's identity need under 300. */
 #define MAX_METADATA_BYTES (16 << 10)
-/* Open methods (no token: health checks) whose request gRPC reads at
- * once: one per OPEN_READ_QUOTA_SHARE bytes of the gRPC memory quota (each
- * may be up to GS__MAX_MESSAGE while gRPC reads it, before its length can
- * be judged), at least 1 and at most MAX_OPEN_READS. The rest wait, unread,
- * in a FIFO of at most MAX_OPEN_QUEUED calls; past it a call is refused. A
- * waiting call's message stays in the peer but for the HTTP/2 stream window
- * (64 KiB: the BDP probe, which grows every stream's window, is off).
- * Not gated: the reflection streams (bidi), whose messages gRPC reads as
- * they come (docs/security.md, Bounded memory). */
+/* Messages of the open methods (no token: health checks, reflection; each
+ * message of a reflection stream) that gRPC reads at once: one per
+ * OPEN_READ_QUOTA_SHARE bytes of the gRPC memory quota (each may be up to
+ * GS__MAX_MESSAGE while gRPC reads it, before its length can be judged), at
+ * least 1 and at most MAX_OPEN_READS. The rest wait, unread, at most
+ * MAX_OPEN_QUEUED calls in all, in one FIFO per connection, the connections
+ * served in rounds (open_next_waiting): a probe on its own connection waits
+ * for at most one read of each other connection, however many calls one of
+ * them queued.
+ * When the queue is full, a call from a connection with fewer waiting calls
+ * than the one with most takes the place of that one's newest call (which
+ * is refused); otherwise it is refused itself. A waiting call's message
+ * stays in the peer but for the HTTP/2 stream window (64 KiB: the BDP
+ * probe, which grows every stream's window, is off). */
 #define MAX_OPEN_READS 16
 #define OPEN_READ_QUOTA_SHARE ((size_t)4 * GS__MAX_MESSAGE)
 #define MAX_OPEN_QUEUED 256
@@ -69,6 +74,15 @@
  * long is cut off (DEADLINE_EXCEEDED), so that calls that never send cannot
  * hold the read slots: a health request is a few bytes. */
 #define OPEN_READ_TIMEOUT_MS 2000
+/* ... and a unary or server-streaming one after this long when a call of
+ * another connection waits, so that a probe waits for at most about this
+ * long per read slot (plus a tick) rather than OPEN_READ_TIMEOUT_MS for a
+ * flooder's call that never sends: gRPC clients send the request of such a
+ * call with the call, and a waiting call's request is already in
+ * gradsyncd's stream window when its read begins. Not for streams: a
+ * client may send a stream's messages later (measured: python3-grpcio's
+ * reflection streams under load). */
+#define OPEN_READ_YIELD_MS 250
 /* Warnings about refused requests (one per call a peer makes): at most
  * this many a second, then one line saying how many were suppressed. */
 #define MAX_REFUSAL_WARNINGS_PER_S 5
@@ -133,11 +147,24 @@ struct gs__call {
   int send_busy, finishing, status_sent;
   grpc_status_code final_status;
   char *final_msg;
-  /* open methods: waiting for a read slot (in srv's FIFO), or reading */
+  /* open methods: waiting for a read slot (in its connection's FIFO), or
+   * reading */
   int open_waiting, open_reading, open_cut;
   uint64_t open_read_since;
+  struct open_peer *open_group;
   struct gs__call *open_prev, *open_next;
 };
+
+/* The open calls of one connection (gRPC's peer string: address and port)
+ * that wait for a read slot, oldest first. Owned by the server; freed when
+ * its last call leaves. */
+typedef struct open_peer {
+  char *peer;
+  struct gs__call *head, *tail;
+  size_t n;
+  uint64_t round; /* the round in which it is served next (srv's open_round) */
+  struct open_peer *prev, *next;
+} open_peer;
 
 struct gs__server {
   gs__server_opts o;
@@ -157,10 +184,12 @@ struct gs__server {
   size_t live_calls;
   tag t_shutdown;
   gs__tls_files *tls; /* NULL: plaintext */
-  /* open-method requests being read, and the FIFO of those waiting */
+  /* open-method messages being read; the connections with calls waiting
+   * for a read, in the order they joined */
   size_t open_reading, open_waiting, max_open_reads;
   gs__call *open_readers[MAX_OPEN_READS];
-  gs__call *open_head, *open_tail;
+  open_peer *open_peers;
+  uint64_t open_round; /* the round of the connection served last */
   /* refusal warnings: the current one-second window */
   uint64_t warn_window_ms;
   unsigned warn_count, warn_suppressed;
@@ -458,6 +487,12 @@ static int is_open(const gs__call *c) {
   return c->srv->methods[c->idx].m->auth == GS__AUTH_OPEN;
 }
 
+static int is_bidi(const gs__call *c) {
+  return c->srv->methods[c->idx].m->kind == GS__RPC_BIDI;
+}
+
+static void stream_arm_recv(gs__call *c);
+
 static void open_read_start(gs__call *c) {
   gs__server *s = c->srv;
   for (size_t i = 0; i < MAX_OPEN_READS; i++) {
@@ -465,73 +500,204 @@ static void open_read_start(gs__call *c) {
     s->open_readers[i] = c;
     s->open_reading++;
     c->open_reading = 1;
+    c->open_cut = 0;
     c->open_read_since = gs__now_ms();
-    payload_arm(c);
+    if (is_bidi(c))
+      stream_arm_recv(c);
+    else
+      payload_arm(c);
     return;
   }
   GS_LOG_ERROR("internal: no free open read slot");
   abort();
 }
 
-/* Cuts off the open calls that are read for longer than
- * OPEN_READ_TIMEOUT_MS; their slots free when the read completes. */
+static open_peer *open_peer_find(gs__server *s, const char *peer);
+
+/* Cuts off the open calls whose message has not arrived OPEN_READ_TIMEOUT_MS
+ * after its read began (the first or only message of a call at once, a
+ * stream's later one only while other calls wait: a reflection client may
+ * pause between questions while nobody needs the slot), or
+ * OPEN_READ_YIELD_MS after it (not streams) while a call of another
+ * connection waits.
+ * Their slots free when the read completes. */
 static void open_reads_check(gs__server *s, uint64_t now) {
   for (size_t i = 0; i < MAX_OPEN_READS; i++) {
     gs__call *c = s->open_readers[i];
-    if (!c || c->open_cut || now - c->open_read_since < OPEN_READ_TIMEOUT_MS) continue;
+    if (!c || c->open_cut) continue;
+    uint64_t held = now - c->open_read_since;
+    int timed_out = held >= OPEN_READ_TIMEOUT_MS && (!c->got_first || s->open_waiting);
+    if (!timed_out) {
+      if (is_bidi(c) || held < OPEN_READ_YIELD_MS || !s->open_peers) continue;
+      /* another connection waits: any but this call's own */
+      const open_peer *own = open_peer_find(s, gs__call_peer(c));
+      if (own && own == s->open_peers && !own->next) continue;
+    }
     c->open_cut = 1;
-    char msg[300];
-    snprintf(msg, sizeof msg,
-             "the request of this %s call did not arrive within %d ms; gradsyncd reads only %zu "
-             "requests of open calls (health checks) at once and cut this one off",
-             call_path(c), OPEN_READ_TIMEOUT_MS, s->max_open_reads);
+    char msg[400];
+    if (!timed_out)
+      snprintf(msg, sizeof msg,
+               "the request of this %s call did not arrive within %d ms while calls of other "
+               "connections waited; gradsyncd reads only %zu requests of open calls (health "
+               "checks, reflection) at once and cut this one off; send the request with the call "
+               "and try again",
+               call_path(c), OPEN_READ_YIELD_MS, s->max_open_reads);
+    else if (c->got_first)
+      snprintf(msg, sizeof msg,
+               "the next message of this %s stream did not arrive within %d ms while other open "
+               "calls waited; gradsyncd reads only %zu messages of open calls (health checks, "
+               "reflection) at once and cut this one off; open a new stream to ask again",
+               call_path(c), OPEN_READ_TIMEOUT_MS, s->max_open_reads);
+    else
+      snprintf(msg, sizeof msg,
+               "the request of this %s call did not arrive within %d ms; gradsyncd reads only %zu "
+               "requests of open calls (health checks) at once and cut this one off",
+               call_path(c), OPEN_READ_TIMEOUT_MS, s->max_open_reads);
     warn_refused(c, msg);
     grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
   }
 }
 
+static open_peer *open_peer_find(gs__server *s, const char *peer) {
+  for (open_peer *p = s->open_peers; p; p = p->next)
+    if (strcmp(p->peer, peer) == 0) return p;
+  return NULL;
+}
+
+/* The connection with the most waiting calls (at most MAX_OPEN_QUEUED of
+ * them: the scan is bounded). */
+static open_peer *open_peer_largest(gs__server *s) {
+  open_peer *big = NULL;
+  for (open_peer *p = s->open_peers; p; p = p->next)
+    if (!big || p->n > big->n) big = p;
+  return big;
+}
+
 static void open_unlink(gs__call *c) {
   gs__server *s = c->srv;
+  open_peer *p = c->open_group;
   if (c->open_prev)
     c->open_prev->open_next = c->open_next;
   else
-    s->open_head = c->open_next;
+    p->head = c->open_next;
   if (c->open_next)
     c->open_next->open_prev = c->open_prev;
   else
-    s->open_tail = c->open_prev;
+    p->tail = c->open_prev;
   c->open_prev = c->open_next = NULL;
+  c->open_group = NULL;
   c->open_waiting = 0;
   s->open_waiting--;
+  if (--p->n) return;
+  /* its last call left: the connection leaves the rounds */
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    s->open_peers = p->next;
+  if (p->next) p->next->prev = p->prev;
+  free(p->peer);
+  free(p);
 }
 
-/* The request of a call that passed the auth check is read: at once for
- * the token methods; for the open methods, while fewer than max_open_reads
- * are being read, else once one of those is done (FIFO), or refused when
- * MAX_OPEN_QUEUED wait already. A peer without the token thus makes gRPC
- * hold at most max_open_reads messages, whoever else floods. */
-static void payload_request(gs__call *c) {
+/* The call read next: the oldest waiting one of the connection with the
+ * earliest round (the one that joined first of those), which then waits
+ * for the next round. A connection that joins takes the current round: it
+ * is served after the others of that round, before those served in it
+ * already, so a probe waits for at most one read of each other connection,
+ * also when a flooder opens new ones. A scan of at most MAX_OPEN_QUEUED. */
+static gs__call *open_next_waiting(gs__server *s) {
+  open_peer *p = NULL;
+  for (open_peer *q = s->open_peers; q; q = q->next)
+    if (!p || q->round < p->round) p = q;
+  if (!p) return NULL;
+  s->open_round = p->round++;
+  gs__call *c = p->head;
+  open_unlink(c);
+  return c;
+}
+
+/* An open call that finds the queue full (or no memory to queue it) is
+ * refused unread. */
+static void open_refuse(gs__call *c) {
+  gs__server *s = c->srv;
+  char msg[300];
+  snprintf(msg, sizeof msg,
+           "gradsyncd reads at most %zu requests of open calls (health checks) at once and "
+           "queues %d more; this %s call was refused unread; try again",
+           s->max_open_reads, MAX_OPEN_QUEUED, call_path(c));
+  warn_refused(c, msg);
+  if (s->methods[c->idx].m->kind == GS__RPC_UNARY)
+    unary_finish(c, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+  else
+    gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+}
+
+/* Queues c at the end of its connection's FIFO; a new connection joins the
+ * round last. Returns -1 (nothing queued) when out of memory. */
+static int open_enqueue(gs__call *c, open_peer *p) {
+  gs__server *s = c->srv;
+  if (!p) {
+    p = calloc(1, sizeof *p);
+    if (!p || !(p->peer = strdup(gs__call_peer(c)))) {
+      free(p);
+      return -1;
+    }
+    open_peer *last = s->open_peers;
+    while (last && last->next) last = last->next;
+    p->prev = last;
+    if (last)
+      last->next = p;
+    else
+      s->open_peers = p;
+    p->round = s->open_round;
+  }
+  c->open_group = p;
+  c->open_prev = p->tail;
+  if (p->tail)
+    p->tail->open_next = c;
+  else
+    p->head = c;
+  p->tail = c;
+  p->n++;
+  c->open_waiting = 1;
+  s->open_waiting++;
+  return 0;
+}
+
+/* The next message of a call that passed the auth check is read: at once
+ * for the token methods; for the open methods (every message of a
+ * reflection stream, too), while fewer than max_open_reads are being read,
+ * else when its connection's turn comes, or refused when MAX_OPEN_QUEUED
+ * wait already and its connection has as many waiting as any other. A
+ * peer without the token thus makes gRPC hold at most max_open_reads
+ * messages, whoever else floods, and a flood costs other connections at
+ * most one read each of the flooder's in turn. */
+static void read_request(gs__call *c) {
   gs__server *s = c->srv;
   if (!is_open(c)) {
-    payload_arm(c);
+    if (is_bidi(c))
+      stream_arm_recv(c);
+    else
+      payload_arm(c);
     return;
   }
   if (s->open_reading < s->max_open_reads) {
     open_read_start(c);
     return;
   }
+  open_peer *p = open_peer_find(s, gs__call_peer(c));
   if (s->open_waiting >= MAX_OPEN_QUEUED) {
-    char msg[300];
-    snprintf(msg, sizeof msg,
-             "gradsyncd reads at most %zu requests of open calls (health checks) at once and "
-             "queues %d more; this %s call was refused unread; try again",
-             s->max_open_reads, MAX_OPEN_QUEUED, call_path(c));
-    warn_refused(c, msg);
-    if (s->methods[c->idx].m->kind == GS__RPC_UNARY)
-      unary_finish(c, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
-    else
-      gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
-    return;
+    /* Full: the connection with most waiting calls pays, unless it is
+     * this one (or no larger than it). */
+    open_peer *big = open_peer_largest(s);
+    size_t mine = p ? p->n : 0;
+    if (!big || big->n <= mine + 1) {
+      open_refuse(c);
+      return;
+    }
+    gs__call *victim = big->tail;
+    open_unlink(victim);
+    open_refuse(victim); /* big keeps calls (it had more than mine + 1): p stays valid */
   }
   if (!c->close_armed) {
     /* the cancel signal, so that a call that gives up leaves the queue */
@@ -542,17 +708,10 @@ static void payload_request(gs__call *c) {
     c->close_armed = 1;
     start_batch(c, &op, 1, &c->t_close);
   }
-  c->open_waiting = 1;
-  c->open_prev = s->open_tail;
-  if (s->open_tail)
-    s->open_tail->open_next = c;
-  else
-    s->open_head = c;
-  s->open_tail = c;
-  s->open_waiting++;
+  if (open_enqueue(c, p) != 0) open_refuse(c);
 }
 
-/* An open-method request was read (or its call ended): the next waiting
+/* An open-method message was read (or its call ended): the next waiting
  * one is read. */
 static void open_read_done(gs__call *c) {
   gs__server *s = c->srv;
@@ -561,10 +720,8 @@ static void open_read_done(gs__call *c) {
   s->open_reading--;
   for (size_t i = 0; i < MAX_OPEN_READS; i++)
     if (s->open_readers[i] == c) s->open_readers[i] = NULL;
-  gs__call *next = s->open_head;
-  if (!next) return;
-  open_unlink(next);
-  open_read_start(next);
+  gs__call *next = open_next_waiting(s);
+  if (next) open_read_start(next);
 }
 
 static size_t request_limit(const gs__method *m) {
@@ -627,10 +784,10 @@ static void stream_begin(gs__call *c) {
     return;
   }
   if (ms->m->kind == GS__RPC_SERVER_STREAM) {
-    payload_request(c); /* opened in payload_ready */
+    read_request(c); /* opened in payload_ready */
     return;
   }
-  stream_arm_recv(c);
+  read_request(c);
   c->opened = 1;
   ms->m->on_call(ms->svc->svc, c);
 }
@@ -656,7 +813,7 @@ static void on_new_call(gs__call *c) {
     return;
   }
   /* The payload can be NULL: the client half-closed without a message. */
-  payload_request(c);
+  read_request(c);
 }
 
 static void notify_close(gs__call *c) {
@@ -692,6 +849,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
   case T_STATUS:
     break;
   case T_RECV: {
+    open_read_done(c);
     /* The first message (before it, nobody is known) and every later one
      * have their own limits: an oversized one is refused by its length,
      * before it is copied or decoded. */
@@ -740,7 +898,7 @@ static void on_event(gs__server *s, tag *t, int ok) {
       if (rc != 0) {
         gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading a message");
       }
-      if (!c->closed && !c->finishing) stream_arm_recv(c);
+      if (!c->closed && !c->finishing) read_request(c);
     } else {
       /* The peer half-closed (or the call failed). */
       const method_slot *ms = &s->methods[c->idx];

@@ -564,6 +564,14 @@ def test_first_message_flood():
     expect_ops_passed(ranks)
 
 
+def yielded(path):
+    """A read of an open call cut off because another connection waited."""
+    return ("the request of this %s call did not arrive within 250 ms while calls of other "
+            "connections waited; gradsyncd reads only 1 requests of open calls (health checks, "
+            "reflection) at once and cut this one off; send the request with the call and try "
+            "again" % path)
+
+
 def flood_calls(addr, method, msg, conns, per_conn, meta=(), timeout=60):
     """per_conn calls of method with msg at once on each of conns separate
     connections (a subchannel pool per channel); returns [(code, details)]."""
@@ -708,8 +716,9 @@ def test_unauthenticated_flood():
         time.sleep(0.1)
     done = [f for f in futs if f.done()]
     outcomes = set((f.exception().code(), f.exception().details()) for f in done)
-    expect(len(done) >= 270 - 256 and outcomes <= {(grpc.StatusCode.RESOURCE_EXHAUSTED, refused),
-                                                    (grpc.StatusCode.DEADLINE_EXCEEDED, cut)}
+    ok = {(grpc.StatusCode.RESOURCE_EXHAUSTED, refused), (grpc.StatusCode.DEADLINE_EXCEEDED, cut),
+          (grpc.StatusCode.DEADLINE_EXCEEDED, yielded("/grpc.health.v1.Health/Check"))}
+    expect(len(done) >= 270 - 256 and outcomes <= ok
            and (grpc.StatusCode.RESOURCE_EXHAUSTED, refused) in outcomes,
            "calls that never send: %d ended: %s" % (len(done), outcomes), q)
     n_refused = sum(1 for f in done if f.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -735,6 +744,144 @@ def test_unauthenticated_flood():
            "base %d KiB + 512 MiB (the default quota)" % (after_open, base), d)
     expect(qpeak < qbase + quota // 1024 + 128 * 1024, "peak RSS under the quota %d KiB >= base "
            "%d KiB + the quota + 128 MiB" % (qpeak, qbase), q)
+
+
+REFL = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+
+
+def reflection_streams(addr, msgs, conns, per_conn, timeout=120):
+    """per_conn reflection streams at once on each of conns connections, each
+    sending msgs; returns [(code, details, replies)]."""
+    chans = [grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", -1),
+                                                  ("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(conns)]
+    got = []
+
+    def one(ch):
+        replies = []
+        try:
+            for r in ch.stream_stream(REFL)(iter(msgs), timeout=timeout):
+                replies.append(r)
+            got.append((grpc.StatusCode.OK, "", replies))
+        except grpc.RpcError as e:
+            got.append((e.code(), e.details() or "", replies))
+
+    ts = [threading.Thread(target=one, args=(ch,)) for ch in chans for _ in range(per_conn)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for ch in chans:
+        ch.close()
+    return got
+
+
+def test_open_streams_flood():
+    """The open-call read cap covers every message of a reflection stream,
+    and waiting calls are served round-robin by connection. Under a 128 MiB
+    --grpc-memory-max-bytes (one open message read at a time): 64 reflection
+    streams each asking list_services and then sending a 32 MiB message (2
+    GiB in all; before, gRPC read them as they came and only the quota
+    bounded them) each get their answer and then the limit's refusal, while
+    a 2-rank job passes its value checks and gradsyncd's peak RSS stays
+    bounded. Then one connection floods Health/Check with 300 calls that
+    never send their request: health probes on their own connections are all
+    answered SERVING (before, they waited behind the flooder's FIFO, or were
+    refused when it was full) and the flooder's excess is refused with the
+    queue's text."""
+    token = secrets.token_hex(16)
+    quota = 128 << 20
+    d, addr = start_gradsyncd(["--world-size", "2", "--serve-forever",
+                               "--grpc-memory-max-bytes", str(quota),
+                               "--max-streams-per-connection", "512"],
+                              {"GRADSYNC_JOB_TOKEN": token})
+    time.sleep(0.5)
+    base = vm_hwm_kib(d.pid)
+    ask = f_bytes(7, b"")  # ServerReflectionRequest.list_services
+    size = 32 << 20
+    huge = f_bytes(1, b"h" * size)  # .host, 32 MiB
+    got = []
+    t0 = time.time()
+    fl = threading.Thread(target=lambda: got.extend(
+        reflection_streams(addr, [ask, huge], 8, 8)))
+    fl.start()
+    time.sleep(0.5)
+    ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
+    expect_ops_passed(ranks)
+    fl.join(timeout=180)
+    expect(not fl.is_alive(), "reflection flood still running after 180 s", d)
+    took = time.time() - t0
+    peak = vm_hwm_kib(d.pid)
+    limit = ("a message of a %s call (%d bytes) exceeds the limit of 65536 bytes; refused "
+             "without reading it" % (REFL, len(huge)))
+    answers = [parse(r[0]).get(6) is not None if len(r) == 1 else False for _, _, r in got]
+    expect(len(got) == 64 and all(c == grpc.StatusCode.RESOURCE_EXHAUSTED and det == limit
+                                  for c, det, _ in got) and all(answers),
+           "64 reflection streams (list_services, then 32 MiB): %s; %d of them answered" %
+           (set((str(c), det[:120], len(r)) for c, det, r in got), sum(answers)), d)
+    expect(d.poll() is None, "gradsyncd died", d)
+    print("reflection flood: gradsyncd --grpc-memory-max-bytes %d: VmHWM %d KiB before, %d KiB "
+          "after 64 reflection streams of 32 MiB in %.1f s while a job ran" %
+          (quota, base, peak, took), flush=True)
+    if not sanitized(d.pid):
+        # generous: the read slot's message (twice while reassembled), the
+        # waiting streams' windows and the job; 2 GiB were sent
+        expect(peak < base + 192 * 1024, "peak RSS %d KiB >= base %d KiB + 192 MiB after the "
+               "reflection flood" % (peak, base), d)
+    # One connection floods Health/Check with calls that never send; probes
+    # come on connections of their own, one after another, like kubelet's.
+    hold = threading.Event()
+
+    def never():
+        hold.wait(120)
+        return
+        yield
+
+    fch = grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+    futs = [fch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
+            for _ in range(300)]
+    refused = ("gradsyncd reads at most 1 requests of open calls (health checks) at once and "
+               "queues 256 more; this /grpc.health.v1.Health/Check call was refused unread; "
+               "try again")
+    cut = ("the request of this /grpc.health.v1.Health/Check call did not arrive within 2000 ms; "
+           "gradsyncd reads only 1 requests of open calls (health checks) at once and cut "
+           "this one off")
+    deadline = time.time() + 60
+    while time.time() < deadline and sum(f.done() for f in futs) < 300 - 257:
+        time.sleep(0.1)
+    waits = []
+    for i in range(5):
+        pch = grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+        t1 = time.time()
+        try:
+            r = pch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
+            res = parse(r).get(1)
+        except grpc.RpcError as e:
+            res = (e.code(), e.details())
+        waits.append(time.time() - t1)
+        pch.close()
+        expect(res == [1], "probe %d during the flood of one connection: %r" % (i, res), d)
+    done = [f for f in futs if f.done()]
+    outcomes = [(f.exception().code(), f.exception().details()) for f in done]
+    n_refused = outcomes.count((grpc.StatusCode.RESOURCE_EXHAUSTED, refused))
+    n_yielded = outcomes.count((grpc.StatusCode.DEADLINE_EXCEEDED,
+                                yielded("/grpc.health.v1.Health/Check")))
+    expect(set(outcomes) <= {(grpc.StatusCode.RESOURCE_EXHAUSTED, refused),
+                             (grpc.StatusCode.DEADLINE_EXCEEDED, cut),
+                             (grpc.StatusCode.DEADLINE_EXCEEDED,
+                              yielded("/grpc.health.v1.Health/Check"))}
+           and n_refused >= 300 - 257 and n_yielded >= 1,
+           "the flooder's 300 calls: %d ended, %d refused: %s" %
+           (len(done), n_refused, set(outcomes)), d)
+    for f in futs:
+        f.cancel()
+    hold.set()
+    fch.close()
+    expect(d.poll() is None, "gradsyncd died", d)
+    print("fair open reads: 5 probes on their own connections during a 300-call flood from one: "
+          "all SERVING, waits %s s; of the flooder's calls %d refused unread, %d cut off (%d to let "
+          "the probes in)" % (" ".join("%.2f" % w for w in waits), n_refused,
+                              len(done) - n_refused, n_yielded), flush=True)
 
 
 def make_certs():
@@ -811,7 +958,8 @@ def test_tls_and_mtls():
 TESTS = [test_token_required_everywhere, test_gradsync_run_token, test_listen_refusals,
          test_malformed_bytes_every_method, test_identity_and_kv_ownership,
          test_session_hijack_during_job, test_kv_limits_and_waiters, test_kv_waiter_cap,
-         test_first_message_flood, test_unauthenticated_flood, test_tls_and_mtls]
+         test_first_message_flood, test_unauthenticated_flood, test_open_streams_flood,
+         test_tls_and_mtls]
 
 
 def main():
