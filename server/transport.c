@@ -633,7 +633,8 @@ static void open_refuse(gs__call *c) {
 }
 
 /* Queues c at the end of its connection's FIFO; a new connection joins the
- * round last. Returns -1 (nothing queued) when out of memory. */
+ * current round, after the connections already in the list
+ * (open_next_waiting). Returns -1 (nothing queued) when out of memory. */
 static int open_enqueue(gs__call *c, open_peer *p) {
   gs__server *s = c->srv;
   if (!p) {
