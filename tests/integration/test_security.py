@@ -652,7 +652,9 @@ def test_unauthenticated_flood():
     # A small quota (128 MiB: a Health/Check flood of this size cancelled
     # rank 0's Session before open requests were read a few at a time) with
     # a job running during 64 x 32 MiB at Health/Check: each refused by its
-    # length, none by gRPC, and the job passes its value checks.
+    # length, none by gRPC, and the job passes its value checks. (A read
+    # slower than 250 ms while other connections wait, as a 32 MiB one can
+    # be on a loaded machine or under ASan, is cut off instead.)
     san = sanitized(d.pid)
     kill_all()  # (its log file is the next one's)
     quota = 128 << 20
@@ -674,14 +676,17 @@ def test_unauthenticated_flood():
     took = time.time() - t0
     limit = ("the request of a /grpc.health.v1.Health/Check call (%d bytes) exceeds the limit of "
              "65536 bytes; refused without reading it" % len(huge))
-    expect(len(got) == 64 and all(c == grpc.StatusCode.RESOURCE_EXHAUSTED and det == limit
-                                  for c, det in got),
+    slow = yielded("/grpc.health.v1.Health/Check")
+    expect(len(got) == 64 and all((c, det) in ((grpc.StatusCode.RESOURCE_EXHAUSTED, limit),
+                                               (grpc.StatusCode.DEADLINE_EXCEEDED, slow))
+                                  for c, det in got)
+           and any(det == limit for _, det in got),
            "32 MiB Health/Check under a quota: %s" % set((str(c), det[:100]) for c, det in got), q)
     qpeak = vm_hwm_kib(q.pid)
     # one warning per refused request, at most 5 a second, the rest counted
     time.sleep(1.5)  # the window that counts the last suppressed ones ends
     log = output(q).splitlines()
-    shown = sum(1 for line in log if limit in line and "(from " in line)
+    shown = sum(1 for line in log if (limit in line or slow in line) and "(from " in line)
     suppressed = sum(int(line.split("suppressed ")[1].split()[0]) for line in log
                      if "similar warnings about refused requests" in line)
     expect(shown >= 5 and shown + suppressed == 64,
@@ -689,8 +694,10 @@ def test_unauthenticated_flood():
     expect(shown <= 5 * (int(took) + 3), "%d refusal warnings in %.1f s (at most 5 a second)" %
            (shown, took), q)
     print("quota: gradsyncd --grpc-memory-max-bytes %d: VmHWM %d KiB before, %d KiB after 64 "
-          "32 MiB messages to Health/Check in %.1f s while a job ran; %d warnings logged, %d "
-          "suppressed" % (quota, qbase, qpeak, took, shown, suppressed), flush=True)
+          "32 MiB messages to Health/Check in %.1f s while a job ran (%d cut off as slow); %d "
+          "warnings logged, %d suppressed" % (quota, qbase, qpeak, took,
+                                              sum(det == slow for _, det in got), shown, suppressed),
+          flush=True)
     # Calls that never send their request hold the read slot (one under
     # this quota) for at most 2 s each; 256 more wait, the rest are refused
     # unread; a health probe behind them is answered once they are gone.
