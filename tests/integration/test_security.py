@@ -564,12 +564,12 @@ def test_first_message_flood():
     expect_ops_passed(ranks)
 
 
-def yielded(path):
+def yielded(path, reads=1):
     """A read of an open call cut off because another connection waited."""
     return ("the request of this %s call did not arrive within 250 ms while calls of other "
-            "connections waited; gradsyncd reads only 1 requests of open calls (health checks, "
+            "connections waited; gradsyncd reads only %d requests of open calls (health checks, "
             "reflection) at once and cut this one off; send the request with the call and try "
-            "again" % path)
+            "again" % (path, reads))
 
 
 def flood_calls(addr, method, msg, conns, per_conn, meta=(), timeout=60):
@@ -628,8 +628,14 @@ def test_unauthenticated_flood():
     codes = flood_calls(addr, "/grpc.health.v1.Health/Check", big, 8, 8)
     limit = ("the request of a /grpc.health.v1.Health/Check call (%d bytes) exceeds the limit of "
              "65536 bytes; refused without reading it" % len(big))
-    expect(all(c == grpc.StatusCode.RESOURCE_EXHAUSTED and det == limit for c, det in codes),
+    # (or, a read slower than 250 ms while other connections wait, as one
+    # of 16 MiB can be on a loaded machine, cut off as slow)
+    slow = yielded("/grpc.health.v1.Health/Check", 2)
+    expect(all((c, det) in ((grpc.StatusCode.RESOURCE_EXHAUSTED, limit),
+                            (grpc.StatusCode.DEADLINE_EXCEEDED, slow)) for c, det in codes)
+           and any(det == limit for _, det in codes),
            "16 MiB Health/Check: %s" % set((str(c), det[:100]) for c, det in codes), d)
+    n_slow = sum(det == slow for _, det in codes)
     after_open = vm_hwm_kib(d.pid)
     # headers past 16 KiB: gRPC refuses the call (and may drop that
     # connection: a channel of its own)
@@ -643,8 +649,9 @@ def test_unauthenticated_flood():
     expect(code == grpc.StatusCode.OK, "KvGet after the floods: %s %s" % (code, det), d)
     ch.close()
     print("unauthenticated flood: gradsyncd VmHWM %d KiB before, %d KiB after 16 MiB messages "
-          "to the token methods (%d calls), %d KiB after 64 to Health/Check; 64 KiB of "
-          "headers: %s" % (base, after_token, 4 * 64 + 3 * 8, after_open, hdr), flush=True)
+          "to the token methods (%d calls), %d KiB after 64 to Health/Check (%d cut off as slow); 64 "
+          "KiB of headers: %s" % (base, after_token, 4 * 64 + 3 * 8, after_open, n_slow, hdr),
+          flush=True)
     expect_ops_passed(ranks)
     ranks = [start_rank(addr, r, 2, ["ops"], {"GRADSYNC_JOB_TOKEN": token}) for r in range(2)]
     expect_ops_passed(ranks)
@@ -821,15 +828,23 @@ def test_open_streams_flood():
     peak = vm_hwm_kib(d.pid)
     limit = ("a message of a %s call (%d bytes) exceeds the limit of 65536 bytes; refused "
              "without reading it" % (REFL, len(huge)))
+    # (or, a 32 MiB read slower than 2 s while other calls wait, as on a
+    # loaded machine, cut off as slow)
+    slow = ("the next message of this %s stream did not arrive within 2000 ms while other open "
+            "calls waited; gradsyncd reads only 1 messages of open calls (health checks, "
+            "reflection) at once and cut this one off; open a new stream to ask again" % REFL)
+    n_slow = sum(det == slow for _, det, _ in got)
     answers = [parse(r[0]).get(6) is not None if len(r) == 1 else False for _, _, r in got]
-    expect(len(got) == 64 and all(c == grpc.StatusCode.RESOURCE_EXHAUSTED and det == limit
-                                  for c, det, _ in got) and all(answers),
+    expect(len(got) == 64 and all((c, det) in ((grpc.StatusCode.RESOURCE_EXHAUSTED, limit),
+                                               (grpc.StatusCode.DEADLINE_EXCEEDED, slow))
+                                  for c, det, _ in got)
+           and any(det == limit for _, det, _ in got) and all(answers),
            "64 reflection streams (list_services, then 32 MiB): %s; %d of them answered" %
            (set((str(c), det[:120], len(r)) for c, det, r in got), sum(answers)), d)
     expect(d.poll() is None, "gradsyncd died", d)
     print("reflection flood: gradsyncd --grpc-memory-max-bytes %d: VmHWM %d KiB before, %d KiB "
-          "after 64 reflection streams of 32 MiB in %.1f s while a job ran" %
-          (quota, base, peak, took), flush=True)
+          "after 64 reflection streams of 32 MiB in %.1f s while a job ran (%d cut off as slow)" %
+          (quota, base, peak, took, n_slow), flush=True)
     if not sanitized(d.pid):
         # generous: the read slot's message (twice while reassembled), the
         # waiting streams' windows and the job; 2 GiB were sent
