@@ -189,10 +189,14 @@ done
 echo
 echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"
 echo
-echo "| np | step ms | crit ms | collectives | tensors/op | messages up/step |"
-echo "|---|---|---|---|---|---|"
+# crit: each rank from its own last submission to that op's completion (the
+# worst rank's); crit_last: from the latest rank's last submission to the
+# latest completion; skew: latest - earliest last submission (crit_last and
+# skew need the ranks on one host: gradsync-bench prints n/a otherwise)
+echo "| np | step ms | crit ms | crit_last ms | skew ms | collectives | tensors/op | messages up/step |"
+echo "|---|---|---|---|---|---|---|---|"
 for np in $nps; do
-  echo "| $np | $(med gap.gs step_ms "$np") | $(med gap.gs crit_ms "$np") | $(med gap.gs collectives "$np") | $(med gap.gs tensors_per_op "$np") | $(med gap.gs up_msgs "$np") |"
+  echo "| $np | $(med gap.gs step_ms "$np") | $(med gap.gs crit_ms "$np") | $(med gap.gs crit_last_ms "$np") | $(med gap.gs skew_ms "$np") | $(med gap.gs collectives "$np") | $(med gap.gs tensors_per_op "$np") | $(med gap.gs up_msgs "$np") |"
 done
 echo
 echo "Rank simulator (one process, N sessions, ResNet-50 list), medians:"

@@ -30,6 +30,16 @@
  * medians as one line starting with "RESULT ", key=value pairs, for
  * bench/run.sh. Finally every rank checks the averaged values.
  *
+ * Each rank's critical path (crit_ms) starts at its OWN last submission, so
+ * the worst rank's includes how far the ranks' last submissions drifted
+ * apart: a rank that submitted early waits for the late one. Two more
+ * figures split it, from absolute CLOCK_MONOTONIC times gathered by the
+ * same allreduce: crit_last_ms, from the latest rank's last submission (the
+ * job's last gradient) to the latest completion of the last-submitted op,
+ * and skew_ms, the latest minus the earliest last submission. Both need one
+ * clock for all ranks, so they are printed only when every rank runs on
+ * the same host (CLOCK_MONOTONIC is per machine); otherwise "n/a".
+ *
  * Single-threaded; any gradsync error ends the process with status 1 after
  * gs_shutdown, with the library's message. */
 #include <errno.h>
@@ -40,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gradsync.h"
 
@@ -85,6 +96,13 @@ enum {
   M_FAST_ROUNDS, /* issue 14: fast rounds, tensors they completed, escalations */
   M_FAST_TENSORS,
   M_FAST_ESC,
+  M_T_LAST,     /* absolute CLOCK_MONOTONIC ms of the last submission; MAX: the latest */
+  M_T_LAST_NEG, /* -(the same); MAX: -(the earliest) */
+  M_T_CRIT,     /* absolute ms of the last-submitted op's completion; MAX: the latest */
+  M_HOST,       /* host_id(); MAX == -MAX of M_HOST_NEG iff every rank has the same */
+  M_HOST_NEG,
+  M_CRIT_LAST, /* after the MAX: latest completion - latest last submission */
+  M_SKEW,      /* after the MAX: latest - earliest last submission */
   M_COUNT
 };
 
@@ -94,6 +112,18 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The host name hashed (FNV-1a) to 52 bits, exact in a double, so that an
+ * allreduce (max) of it and of its negation tells whether all ranks share
+ * one host, hence one CLOCK_MONOTONIC. An unreadable name counts as a
+ * distinct host (-1 never equals a hash): no shared-clock figures then. */
+static double host_id(void) {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return -1;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+  return (double)(h >> 12);
 }
 
 static void sleep_us(long us) {
@@ -345,6 +375,9 @@ static int run_step(job *j, long step, const options *o, double *row) {
   row[M_SUBMIT] = t_sub - t0;
   row[M_CRIT] = t_crit - t_last;
   row[M_TAIL] = t_end - t_last;
+  row[M_T_LAST] = t_last;
+  row[M_T_LAST_NEG] = -t_last;
+  row[M_T_CRIT] = t_crit;
   stats_delta(&before, &after, row);
   return 0;
 }
@@ -354,6 +387,7 @@ static void report(const options *o, const char *label, int size, uint64_t total
                    size_t ntensors, const double *rows, long steps) {
   double *col = malloc((size_t)steps * sizeof *col);
   double med[M_COUNT], q1[M_COUNT], q3[M_COUNT], replayed = 0, plans = 0;
+  int one_host = 1; /* every step's rows: all ranks had the same host_id() */
   if (!col) {
     fprintf(stderr, "gradsync-bench: out of memory for the report\n");
     return;
@@ -366,6 +400,7 @@ static void report(const options *o, const char *label, int size, uint64_t total
   }
   free(col);
   for (long s = 0; s < steps; s++) {
+    if (rows[s * M_COUNT + M_HOST] != -rows[s * M_COUNT + M_HOST_NEG]) one_host = 0;
     replayed += rows[s * M_COUNT + M_REPLAYED];
     plans += rows[s * M_COUNT + M_PLANS];
   }
@@ -374,18 +409,23 @@ static void report(const options *o, const char *label, int size, uint64_t total
   double busbw = med[M_STEP] > 0
                      ? (double)total_bytes * 2.0 * (size - 1) / size / (med[M_STEP] / 1e3) / 1e9
                      : 0;
+  char crit_last[192] = "crit_last_ms=n/a crit_last_q1=n/a crit_last_q3=n/a skew_ms=n/a";
+  if (one_host)
+    snprintf(crit_last, sizeof crit_last,
+             "crit_last_ms=%.3f crit_last_q1=%.3f crit_last_q3=%.3f skew_ms=%.3f", med[M_CRIT_LAST],
+             q1[M_CRIT_LAST], q3[M_CRIT_LAST], med[M_SKEW]);
   printf("RESULT workload=%s np=%d%s%s tensors=%zu bytes=%" PRIu64
          " steps=%ld gap_us=%ld step_ms=%.3f step_q1=%.3f step_q3=%.3f submit_ms=%.3f "
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
          "plans_replayed=%.0f replay_rate=%.3f up_bytes=%.0f up_msgs=%.0f barrier_ms=%.3f "
-         "busbw_gbs=%.3f fast_rounds=%.0f fast_tensors=%.0f fast_escalations=%.0f\n",
+         "busbw_gbs=%.3f fast_rounds=%.0f fast_tensors=%.0f fast_escalations=%.0f %s\n",
          label, size, o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps,
          o->gap_us, med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT],
          q3[M_CRIT], med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS],
          med[M_HITS], hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES],
          med[M_MSGS], med[M_BARRIER], busbw, med[M_FAST_ROUNDS], med[M_FAST_TENSORS],
-         med[M_FAST_ESC]);
+         med[M_FAST_ESC], crit_last);
   fflush(stdout);
 }
 
@@ -596,6 +636,8 @@ int main(int argc, char **argv) {
     double scratch[M_COUNT] = {0};
     double *row = s >= o.warmup ? &rows[(s - o.warmup) * M_COUNT] : scratch;
     if (run_step(&j, s, &o, row)) goto out_free_rows;
+    row[M_HOST] = host_id();
+    row[M_HOST_NEG] = -row[M_HOST];
   }
 
   /* The worst rank of every step: one allreduce (max) of all the rows. */
@@ -613,6 +655,11 @@ int main(int argc, char **argv) {
     goto out_free_rows;
   }
   gs_handle_free(h);
+  for (long s = 0; s < o.steps; s++) {
+    double *r = &rows[s * M_COUNT];
+    r[M_CRIT_LAST] = r[M_T_CRIT] - r[M_T_LAST];
+    r[M_SKEW] = r[M_T_LAST] + r[M_T_LAST_NEG];
+  }
   if (j.rank == 0) report(&o, label, j.size, total_bytes, j.n, rows, o.steps);
 
   rc = 0;

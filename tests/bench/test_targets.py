@@ -109,6 +109,23 @@ class Targets(unittest.TestCase):
         self.assertIn("`test_deterministic`", find(rows, "Deterministic mode")[2])
         self.assertIn("`test_shm`", find(rows, "No segment left")[2])
 
+    def test_batching_reads_crit_last(self):
+        # a run with crit_last_ms: the row's figure is crit_last_ms, crit_ms and skew_ms beside it
+        line = "crit_ms=0.250"
+        self.assertIn(line, CONTROL)
+        _, rows = table({"control": CONTROL.replace(
+            line, line + " crit_last_ms=0.060 crit_last_q1=0.050 crit_last_q3=0.070 skew_ms=0.190")})
+        gap = find(rows, "No loss of batching")
+        self.assertIn("40 collectives per step for 161 tensors (4.03 per op); crit 60.0 µs (each rank from "
+                      "its own last submission: 0.25 ms, the ranks' last submissions 0.19 ms apart) / "
+                      "2 × (0.1 ms + 50.0 µs) = **0.20×**", gap[2])
+        # ranks on different hosts: the bench prints n/a, the row falls back to crit_ms as before
+        _, rows = table({"control": CONTROL.replace(
+            line, line + " crit_last_ms=n/a crit_last_q1=n/a crit_last_q3=n/a skew_ms=n/a")})
+        gap = find(rows, "No loss of batching")
+        self.assertIn("40 collectives per step for 161 tensors (4.03 per op); crit 0.25 ms / "
+                      "2 × (0.1 ms + 50.0 µs) = **0.83×**", gap[2])
+
     def test_dataplane_rows(self):
         _, rows = table({"transport": TRANSPORT, "hosts": HOSTS})
         e2e = find(rows, "End to end (through the coordinator): bus bandwidth")
