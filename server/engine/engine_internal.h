@@ -37,11 +37,10 @@ typedef struct rank_slot {
   size_t nblocked;        /* names its application threads are blocked on */
   char (*blocked)[GS__MAX_NAME + 1];
   /* fast path (fast.c) */
-  int fast_capable;        /* its hello said it runs fast rounds */
-  int escalated;           /* in fast mode: it sent escalate_round */
-  uint64_t escalate_round; /* the round it escalated after */
-  gs__fast_report fast;    /* its latest cumulative report */
-  size_t nfast_pending;    /* ops it waits on in fast mode (<= GS__MAX_BLOCKED) */
+  int fast_capable;     /* its hello said it runs fast rounds */
+  int escalated;        /* in fast mode: it sent escalate_round */
+  gs__fast_report fast; /* its latest cumulative report */
+  size_t nfast_pending; /* ops it waits on in fast mode (<= GS__MAX_BLOCKED) */
   gs__fast_pending *fast_pending;
   uint64_t fast_pending_ms; /* when it reported them (their ages count from here) */
 } rank_slot;
@@ -159,8 +158,15 @@ struct gs__engine {
   int fast;          /* a fast_after plan went out; not every connected rank escalated */
   int timeline;      /* a timeline records: no fast_after */
   int fast_recalled; /* this episode's FastStop for a late request went out */
-  int draining;      /* the coordinator is shutting down: no fast_after */
-  int32_t ncapable;  /* connected ranks whose hello said they run fast rounds */
+  /* This episode's first escalation (rank -1: none yet), which every later
+   * one must match, and the lowest rank that may still hold fast mode
+   * open: ranks below it escalated or are gone, which within an episode
+   * never reverts, so the exit check walks the world once per episode,
+   * not once per escalation. */
+  int32_t fast_first_rank, fast_cursor;
+  uint64_t fast_first_round;
+  int draining;     /* the coordinator is shutting down: no fast_after */
+  int32_t ncapable; /* connected ranks whose hello said they run fast rounds */
   uint64_t fast_entries, fast_stops;
 };
 

@@ -47,9 +47,11 @@ void gs__eng_fast_pending_clear(rank_slot *s) {
 }
 
 static void reset_ranks(gs__engine *e) {
+  e->fast_first_rank = -1;
+  e->fast_first_round = 0;
+  e->fast_cursor = 0;
   for (int32_t r = 0; r < e->world; r++) {
     e->ranks[r].escalated = 0;
-    e->ranks[r].escalate_round = 0;
     gs__eng_fast_pending_clear(&e->ranks[r]);
   }
 }
@@ -90,8 +92,10 @@ void gs__eng_fast_marker(gs__engine *e, gs__outbox *box) {
  * activity (the deadlock window starts again). */
 static void check_exit(gs__engine *e, uint64_t now_ms) {
   if (!e->fast) return;
-  for (int32_t r = 0; r < e->world; r++)
-    if (e->ranks[r].state == RANK_CONNECTED && !e->ranks[r].escalated) return;
+  while (e->fast_cursor < e->world &&
+         (e->ranks[e->fast_cursor].state != RANK_CONNECTED || e->ranks[e->fast_cursor].escalated))
+    e->fast_cursor++;
+  if (e->fast_cursor < e->world) return;
   e->fast = 0;
   reset_ranks(e);
   e->last_activity_ms = now_ms;
@@ -104,10 +108,11 @@ void gs__eng_fast_escalate(gs__engine *e, int32_t rank, uint64_t round, uint64_t
   e->deadlock_reported = 0;
   rank_slot *s = &e->ranks[rank];
   if (!e->fast || s->escalated) return; /* not in fast mode (any more): nothing to end */
-  for (int32_t q = 0; q < e->world; q++) {
-    const rank_slot *o = &e->ranks[q];
-    if (q == rank || o->state != RANK_CONNECTED || !o->escalated || o->escalate_round == round)
-      continue;
+  int32_t q = e->fast_first_rank;
+  if (q < 0) {
+    e->fast_first_rank = rank;
+    e->fast_first_round = round;
+  } else if (round != e->fast_first_round) {
     /* Every rank sees the same round results; different rounds mean they
      * did not, and ops may have run on some ranks only. */
     gs__eng_out_log(box, GS__LOG_ERROR,
@@ -115,11 +120,10 @@ void gs__eng_fast_escalate(gs__engine *e, int32_t rank, uint64_t round, uint64_t
                     "after round %llu: the ranks disagree on the fast rounds they ran (a gradsync "
                     "bug: report it with both ranks' logs)",
                     rank, gs__eng_rank_host(e, rank), s->pid, (unsigned long long)round, q,
-                    gs__eng_rank_host(e, q), o->pid, (unsigned long long)o->escalate_round);
-    break;
+                    gs__eng_rank_host(e, q), e->ranks[q].pid,
+                    (unsigned long long)e->fast_first_round);
   }
   s->escalated = 1;
-  s->escalate_round = round;
   gs__eng_fast_pending_clear(s); /* its ops come to the coordinator now */
   check_exit(e, now_ms);
 }
