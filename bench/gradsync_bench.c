@@ -75,6 +75,7 @@ typedef struct options {
   long gap_us;
   long jitter_us;
   const char *tag;
+  int allgather; /* --allgather: 0 none, 1 first, 2 last in each step */
 } options;
 
 /* Per-step metrics, one row per measured step. */
@@ -299,6 +300,8 @@ typedef struct job {
   tensor *t;
   size_t n;
   gs_handle **h;
+  float ag_send[4]; /* --allgather: this rank's block (rank + 1) */
+  gs_handle *ag;
 } job;
 
 static int fail(job *j, gs_handle *h, const char *what, const char *name, gs_status st) {
@@ -332,6 +335,41 @@ static long step_jitter(long step, long max_us) {
   return (long)((z ^ (z >> 31)) % (uint64_t)max_us);
 }
 
+/* --allgather: one allgather of float32 [1, 4] per step, which the fast
+ * path cannot run (issue 14: every such step goes back to gradsyncd). */
+static int submit_allgather(job *j) {
+  int64_t shape[2] = {1, 4};
+  gs_status st =
+      gs_allgather_async(j->ctx, "bench/allgather", j->ag_send, shape, 2, GS_FLOAT32, NULL, &j->ag);
+  if (st != GS_OK) return fail(j, NULL, "allgather submission", "bench/allgather", st);
+  return 0;
+}
+
+/* Waits for the step's allgather and checks it: block r holds r + 1. */
+static int check_allgather(job *j) {
+  gs_status st = gs_wait(j->ag, WAIT_MS);
+  if (st != GS_OK) return fail(j, j->ag, "allgather", "bench/allgather", st);
+  const void *data = NULL;
+  size_t bytes = 0;
+  st = gs_handle_result(j->ag, &data, &bytes);
+  if (st != GS_OK) return fail(j, j->ag, "allgather result", "bench/allgather", st);
+  int rc = 0;
+  if (bytes != (size_t)j->size * 4 * sizeof(float)) {
+    fprintf(stderr, "rank %d: allgather 'bench/allgather' returned %zu bytes, expected %zu\n",
+            j->rank, bytes, (size_t)j->size * 4 * sizeof(float));
+    rc = -1;
+  }
+  for (size_t i = 0; !rc && i < (size_t)j->size * 4; i++)
+    if (((const float *)data)[i] != (float)(i / 4 + 1)) {
+      fprintf(stderr, "rank %d: allgather 'bench/allgather' holds %g at %zu, expected %g\n",
+              j->rank, ((const float *)data)[i], i, (double)(i / 4 + 1));
+      rc = -1;
+    }
+  gs_handle_free(j->ag);
+  j->ag = NULL;
+  return rc;
+}
+
 /* One step: meet in a barrier, optionally sleep a jitter (so that the first
  * submission does not always fall right after the comm thread's wake-up
  * for the barrier's plan), submit in reverse order, wait for the
@@ -349,6 +387,7 @@ static int run_step(job *j, long step, const options *o, double *row) {
   gs_stats_init(&after);
   gs_get_stats(j->ctx, &before);
   double t0 = now_ms(), t_last = t0;
+  if (o->allgather == 1 && submit_allgather(j)) return -1;
   for (size_t k = j->n; k-- > 0;) {
     tensor *x = &j->t[k];
     if (k + 1 < j->n) sleep_us(gap_us);
@@ -356,6 +395,10 @@ static int run_step(job *j, long step, const options *o, double *row) {
     st = gs_allreduce_async(j->ctx, x->name, x->buf, x->buf, x->count, x->dtype, GS_AVERAGE, NULL,
                             &j->h[k]);
     if (st != GS_OK) return fail(j, NULL, "allreduce submission", x->name, st);
+  }
+  if (o->allgather == 2) {
+    t_last = now_ms();
+    if (submit_allgather(j)) return -1;
   }
   double t_sub = now_ms();
   st = gs_wait(j->h[0], WAIT_MS);
@@ -365,6 +408,7 @@ static int run_step(job *j, long step, const options *o, double *row) {
     st = gs_wait(j->h[k], WAIT_MS);
     if (st != GS_OK) return fail(j, j->h[k], "allreduce", j->t[k].name, st);
   }
+  if (j->ag && check_allgather(j)) return -1;
   double t_end = now_ms();
   gs_get_stats(j->ctx, &after);
   for (size_t k = 0; k < j->n; k++) {
@@ -414,18 +458,22 @@ static void report(const options *o, const char *label, int size, uint64_t total
     snprintf(crit_last, sizeof crit_last,
              "crit_last_ms=%.3f crit_last_q1=%.3f crit_last_q3=%.3f skew_ms=%.3f", med[M_CRIT_LAST],
              q1[M_CRIT_LAST], q3[M_CRIT_LAST], med[M_SKEW]);
-  printf("RESULT workload=%s np=%d%s%s tensors=%zu bytes=%" PRIu64
+  printf("RESULT workload=%s np=%d%s%s%s tensors=%zu bytes=%" PRIu64
          " steps=%ld gap_us=%ld step_ms=%.3f step_q1=%.3f step_q3=%.3f submit_ms=%.3f "
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
          "plans_replayed=%.0f replay_rate=%.3f up_bytes=%.0f up_msgs=%.0f barrier_ms=%.3f "
          "busbw_gbs=%.3f fast_rounds=%.0f fast_tensors=%.0f fast_escalations=%.0f %s\n",
-         label, size, o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps,
-         o->gap_us, med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT],
-         q3[M_CRIT], med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS],
-         med[M_HITS], hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES],
-         med[M_MSGS], med[M_BARRIER], busbw, med[M_FAST_ROUNDS], med[M_FAST_TENSORS],
-         med[M_FAST_ESC], crit_last);
+         label, size,
+         o->allgather == 1   ? " allgather=first"
+         : o->allgather == 2 ? " allgather=last"
+                             : "",
+         o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps, o->gap_us,
+         med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT], q3[M_CRIT],
+         med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS], med[M_HITS],
+         hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS],
+         med[M_BARRIER], busbw, med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC],
+         crit_last);
   fflush(stdout);
 }
 
@@ -448,6 +496,9 @@ static void usage(FILE *f) {
         "                         for backward compute (default 0)\n"
         "  --jitter-us J          after each step's barrier sleep a pseudo-random time in\n"
         "                         [0, J) microseconds, the same on every rank (default 0)\n"
+        "  --allgather first|last also submit one allgather (float32 [1,4]) per step,\n"
+        "                         before or after the allreduces (an op the fast path\n"
+        "                         cannot run: every step goes back to gradsyncd)\n"
         "  --tag TEXT             copied into the RESULT line (e.g. 'fusion=0 policy=window')\n",
         f);
 }
@@ -491,9 +542,9 @@ static int parse_args(int argc, char **argv, options *o) {
       printf("gradsync-bench %s (libgradsync %s)\n", GS_VERSION_STRING, gs_version());
       exit(0);
     }
-    static const char *const keys[] = {"--workload", "--raw-allreduce", "--uniform",
-                                       "--steps",    "--warmup",        "--scale",
-                                       "--gap-us",   "--jitter-us",     "--tag"};
+    static const char *const keys[] = {"--workload", "--raw-allreduce", "--uniform", "--steps",
+                                       "--warmup",   "--scale",         "--gap-us",  "--jitter-us",
+                                       "--tag",      "--allgather"};
     int known = 0;
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(a, keys[k]);
     if (!known) {
@@ -510,7 +561,13 @@ static int parse_args(int argc, char **argv, options *o) {
       o->workload = v;
     else if (!strcmp(a, "--tag"))
       o->tag = v;
-    else if (!strcmp(a, "--raw-allreduce")) {
+    else if (!strcmp(a, "--allgather")) {
+      if (strcmp(v, "first") && strcmp(v, "last")) {
+        fprintf(stderr, "gradsync-bench: --allgather needs 'first' or 'last', got '%s'\n", v);
+        return -1;
+      }
+      o->allgather = !strcmp(v, "first") ? 1 : 2;
+    } else if (!strcmp(a, "--raw-allreduce")) {
       if (parse_u64(a, v, &o->raw_bytes)) return -1;
     } else if (!strcmp(a, "--uniform")) {
       char *x = strchr(v, 'x');
@@ -614,6 +671,7 @@ int main(int argc, char **argv) {
   }
   j.rank = gs_rank(j.ctx);
   j.size = gs_size(j.ctx);
+  for (int i = 0; i < 4; i++) j.ag_send[i] = (float)(j.rank + 1);
 
   long total_steps = o.warmup + o.steps;
   j.h = calloc(j.n, sizeof *j.h);
@@ -669,6 +727,7 @@ int main(int argc, char **argv) {
 out_free_rows:
   gs_shutdown(j.ctx); /* completes whatever is still pending */
   for (size_t i = 0; j.h && i < j.n; i++) gs_handle_free(j.h[i]);
+  gs_handle_free(j.ag);
   free(rows);
   free(j.h);
 out_free_tensors:

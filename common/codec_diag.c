@@ -204,6 +204,10 @@ int gs__encode_diag_status(const gs__diag_status *m, uint8_t **out, size_t *len)
   pb.fast_rounds = m->fast_rounds;
   pb.fast_tensors = m->fast_tensors;
   pb.fast_collectives = m->fast_collectives;
+  pb.fast_backoff = m->fast_backoff;
+  pb.fast_backoff_plans = m->fast_backoff_plans;
+  pb.fast_backoffs = m->fast_backoffs;
+  pb.fast_backoff_tensor = (char *)m->fast_backoff_tensor;
   rc = gs__codec_pack(&pb.base, out, len);
 out_free:
   free(set);
@@ -236,6 +240,12 @@ int gs__decode_diag_status(const uint8_t *buf, size_t len, gs__diag_status *m, c
   m->fast_rounds = pb->fast_rounds;
   m->fast_tensors = pb->fast_tensors;
   m->fast_collectives = pb->fast_collectives;
+  m->fast_backoff = pb->fast_backoff;
+  m->fast_backoff_plans = pb->fast_backoff_plans;
+  m->fast_backoffs = pb->fast_backoffs;
+  if (!rc)
+    rc = gs__codec_copy_str(m->fast_backoff_tensor, sizeof m->fast_backoff_tensor,
+                            pb->fast_backoff_tensor, "fast_backoff_tensor", err, errlen);
   if (!rc)
     rc = gs__codec_copy_str(m->coordinator_state, sizeof m->coordinator_state,
                             pb->coordinator_state, "coordinator_state", err, errlen);

@@ -49,6 +49,10 @@ typedef struct gs__diag_status {
   uint64_t pending_tensors;
   char coordinator_state[16];                           /* serving, draining */
   uint64_t fast_rounds, fast_tensors, fast_collectives; /* largest over the ranks */
+  int fast_backoff;                                     /* the marker is held back ... */
+  uint64_t fast_backoff_plans;                          /* ... for this many more plans */
+  uint64_t fast_backoffs;                               /* episodes that started a backoff */
+  char fast_backoff_tensor[GS__MAX_NAME + 1];           /* the latest one's op */
 } gs__diag_status;
 void gs__diag_status_free(gs__diag_status *s);
 

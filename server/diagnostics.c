@@ -317,6 +317,14 @@ char *gs__diagnostics_metrics(gs__diagnostics *d) {
          (double)st.fast_entries);
   metric(&b, "gradsync_fast_rounds_total", "counter",
          "Fast rounds that ran a common set (the largest rank's count).", (double)st.fast_rounds);
+  metric(&b, "gradsync_fast_backoffs_total", "counter",
+         "Fast-path episodes that ended at their first round for an op a fast round cannot run "
+         "(each held the marker back).",
+         (double)st.fast_backoffs);
+  metric(&b, "gradsync_fast_backoff_plans", "gauge",
+         "Plans that empty the table still to go without the fast path's marker (0: not backed "
+         "off, or the next such plan carries it).",
+         (double)st.fast_backoff_left);
   metric(&b, "gradsync_fast_tensors_total", "counter",
          "Tensors completed in fast rounds (the largest rank's count).", (double)st.fast_tensors);
   if (b.oom) {

@@ -324,14 +324,18 @@ static int cmd_status(ctl *c, int ranks_only) {
              "\"aborted\":%s,\"plans_emitted\":%llu,\"collectives\":%llu,\"tensors_planned\":%llu,"
              "\"bytes_negotiated\":%llu,\"cache_hit_rate\":%.4f,\"mean_tensors_per_op\":%.3f,"
              "\"pending_tensors\":%llu,\"fast_rounds\":%llu,\"fast_tensors\":%llu,"
-             "\"fast_collectives\":%llu,\"settings\":{",
+             "\"fast_collectives\":%llu,\"fast_backoff\":%s,\"fast_backoff_plans\":%llu,"
+             "\"fast_backoffs\":%llu,\"fast_backoff_tensor\":",
              st.world_size, (unsigned long long)st.epoch, st.uptime_s,
              st.world_ready ? "true" : "false", st.aborted ? "true" : "false",
              (unsigned long long)st.plans_emitted, (unsigned long long)st.collectives,
              (unsigned long long)st.tensors_planned, (unsigned long long)st.bytes_negotiated,
              st.cache_hit_rate, st.mean_tensors_per_op, (unsigned long long)st.pending_tensors,
              (unsigned long long)st.fast_rounds, (unsigned long long)st.fast_tensors,
-             (unsigned long long)st.fast_collectives);
+             (unsigned long long)st.fast_collectives, st.fast_backoff ? "true" : "false",
+             (unsigned long long)st.fast_backoff_plans, (unsigned long long)st.fast_backoffs);
+      json_str(st.fast_backoff_tensor);
+      printf(",\"settings\":{");
       for (size_t i = 0; i < st.nsettings; i++) {
         if (i) putchar(',');
         json_str(st.settings[i].key);
@@ -378,6 +382,16 @@ static int cmd_status(ctl *c, int ranks_only) {
            (unsigned long long)st.fast_rounds, st.fast_rounds == 1 ? "" : "s",
            (unsigned long long)st.fast_tensors, st.fast_tensors == 1 ? "" : "s",
            (unsigned long long)st.fast_collectives, st.fast_collectives == 1 ? "" : "s");
+    if (st.fast_backoff)
+      printf("              backed off: the next %llu plan%s that empty the table go without "
+             "the marker ('%s' came back at the first fast round; %llu backoff%s so far)\n",
+             (unsigned long long)st.fast_backoff_plans, st.fast_backoff_plans == 1 ? "" : "s",
+             st.fast_backoff_tensor, (unsigned long long)st.fast_backoffs,
+             st.fast_backoffs == 1 ? "" : "s");
+    else if (st.fast_backoffs)
+      printf("              %llu backoff%s so far (the latest for '%s'); not backed off now\n",
+             (unsigned long long)st.fast_backoffs, st.fast_backoffs == 1 ? "" : "s",
+             st.fast_backoff_tensor);
     printf("pending:      %llu tensors\n", (unsigned long long)st.pending_tensors);
     printf("settings:    ");
     for (size_t i = 0; i < st.nsettings; i++)

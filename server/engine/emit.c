@@ -274,7 +274,7 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
   e->ready_bytes = 0;
   /* The plan that empties the table carries the fast path's marker (not
    * part of the template: a replay of it later need not). */
-  if (gs__eng_fast_allowed(e)) {
+  if (gs__eng_fast_on_plan(e)) {
     msg.plan.fast_after = 1;
     gs__eng_fast_enter(e);
   }

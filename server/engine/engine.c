@@ -287,8 +287,10 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   /* Fast path: the rank's report and waits, then its escalation (which
    * drops its waits: its ops come here now, with this message). */
   gs__eng_fast_update(e, s, msg, now_ms);
-  if (msg->escalate_round && s->state == RANK_CONNECTED)
+  if (msg->escalate_round && s->state == RANK_CONNECTED) {
+    gs__eng_fast_note_ops(e, rank, msg);
     gs__eng_fast_escalate(e, rank, msg->escalate_round, now_ms, box);
+  }
   gs__eng_maybe_emit(e, box, e->left_rank >= 0); /* after a departure, errors go out at once */
   /* The table may have emptied without a plan (a local conflict, an
    * escalation with nothing to send). */
@@ -361,6 +363,9 @@ void gs__engine_get_stats(const gs__engine *e, gs__engine_stats *out) {
   out->fast_mode = e->fast;
   out->fast_entries = e->fast_entries;
   out->fast_stops = e->fast_stops;
+  out->fast_backoff = e->fast_backoff;
+  out->fast_backoff_left = e->fast_backoff_left;
+  out->fast_backoffs = e->fast_backoffs;
   for (int32_t r = 0; r < e->world; r++) {
     const gs__fast_report *f = &e->ranks[r].fast;
     if (f->rounds > out->fast_rounds) out->fast_rounds = f->rounds;

@@ -21,7 +21,12 @@
  * escalated and sends the others FastStop{abort_round}; a timeline start
  * sends FastStop. No deadlock check runs in fast mode; the ranks' fast
  * reports and fast-pending ops feed GetStatus, ListPending and the stall
- * inspector. */
+ * inspector. An episode that ended at its first fast round because a rank
+ * brought an op the fast path cannot run (uncached, or not an allreduce,
+ * broadcast, reducescatter or barrier, or grouped) or a request sent before
+ * the marker was a wasted round: the marker then skips the next 1, 2, 4 ..
+ * GS__FAST_BACKOFF_MAX plans that empty the table, and the exponent resets
+ * once an episode runs a round. */
 #ifndef GS_SERVER_ENGINE_H
 #define GS_SERVER_ENGINE_H
 
@@ -55,6 +60,9 @@ typedef struct gs__engine_config {
 } gs__engine_config;
 
 #define GS__MAX_PENDING_DEFAULT 65536
+/* The longest backoff of the fast path's marker, in plans that empty the
+ * table (see above). */
+#define GS__FAST_BACKOFF_MAX 64
 
 typedef enum gs__out_kind {
   GS__OUT_TO_ALL,     /* msg to every rank whose session is open */
@@ -159,9 +167,14 @@ typedef struct gs__engine_stats {
   uint64_t mismatches;     /* error responses planned (mismatches, local conflicts) */
   uint64_t ranks_lost;     /* ranks declared lost */
   uint32_t epoch;
-  int fast_mode;             /* a fast_after plan went out; not every rank escalated */
-  uint64_t fast_entries;     /* plans sent with fast_after */
-  uint64_t fast_stops;       /* FastStop messages sent (one per event) */
+  int fast_mode;         /* a fast_after plan went out; not every rank escalated */
+  uint64_t fast_entries; /* plans sent with fast_after */
+  uint64_t fast_stops;   /* FastStop messages sent (one per event) */
+  int fast_backoff;      /* backing off: no marker until fast_backoff_left more plans
+                            that empty the table went out (see fast.c) */
+  uint64_t fast_backoff_left;
+  uint64_t fast_backoffs;    /* episodes wasted (escalated at their first round for an
+                                op the fast path cannot run): each started a backoff */
   uint64_t fast_rounds;      /* the ranks' fast reports: the largest of each */
   uint64_t fast_tensors;     /*   counter over the ranks */
   uint64_t fast_collectives; /*   ... */

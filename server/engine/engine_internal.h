@@ -165,7 +165,22 @@ struct gs__engine {
    * not once per escalation. */
   int32_t fast_first_rank, fast_cursor;
   uint64_t fast_first_round;
-  int draining;     /* the coordinator is shutting down: no fast_after */
+  /* The backoff (fast.c): an episode that escalated at its first round
+   * for an op the fast path cannot run was a wasted round; the marker then
+   * waits for the next 1, 2, 4 .. GS__FAST_BACKOFF_MAX plans that empty the
+   * table (fast_backoff_left of them still), and the exponent resets once
+   * an episode runs a round. fast_base_round: the ranks' fast-round count
+   * when this episode began (rounds count from the job's start, alike on
+   * every rank). fast_op_*: this episode brought such an op (its name);
+   * fast_told_stop: a timeline or a departure ended it (never counted). */
+  uint64_t fast_base_round;
+  int fast_op_escalated, fast_told_stop;
+  char fast_op_name[GS__MAX_NAME + 1];
+  int fast_backoff; /* backing off: the marker goes on a plan that empties the table only */
+  uint32_t fast_backoff_level;
+  uint64_t fast_backoff_left, fast_backoffs;
+  char fast_backoff_name[GS__MAX_NAME + 1]; /* the op of the episode that started it */
+  int draining;                             /* the coordinator is shutting down: no fast_after */
   int32_t ncapable; /* connected ranks whose hello said they run fast rounds */
   uint64_t fast_entries, fast_stops;
 };
@@ -235,8 +250,15 @@ void gs__eng_template_apply(gs__engine *e, gs__plan *plan);
 void gs__eng_maybe_emit(gs__engine *e, gs__outbox *box, int force);
 
 /* fast.c */
-/* 1 when the job may enter fast mode now (see engine.h). */
+/* 1 when the job may enter fast mode now on an empty plan (see
+ * engine.h); never while backing off. */
 int gs__eng_fast_allowed(const gs__engine *e);
+/* A plan that empties the table goes out: 1 when it carries the marker
+ * (counts the plan against a backoff). */
+int gs__eng_fast_on_plan(gs__engine *e);
+/* An escalation message (msg->escalate_round) of rank in fast mode: notes
+ * an op in it the fast path cannot run (before gs__eng_fast_escalate). */
+void gs__eng_fast_note_ops(gs__engine *e, int32_t rank, const gs__rank_msg *msg);
 /* A fast_after plan goes out: fast mode from now on. */
 void gs__eng_fast_enter(gs__engine *e);
 /* When the job may enter fast mode and no plan is due: an empty plan

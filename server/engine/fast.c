@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int gs__eng_fast_allowed(const gs__engine *e) {
+static int may_enter(const gs__engine *e) {
   if (!e->cfg.fast_path || e->fast || e->aborted || e->draining || e->timeline) return 0;
   /* Every rank of the world present: none left, lost or gone, none out of
    * data (gs_join: joined ranks contribute zeros, which only the
@@ -26,6 +26,87 @@ int gs__eng_fast_allowed(const gs__engine *e) {
   /* Nothing pending (a fast round never sees the table), and something the
    * ranks can agree on. */
   return e->ncache > 0 && !e->table && !e->nready;
+}
+
+int gs__eng_fast_allowed(const gs__engine *e) {
+  /* Backing off, the marker waits for a plan that empties the table (an
+   * empty plan on a tick or an idle escalation would end it early). */
+  return !e->fast_backoff && may_enter(e);
+}
+
+int gs__eng_fast_on_plan(gs__engine *e) {
+  if (!may_enter(e)) return 0;
+  if (!e->fast_backoff) return 1;
+  if (e->fast_backoff_left) {
+    e->fast_backoff_left--;
+    return 0;
+  }
+  e->fast_backoff = 0;
+  return 1;
+}
+
+/* Ops a fast round can run (as the worker's classification): a cached
+ * allreduce, broadcast or reducescatter that is not grouped, or a barrier. */
+static int runs_fast(const gs__tensor_request *r) {
+  if (r->op == GS__OP_BARRIER) return 1;
+  return (r->op == GS__OP_ALLREDUCE || r->op == GS__OP_BROADCAST ||
+          r->op == GS__OP_REDUCESCATTER) &&
+         !r->group_id;
+}
+
+static void note_op(gs__engine *e, const char *name) {
+  if (e->fast_op_escalated) return;
+  e->fast_op_escalated = 1;
+  snprintf(e->fast_op_name, sizeof e->fast_op_name, "%s", name);
+}
+
+void gs__eng_fast_note_ops(gs__engine *e, int32_t rank, const gs__rank_msg *msg) {
+  if (!e->fast || e->ranks[rank].escalated || e->fast_op_escalated) return;
+  /* A request in full: not in the rank's cache copy (new, evicted, or with
+   * other parameters: a broadcast from another root). */
+  if (msg->nrequests) {
+    note_op(e, msg->requests[0].name);
+    return;
+  }
+  for (size_t i = 0; i < msg->ncached; i++) {
+    const gs__tensor_request *r = gs__eng_cache_lookup(e, msg->cached[i]);
+    if (r && !runs_fast(r)) {
+      note_op(e, r->name);
+      return;
+    }
+  }
+}
+
+/* The episode just ended (every connected rank escalated after round
+ * `round`). Wasted: it ended at its first round, for an op a fast round
+ * cannot run; not a timeline or a departure, which end an episode whatever
+ * the job does, nor a reordering, a deadlock or a barrier's wait, where
+ * every op was one the ranks could run. */
+static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
+  uint64_t rounds = round > e->fast_base_round ? round - e->fast_base_round : 0;
+  e->fast_base_round = round;
+  if (e->fast_told_stop) return;
+  if (rounds >= 2) {
+    /* It ran a round (at least one before the one that escalated). */
+    e->fast_backoff_level = 0;
+    return;
+  }
+  if (!e->fast_op_escalated) return;
+  uint64_t skip = e->fast_backoff_level < 31 ? (uint64_t)1 << e->fast_backoff_level : UINT64_MAX;
+  if (skip >= GS__FAST_BACKOFF_MAX)
+    skip = GS__FAST_BACKOFF_MAX;
+  else
+    e->fast_backoff_level++;
+  e->fast_backoff = 1;
+  e->fast_backoff_left = skip;
+  e->fast_backoffs++;
+  snprintf(e->fast_backoff_name, sizeof e->fast_backoff_name, "%s", e->fast_op_name);
+  gs__eng_out_log(box, skip == GS__FAST_BACKOFF_MAX ? GS__LOG_INFO : GS__LOG_DEBUG,
+                  "the fast path backs off for %llu plan%s: the ranks came back at their first "
+                  "fast round with '%s', an op a fast round cannot run (uncached, or an "
+                  "allgather, alltoall, join, sparse or grouped op); the marker waits for the "
+                  "next plan that empties the table after these",
+                  (unsigned long long)skip, skip == 1 ? "" : "s", e->fast_op_name);
 }
 
 void gs__eng_fast_hello(gs__engine *e, rank_slot *s, const gs__rank_msg *msg) {
@@ -60,6 +141,8 @@ void gs__eng_fast_enter(gs__engine *e) {
   e->fast = 1;
   e->fast_recalled = 0;
   e->fast_entries++;
+  e->fast_op_escalated = e->fast_told_stop = 0;
+  e->fast_op_name[0] = 0;
   reset_ranks(e);
 }
 
@@ -90,13 +173,14 @@ void gs__eng_fast_marker(gs__engine *e, gs__outbox *box) {
 
 /* Every connected rank escalated: back to normal mode. An escalation is
  * activity (the deadlock window starts again). */
-static void check_exit(gs__engine *e, uint64_t now_ms) {
+static void check_exit(gs__engine *e, uint64_t now_ms, gs__outbox *box) {
   if (!e->fast) return;
   while (e->fast_cursor < e->world &&
          (e->ranks[e->fast_cursor].state != RANK_CONNECTED || e->ranks[e->fast_cursor].escalated))
     e->fast_cursor++;
   if (e->fast_cursor < e->world) return;
   e->fast = 0;
+  if (e->fast_first_rank >= 0) episode_ended(e, e->fast_first_round, box);
   reset_ranks(e);
   e->last_activity_ms = now_ms;
   e->deadlock_reported = 0;
@@ -125,11 +209,12 @@ void gs__eng_fast_escalate(gs__engine *e, int32_t rank, uint64_t round, uint64_t
   }
   s->escalated = 1;
   gs__eng_fast_pending_clear(s); /* its ops come to the coordinator now */
-  check_exit(e, now_ms);
+  check_exit(e, now_ms, box);
 }
 
 void gs__eng_fast_left(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox *box) {
   if (!e->fast) return;
+  e->fast_told_stop = 1;
   rank_slot *s = &e->ranks[rank];
   s->escalated = 1;
   gs__eng_fast_pending_clear(s);
@@ -155,13 +240,14 @@ void gs__eng_fast_left(gs__engine *e, int32_t rank, uint64_t now_ms, gs__outbox 
     e->fast_stops++;
     gs__eng_out_log(box, GS__LOG_INFO, "fast mode ends: %s", text);
   }
-  check_exit(e, now_ms);
+  check_exit(e, now_ms, box);
 }
 
 void gs__eng_fast_late_request(gs__engine *e, int32_t rank, const char *name, gs__outbox *box) {
   const rank_slot *s = &e->ranks[rank];
   if (!e->fast || s->escalated || e->fast_recalled) return;
   e->fast_recalled = 1;
+  note_op(e, name); /* every rank's next round escalates for it */
   gs__out *o = gs__eng_out_push(box, GS__OUT_TO_ALL);
   if (!o) return;
   char text[GS__MAX_TEXT];
@@ -180,6 +266,7 @@ void gs__engine_set_timeline(gs__engine *e, int recording, uint64_t now_ms, gs__
   (void)now_ms;
   e->timeline = recording ? 1 : 0;
   if (!recording || !e->fast || e->aborted) return;
+  e->fast_told_stop = 1;
   const char *text =
       "a timeline started recording (gradsyncd StartTimeline or --timeline): the coordinator "
       "must see every request while it records, so every rank leaves the fast path at its next "

@@ -52,6 +52,10 @@ int gs__engine_status(const gs__engine *e, uint64_t now_ms, gs__diag_status *out
     if (f->tensors > out->fast_tensors) out->fast_tensors = f->tensors;
     if (f->collectives > out->fast_collectives) out->fast_collectives = f->collectives;
   }
+  out->fast_backoff = e->fast_backoff;
+  out->fast_backoff_plans = e->fast_backoff_left;
+  out->fast_backoffs = e->fast_backoffs;
+  snprintf(out->fast_backoff_tensor, sizeof out->fast_backoff_tensor, "%s", e->fast_backoff_name);
   uint64_t hits = gs__add_sat(e->cache_hits, fast);
   uint64_t reqs = gs__add_sat(hits, e->full_requests);
   out->cache_hit_rate = reqs ? (double)hits / (double)reqs : 0.0;

@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include "codec.h"
+#include "codec_diag.h"
+#include "diag_messages.h"
 #include "messages.h"
 #include "status.h"
 
@@ -1676,6 +1678,46 @@ static void test_plan_msg_rejects_non_finite_scale_and_negative_dims(void **stat
   free(buf);
 }
 
+/* GetStatus's fast-path backoff (issue 14) survives a round trip; a
+ * tensor name over the limit is refused, naming the field. */
+static void test_diag_status_fast_backoff(void **state) {
+  (void)state;
+  gs__diag_status in, out;
+  memset(&in, 0, sizeof in);
+  snprintf(in.job_id, sizeof in.job_id, "job");
+  snprintf(in.coordinator_state, sizeof in.coordinator_state, "serving");
+  in.fast_rounds = 7;
+  in.fast_backoff = 1;
+  in.fast_backoff_plans = 63;
+  in.fast_backoffs = 9;
+  snprintf(in.fast_backoff_tensor, sizeof in.fast_backoff_tensor, "emb/grad");
+  uint8_t *buf;
+  size_t len;
+  char err[256] = "";
+  assert_int_equal(gs__encode_diag_status(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_diag_status(buf, len, &out, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(out.fast_rounds, 7);
+  assert_int_equal(out.fast_backoff, 1);
+  assert_int_equal(out.fast_backoff_plans, 63);
+  assert_int_equal(out.fast_backoffs, 9);
+  assert_string_equal(out.fast_backoff_tensor, "emb/grad");
+  assert_string_equal(out.coordinator_state, "serving");
+  gs__diag_status_free(&out);
+
+  /* A reply whose name is over the limit (a coordinator never sends one):
+   * the buffer is not overrun; the decoder says which field. */
+  pbw w = {0};
+  char *name = repeat('n', GS__MAX_NAME + 1);
+  pbw_int(&w, 21, 1);
+  pbw_str(&w, 24, name); /* GetStatusResponse.fast_backoff_tensor */
+  assert_int_equal(gs__decode_diag_status(w.b, w.n, &out, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_string_equal(err, "fast_backoff_tensor of 256 bytes exceeds the limit of 255 bytes");
+  gs__diag_status_free(&out);
+  pbw_free(&w);
+  free(name);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_join_request_round_trip),
@@ -1698,6 +1740,7 @@ int main(void) {
       cmocka_unit_test(test_kv_limits),
       cmocka_unit_test(test_shape_elements),
       cmocka_unit_test(test_shape_format),
+      cmocka_unit_test(test_diag_status_fast_backoff),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -933,6 +933,179 @@ static void test_held_entries_name_ranks_not_escalated(void **state) {
   assert_contains(report, "Missing ranks:\n1 (host-1:1001): [a]");
 }
 
+/* ---- the backoff ---------------------------------------------------------------- */
+
+/* An allgather of float32 [1, 4]: never cached, never run in a fast round. */
+static gs__tensor_request ag(const char *name) {
+  gs__tensor_request r = ar_shape(name, 1);
+  r.op = GS__OP_ALLGATHER;
+  r.ndim = 2;
+  r.shape[1] = 4;
+  return r;
+}
+
+/* One step of a job whose steps each hold a cached allreduce (id) and an
+ * allgather 'g'. In fast mode every rank escalates after fast round
+ * `round` with both (in normal mode round is 0). Returns the fast_after of
+ * the one plan that comes out. */
+static int mixed_step(fx *f, uint32_t id, uint64_t round) {
+  gs__outbox_clear(&f->box);
+  for (int32_t r = 0; r < f->world; r++) {
+    gs__tensor_request g = ag("g");
+    gs__rank_msg m;
+    memset(&m, 0, sizeof m);
+    m.ncached = 1;
+    m.cached = &id;
+    m.nrequests = 1;
+    m.requests = &g;
+    m.escalate_round = round;
+    send_msg(f, r, &m);
+  }
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 2);
+  assert_int_equal(p->responses[0].kind, GS__RESP_COLLECTIVE);
+  assert_int_equal(p->responses[1].kind, GS__RESP_COLLECTIVE);
+  return p->fast_after; /* (the outbox keeps the plan and the log lines) */
+}
+
+/* A job whose every step escalates at the first fast round (an allgather
+ * each step): after each such episode the marker skips 1, 2, 4 .. 64
+ * plans that empty the table, then stays at 64; GetStatus and the stats
+ * say so, naming the op. Once an episode runs a round the next plan
+ * carries the marker again and the next wasted episode backs off by 1. */
+static void test_backoff_when_every_step_escalates(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  /* Step 1 negotiates a and g in full; a is cached; the marker. */
+  uint32_t id = first_step(f, "a");
+  uint64_t round = 0;
+  uint64_t want[] = {1, 2, 4, 8, 16, 32, 64, 64, 64};
+  for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+    /* Fast mode: each rank's first round is not clear (g), so every rank
+     * escalates after it with a and g. Their plan goes without the marker. */
+    assert_int_equal(stats(f).fast_mode, 1);
+    assert_int_equal(mixed_step(f, id, ++round), 0);
+    if (k == 0)
+      assert_string_equal(logged(f, "backs off"),
+                          "the fast path backs off for 1 plan: the ranks came back at their "
+                          "first fast round with 'g', an op a fast round cannot run (uncached, "
+                          "or an allgather, alltoall, join, sparse or grouped op); the marker "
+                          "waits for the next plan that empties the table after these");
+    gs__engine_stats st = stats(f);
+    assert_int_equal(st.fast_mode, 0);
+    assert_int_equal(st.fast_backoffs, k + 1);
+    assert_int_equal(st.fast_backoff, 1);
+    assert_int_equal(st.fast_backoff_left, want[k] - 1); /* that plan was the first */
+    gs__diag_status ds;
+    assert_int_equal(gs__engine_status(f->e, f->now, &ds), GS__OK);
+    assert_int_equal(ds.fast_backoff, 1);
+    assert_int_equal(ds.fast_backoff_plans, want[k] - 1);
+    assert_int_equal(ds.fast_backoffs, k + 1);
+    assert_string_equal(ds.fast_backoff_tensor, "g");
+    gs__diag_status_free(&ds);
+    /* Normal steps: the rest of the backoff, then the marker on the next
+     * plan that empties the table (none on a tick meanwhile). */
+    for (uint64_t n = 1; n < want[k]; n++) {
+      gs__outbox_clear(&f->box);
+      gs__engine_tick(f->e, f->now += 1000, &f->box);
+      assert_int_equal(nmsgs(f), 0);
+      assert_int_equal(mixed_step(f, id, 0), 0);
+    }
+    assert_int_equal(mixed_step(f, id, 0), 1);
+    assert_int_equal(stats(f).fast_backoff, 0);
+  }
+
+  /* The job becomes steady: an episode runs 5 rounds before g comes back. */
+  round += 5;
+  assert_int_equal(mixed_step(f, id, round), 1); /* no backoff: the marker at once */
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.fast_backoffs, 9);
+  assert_int_equal(st.fast_backoff, 0);
+  assert_int_equal(st.fast_mode, 1);
+  /* The exponent was reset: a wasted episode skips one plan again. */
+  assert_int_equal(mixed_step(f, id, ++round), 0);
+  assert_int_equal(stats(f).fast_backoff_left, 0);
+  assert_int_equal(mixed_step(f, id, 0), 1);
+}
+
+/* What counts: an op a fast round cannot run at the first round. A
+ * reordering (only cached allreduces, nothing in common), an episode that
+ * ran rounds, or one a timeline ended does not back off; a grouped cached
+ * allreduce and a request sent before the marker do. */
+static void test_backoff_counts_only_ops_the_fast_path_cannot_run(void **state) {
+  fx *f = *state;
+  start(f, 2);
+  uint32_t id = first_step(f, "a");
+  /* Reordering at the first round: cached ids only. */
+  send_ids(f, 0, &id, 1, 1);
+  send_ids(f, 1, &id, 1, 1);
+  assert_int_equal(only_plan(f)->fast_after, 1);
+  assert_int_equal(stats(f).fast_backoffs, 0);
+  gs__outbox_clear(&f->box);
+
+  /* A timeline ends the episode at its first round, with g: no backoff
+   * (the marker waits for the timeline only). */
+  gs__engine_set_timeline(f->e, 1, f->now, &f->box);
+  gs__outbox_clear(&f->box);
+  assert_int_equal(mixed_step(f, id, 2), 0);
+  gs__outbox_clear(&f->box);
+  gs__engine_set_timeline(f->e, 0, f->now, &f->box);
+  gs__engine_tick(f->e, f->now += 100, &f->box);
+  assert_int_equal(only_plan(f)->fast_after, 1);
+  assert_int_equal(stats(f).fast_backoffs, 0);
+  gs__outbox_clear(&f->box);
+
+  /* A grouped allreduce, cached, sent by id at the first round. */
+  gs__tensor_request gr = ar("grp");
+  gr.group_id = 7;
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.nrequests = 1;
+  m.requests = &gr;
+  m.escalate_round = 3;
+  send_msg(f, 0, &m);
+  send_msg(f, 1, &m);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->fast_after, 0); /* a full request: backed off */
+  uint32_t gid = p->responses[0].tensors[0].cache_id;
+  assert_int_not_equal(gid, 0);
+  assert_int_equal(stats(f).fast_backoffs, 1);
+  gs__outbox_clear(&f->box);
+  send_ids(f, 0, &gid, 1, 0);
+  send_ids(f, 1, &gid, 1, 0);
+  assert_int_equal(only_plan(f)->fast_after, 1);
+  gs__outbox_clear(&f->box);
+  send_ids(f, 0, &gid, 1, 4);
+  send_ids(f, 1, &gid, 1, 4);
+  assert_int_equal(only_plan(f)->fast_after, 0);
+  gs__engine_stats st = stats(f);
+  assert_int_equal(st.fast_backoffs, 2);
+  assert_int_equal(st.fast_backoff_left, 1);
+  gs__diag_status ds;
+  assert_int_equal(gs__engine_status(f->e, f->now, &ds), GS__OK);
+  assert_string_equal(ds.fast_backoff_tensor, "grp");
+  gs__diag_status_free(&ds);
+  gs__outbox_clear(&f->box);
+  for (int i = 0; i < 2; i++) {
+    send_ids(f, 0, &id, 1, 0);
+    send_ids(f, 1, &id, 1, 0);
+    assert_int_equal(only_plan(f)->fast_after, i == 1);
+    gs__outbox_clear(&f->box);
+  }
+
+  /* A request sent before the marker: every rank is asked back and
+   * escalates at its next (first) round; that backs off too. */
+  send_ids(f, 0, &id, 1, 0);
+  assert_int_equal(msg_at(f, 0)->msg.kind, GS__MSG_FAST_STOP);
+  gs__outbox_clear(&f->box);
+  escalate(f, 0, 5);
+  send_ids(f, 1, &id, 1, 5);
+  assert_int_equal(only_plan(f)->fast_after, 0);
+  st = stats(f);
+  assert_int_equal(st.fast_backoffs, 3);
+  assert_int_equal(st.fast_backoff_left, 3); /* 4 plans, this one the first */
+}
+
 int main(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -951,6 +1124,8 @@ int main(void) {
       T(test_fast_pending_stall_shutdown),
       T(test_fast_pending_bounded_and_dropped),
       T(test_held_entries_name_ranks_not_escalated),
+      T(test_backoff_when_every_step_escalates),
+      T(test_backoff_counts_only_ops_the_fast_path_cannot_run),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
