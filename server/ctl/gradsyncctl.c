@@ -383,8 +383,9 @@ static int cmd_status(ctl *c, int ranks_only) {
            (unsigned long long)st.fast_tensors, st.fast_tensors == 1 ? "" : "s",
            (unsigned long long)st.fast_collectives, st.fast_collectives == 1 ? "" : "s");
     if (st.fast_backoff)
-      printf("              backed off: the next %llu plan%s that empty the table go without "
-             "the marker ('%s' came back at the first fast round; %llu backoff%s so far)\n",
+      printf("              backed off: %llu more plan%s emptying the table without the "
+             "marker, then the next one carries it ('%s' came back at the first fast round; "
+             "%llu backoff%s so far)\n",
              (unsigned long long)st.fast_backoff_plans, st.fast_backoff_plans == 1 ? "" : "s",
              st.fast_backoff_tensor, (unsigned long long)st.fast_backoffs,
              st.fast_backoffs == 1 ? "" : "s");

@@ -24,9 +24,9 @@
  * inspector. An episode that ended at its first fast round because a rank
  * brought an op the fast path cannot run (uncached, or not an allreduce,
  * broadcast, reducescatter or barrier, or grouped) or a request sent before
- * the marker was a wasted round: the marker then skips the next 1, 2, 4 ..
- * GS__FAST_BACKOFF_MAX plans that empty the table, and the exponent resets
- * once an episode runs a round. */
+ * the marker was a wasted round: from the second in a row the marker skips
+ * the next 1, 2, 4 .. GS__FAST_BACKOFF_MAX plans that empty the table, and
+ * the count resets once an episode runs a round. */
 #ifndef GS_SERVER_ENGINE_H
 #define GS_SERVER_ENGINE_H
 

@@ -166,10 +166,11 @@ struct gs__engine {
   int32_t fast_first_rank, fast_cursor;
   uint64_t fast_first_round;
   /* The backoff (fast.c): an episode that escalated at its first round
-   * for an op the fast path cannot run was a wasted round; the marker then
-   * waits for the next 1, 2, 4 .. GS__FAST_BACKOFF_MAX plans that empty the
-   * table (fast_backoff_left of them still), and the exponent resets once
-   * an episode runs a round. fast_base_round: the ranks' fast-round count
+   * for an op the fast path cannot run was a wasted round; from the second
+   * in a row (fast_backoff_level counts them) the marker waits for the next
+   * 1, 2, 4 .. GS__FAST_BACKOFF_MAX plans that empty the table
+   * (fast_backoff_left of them still), and the count resets once an
+   * episode runs a round. fast_base_round: the ranks' fast-round count
    * when this episode began (rounds count from the job's start, alike on
    * every rank). fast_op_*: this episode brought such an op (its name);
    * fast_told_stop: a timeline or a departure ended it (never counted). */

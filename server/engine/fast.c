@@ -63,11 +63,13 @@ static void note_op(gs__engine *e, const char *name) {
 void gs__eng_fast_note_ops(gs__engine *e, int32_t rank, const gs__rank_msg *msg) {
   if (!e->fast || e->ranks[rank].escalated || e->fast_op_escalated) return;
   /* A request in full: not in the rank's cache copy (new, evicted, or with
-   * other parameters: a broadcast from another root). */
-  if (msg->nrequests) {
-    note_op(e, msg->requests[0].name);
-    return;
-  }
+   * other parameters: a broadcast from another root), or never cached (an
+   * allgather, ...). Barriers are never cached, and run in fast rounds. */
+  for (size_t i = 0; i < msg->nrequests; i++)
+    if (msg->requests[i].op != GS__OP_BARRIER) {
+      note_op(e, msg->requests[i].name);
+      return;
+    }
   for (size_t i = 0; i < msg->ncached; i++) {
     const gs__tensor_request *r = gs__eng_cache_lookup(e, msg->cached[i]);
     if (r && !runs_fast(r)) {
@@ -80,8 +82,10 @@ void gs__eng_fast_note_ops(gs__engine *e, int32_t rank, const gs__rank_msg *msg)
 /* The episode just ended (every connected rank escalated after round
  * `round`). Wasted: it ended at its first round, for an op a fast round
  * cannot run; not a timeline or a departure, which end an episode whatever
- * the job does, nor a reordering, a deadlock or a barrier's wait, where
- * every op was one the ranks could run. */
+ * the job does, nor a reordering, a deadlock, a barrier's wait or a
+ * (un)registration, where every op was one the ranks could run. From the
+ * second wasted episode in a row the marker backs off: 1, 2, 4 ..
+ * GS__FAST_BACKOFF_MAX plans that empty the table go without it. */
 static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
   uint64_t rounds = round > e->fast_base_round ? round - e->fast_base_round : 0;
   e->fast_base_round = round;
@@ -92,11 +96,12 @@ static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
     return;
   }
   if (!e->fast_op_escalated) return;
-  uint64_t skip = e->fast_backoff_level < 31 ? (uint64_t)1 << e->fast_backoff_level : UINT64_MAX;
-  if (skip >= GS__FAST_BACKOFF_MAX)
-    skip = GS__FAST_BACKOFF_MAX;
-  else
-    e->fast_backoff_level++;
+  /* The first in a row is free: a job meets a new tensor now and then. */
+  uint32_t level = e->fast_backoff_level;
+  if (level < 32) e->fast_backoff_level++;
+  if (!level) return;
+  uint64_t skip = level <= 31 ? (uint64_t)1 << (level - 1) : GS__FAST_BACKOFF_MAX;
+  if (skip > GS__FAST_BACKOFF_MAX) skip = GS__FAST_BACKOFF_MAX;
   e->fast_backoff = 1;
   e->fast_backoff_left = skip;
   e->fast_backoffs++;

@@ -40,6 +40,10 @@
  *                      barrier: requests=Q escalations=E"; then every rank
  *                      allreduces (sum) 'fast/tower', checked, and runs one
  *                      more step
+ *   gather N K         steps 1..K each begin with an allgather 'fast/gather'
+ *                      (float32 [1, 3], rank r sends r*10 + 0..2; checked),
+ *                      which a fast round cannot run, then the usual ops;
+ *                      steps K+1..N are the usual ops only, 20 ms apart
  * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded. */
 #include "gradsync.h"
 #include "worker_util.h"
@@ -212,6 +216,35 @@ static void step(gs_ctx *ctx, int s, wait_style style, int reverse, op *extra) {
   print_step(s, &a, &b);
 }
 
+/* gather mode: submits the step's allgather (before the step's ops). */
+static gs_handle *gather_submit(gs_ctx *ctx, float *send) {
+  for (int j = 0; j < 3; j++) send[j] = (float)(g_rank * 10 + j);
+  int64_t shape[2] = {1, 3};
+  gs_handle *h = NULL;
+  gs_status st = gs_allgather_async(ctx, "fast/gather", send, shape, 2, GS_FLOAT32, NULL, &h);
+  if (st != GS_OK)
+    wu_die("gs_allgather_async 'fast/gather': %s: %s", wu_status_name(st), gs_last_error(ctx));
+  return h;
+}
+
+/* Waits for the allgather and checks every rank's block. */
+static void gather_check(gs_handle *h, int s) {
+  gs_status st = gs_wait(h, WAIT_MS);
+  if (st != GS_OK)
+    wu_die("allgather 'fast/gather' (step %d): %s: %s", s, wu_status_name(st), gs_handle_error(h));
+  const void *data = NULL;
+  size_t bytes = 0;
+  if (gs_handle_result(h, &data, &bytes) != GS_OK || bytes != (size_t)g_size * 3 * sizeof(float))
+    wu_die("allgather 'fast/gather' (step %d): %zu bytes, expected %zu", s, bytes,
+           (size_t)g_size * 3 * sizeof(float));
+  for (int r = 0; r < g_size; r++)
+    for (int j = 0; j < 3; j++)
+      if (((const float *)data)[r * 3 + j] != (float)(r * 10 + j))
+        wu_die("allgather 'fast/gather' (step %d): rank %d's element %d is %g, expected %d", s, r,
+               j, ((const float *)data)[r * 3 + j], r * 10 + j);
+  gs_handle_free(h);
+}
+
 static gs_ctx *join_or_die(void) {
   gs_ctx *ctx = NULL;
   gs_status s = gs_init(NULL, &ctx);
@@ -241,7 +274,7 @@ static void expect_failure(op *o, gs_status want) {
 
 static void usage(void) {
   fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
-                  "                      reorder N K |\n"
+                  "                      reorder N K | gather N K |\n"
                   "                      barrier N | deadlock K | leave K | shutdown K | hang K\n");
   exit(2);
 }
@@ -276,6 +309,15 @@ int main(int argc, char **argv) {
       step(ctx, s, WAIT_BLOCK, reorder && s == k && g_rank == 1,
            !reorder && s == k ? &extra : NULL);
     free(extra.buf);
+  } else if (!strcmp(mode, "gather")) {
+    if (argc != 4 || k < 1 || k > n) usage();
+    for (int s = 1; s <= n; s++) {
+      float send[3];
+      gs_handle *h = s <= k ? gather_submit(ctx, send) : NULL;
+      step(ctx, s, WAIT_BLOCK, 0, NULL);
+      if (h) gather_check(h, s);
+      if (s > k) sleep_ms(20); /* time for the driver's gradsyncctl */
+    }
   } else if (!strcmp(mode, "barrier")) {
     for (int s = 1; s <= n; s++) {
       step(ctx, s, WAIT_BLOCK, 0, NULL);

@@ -196,6 +196,40 @@ static void test_new_tensor_mid_step_np3(void **state) {
   job_stop_coordinator(&w);
 }
 
+/* Steps 1-10 each begin with an allgather, which a fast round cannot run:
+ * each time the marker reaches the ranks, their next round escalates, and
+ * gradsyncd backs off (holds the marker back for more and more plans).
+ * Every value is right (the worker checks the allgather and every op), and
+ * once the job is steady the marker comes back: steps 39 and 40 run in fast
+ * rounds. gradsyncctl status shows the backoff's state meanwhile. */
+static void test_steps_that_always_escalate_back_off_np2(void **state) {
+  (void)state;
+  char *args[] = {"gather", "40", "10", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  /* While the steady steps run: what gradsyncctl status says. */
+  if (proc_wait_for_output(w.ranks[0], "fast: rank 0 step 12:", GUARD_MS) != 0)
+    job_fail("rank 0 never reached step 12");
+  const char *ctl = GS_BIN_DIR "/gradsyncctl";
+  char *argv[] = {(char *)ctl, "--addr", w.addr, "status", NULL};
+  proc *p = proc_spawn("gradsyncctl status", argv, NULL);
+  if (!p) job_fail("could not start gradsyncctl");
+  job_expect_exit(p, 0);
+  char *out = proc_output(p);
+  printf("%s", out);
+  if (!strstr(out, "fast path:") || (strstr(out, "backed off") && !strstr(out, "'fast/gather'")))
+    job_fail("gradsyncctl status does not show the fast path's backoff naming 'fast/gather':\n%s",
+             out);
+  free(out);
+  expect_passed(&w);
+  unsigned long long esc = 0;
+  for (int s = 2; s <= 10; s++) esc += stats_of(w.ranks[0], 0, s).escalations;
+  printf("escalations of rank 0 in steps 2-10 (one allgather each): %llu\n", esc);
+  expect_fast_step(&w, 39, STEP_OPS);
+  expect_fast_step_ex(&w, 40, STEP_OPS, 1);
+  job_stop_coordinator(&w);
+}
+
 /* Rank 1 submits step 4 in the reverse order: whatever the rounds agree on,
  * every value is right (the worker checks) and step 6 is fast again. */
 static void test_reordered_submissions_np2(void **state) {
@@ -431,6 +465,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_steps_that_always_escalate_back_off_np2, setup,
+                                      job_teardown),
       cmocka_unit_test_setup_teardown(test_cache_smaller_than_step_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_barrier_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_unregister_then_barrier_np3, setup, job_teardown),
