@@ -60,6 +60,7 @@ typedef enum gs__setting_id {
   GS__S_SERVE_FOREVER,
   GS__S_SHUTDOWN_GRACE,
   GS__S_FAST_PATH,
+  GS__S_FAST_PATH_BACKOFF,
   /* worker library */
   GS__S_COORDINATOR,
   GS__S_RANK,

@@ -742,6 +742,7 @@ int gs__coordinator_create(const gs__coordinator_opts *o, gs__server *s, gs__coo
   ec.max_pending_per_rank = o->max_pending_per_rank;
   ec.epoch = 1;
   ec.fast_path = o->fast_path;
+  ec.fast_backoff_max = o->fast_path_backoff;
   co->serve_forever = o->serve_forever;
   co->drain_ms = o->drain_ms;
   co->kv_max_bytes = o->kv_max_bytes;

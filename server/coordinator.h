@@ -22,11 +22,12 @@ typedef struct gs__coordinator_opts {
   uint32_t max_pending_per_rank;    /* --max-pending-per-rank (0 = the engine's default) */
   size_t kv_max_bytes, kv_max_keys; /* 0 = the defaults of kv.h */
   size_t session_queue_max_bytes;   /* per session; 0 = the transport's default */
-  int join_timeout_ms; /* a joined rank without a Session is released after it (0 = 60 s) */
-  int serve_forever;   /* 1: a fresh job (next epoch) after each one */
-  uint32_t drain_ms;   /* after a failed job: how long the ranks get to close
-                          their sessions before the job is over anyway */
-  int fast_path;       /* --fast-path: the engine may send Plan.fast_after */
+  int join_timeout_ms;        /* a joined rank without a Session is released after it (0 = 60 s) */
+  int serve_forever;          /* 1: a fresh job (next epoch) after each one */
+  uint32_t drain_ms;          /* after a failed job: how long the ranks get to close
+                                 their sessions before the job is over anyway */
+  int fast_path;              /* --fast-path: the engine may send Plan.fast_after */
+  uint32_t fast_path_backoff; /* --fast-path-backoff: the longest backoff (plans; 0: none) */
 } gs__coordinator_opts;
 
 /* How the current job ended (see gs__coordinator_outcome). */

@@ -216,6 +216,7 @@ int main(int argc, char **argv) {
     goto bad_usage;
   o.serve_forever = (int)gs__settings_int(&cfg, GS__S_SERVE_FOREVER);
   o.fast_path = (int)gs__settings_int(&cfg, GS__S_FAST_PATH);
+  o.fast_path_backoff = (uint32_t)gs__settings_int(&cfg, GS__S_FAST_PATH_BACKOFF);
   o.drain_ms = (uint32_t)so.shutdown_grace_ms;
   char line[4096];
   gs__settings_describe(&cfg, GS__FOR_SERVER, line, sizeof line);

@@ -25,7 +25,7 @@
  * brought an op the fast path cannot run (uncached, or not an allreduce,
  * broadcast, reducescatter or barrier, or grouped) or a request sent before
  * the marker was a wasted round: from the second in a row the marker skips
- * the next 1, 2, 4 .. GS__FAST_BACKOFF_MAX plans that empty the table, and
+ * the next 1, 2, 4 .. cfg.fast_backoff_max plans that empty the table, and
  * the count resets once an episode runs a round. */
 #ifndef GS_SERVER_ENGINE_H
 #define GS_SERVER_ENGINE_H
@@ -57,11 +57,14 @@ typedef struct gs__engine_config {
                                       (0 = 1); gs__engine_reset sets the next */
   int fast_path;                   /* 1: send Plan.fast_after when the job may
                                       enter fast mode (gradsyncd --fast-path) */
+  uint32_t fast_backoff_max;       /* the longest backoff of the marker, in plans
+                                      that empty the table (--fast-path-backoff;
+                                      0: never back off) */
 } gs__engine_config;
 
 #define GS__MAX_PENDING_DEFAULT 65536
-/* The longest backoff of the fast path's marker, in plans that empty the
- * table (see above). */
+/* gradsyncd's default longest backoff of the fast path's marker, in plans
+ * that empty the table (see above; --fast-path-backoff). */
 #define GS__FAST_BACKOFF_MAX 64
 
 typedef enum gs__out_kind {

@@ -168,7 +168,7 @@ struct gs__engine {
   /* The backoff (fast.c): an episode that escalated at its first round
    * for an op the fast path cannot run was a wasted round; from the second
    * in a row (fast_backoff_level counts them) the marker waits for the next
-   * 1, 2, 4 .. GS__FAST_BACKOFF_MAX plans that empty the table
+   * 1, 2, 4 .. cfg.fast_backoff_max plans that empty the table
    * (fast_backoff_left of them still), and the count resets once an
    * episode runs a round. fast_base_round: the ranks' fast-round count
    * when this episode began (rounds count from the job's start, alike on

@@ -85,7 +85,7 @@ void gs__eng_fast_note_ops(gs__engine *e, int32_t rank, const gs__rank_msg *msg)
  * the job does, nor a reordering, a deadlock, a barrier's wait or a
  * (un)registration, where every op was one the ranks could run. From the
  * second wasted episode in a row the marker backs off: 1, 2, 4 ..
- * GS__FAST_BACKOFF_MAX plans that empty the table go without it. */
+ * cfg.fast_backoff_max plans that empty the table go without it. */
 static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
   uint64_t rounds = round > e->fast_base_round ? round - e->fast_base_round : 0;
   e->fast_base_round = round;
@@ -95,22 +95,26 @@ static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
     e->fast_backoff_level = 0;
     return;
   }
-  if (!e->fast_op_escalated) return;
+  if (!e->fast_op_escalated || !e->cfg.fast_backoff_max) return;
   /* The first in a row is free: a job meets a new tensor now and then. */
   uint32_t level = e->fast_backoff_level;
   if (level < 32) e->fast_backoff_level++;
   if (!level) return;
-  uint64_t skip = level <= 31 ? (uint64_t)1 << (level - 1) : GS__FAST_BACKOFF_MAX;
-  if (skip > GS__FAST_BACKOFF_MAX) skip = GS__FAST_BACKOFF_MAX;
+  uint64_t max = e->cfg.fast_backoff_max;
+  uint64_t skip = level <= 31 ? (uint64_t)1 << (level - 1) : max;
+  if (skip > max) skip = max;
   e->fast_backoff = 1;
   e->fast_backoff_left = skip;
   e->fast_backoffs++;
   snprintf(e->fast_backoff_name, sizeof e->fast_backoff_name, "%s", e->fast_op_name);
-  gs__eng_out_log(box, skip == GS__FAST_BACKOFF_MAX ? GS__LOG_INFO : GS__LOG_DEBUG,
+  /* Worth a line once per run of wasted episodes: when it reaches max. */
+  int reached_max = skip == max && (level == 1 || ((uint64_t)1 << (level - 2)) < max);
+  gs__eng_out_log(box, reached_max ? GS__LOG_INFO : GS__LOG_DEBUG,
                   "the fast path backs off for %llu plan%s: the ranks came back at their first "
                   "fast round with '%s', an op a fast round cannot run (uncached, or an "
                   "allgather, alltoall, join, sparse or grouped op); the marker waits for the "
-                  "next plan that empties the table after these",
+                  "next plan that empties the table after these (gradsyncd "
+                  "--fast-path-backoff: the longest backoff, 0 = none)",
                   (unsigned long long)skip, skip == 1 ? "" : "s", e->fast_op_name);
 }
 

@@ -28,6 +28,9 @@
 
 /* ---- fixture ----------------------------------------------------------------- */
 
+/* gradsyncd --fast-path-backoff of the engines start_raw makes. */
+static uint32_t backoff_max = GS__FAST_BACKOFF_MAX;
+
 /* An engine of n ranks, every rank joined (as host-<r>, pid 1000 + r) and
  * connected, outbox empty. No fusion (one response per tensor), a cache of
  * 1024 unless cache_capacity says otherwise, and the fast path as given.
@@ -49,6 +52,7 @@ static void start_raw(fx *f, int32_t n, int fast_path, uint32_t cache_capacity, 
   cfg.policy = GS__POLICY_ADAPTIVE;
   cfg.max_plans_in_flight = 1 << 20;
   cfg.fast_path = fast_path;
+  cfg.fast_backoff_max = backoff_max;
   assert_int_equal(gs__engine_create(&cfg, &f->e), GS__OK);
   f->world = n;
   for (int32_t r = 0; r < n; r++) {
@@ -994,7 +998,8 @@ static void test_backoff_when_every_step_escalates(void **state) {
                           "the fast path backs off for 1 plan: the ranks came back at their "
                           "first fast round with 'g', an op a fast round cannot run (uncached, "
                           "or an allgather, alltoall, join, sparse or grouped op); the marker "
-                          "waits for the next plan that empties the table after these");
+                          "waits for the next plan that empties the table after these "
+                          "(gradsyncd --fast-path-backoff: the longest backoff, 0 = none)");
     gs__engine_stats st = stats(f);
     assert_int_equal(st.fast_mode, 0);
     assert_int_equal(st.fast_backoffs, k + 1);
@@ -1032,6 +1037,31 @@ static void test_backoff_when_every_step_escalates(void **state) {
   assert_int_equal(mixed_step(f, id, ++round), 0);
   assert_int_equal(stats(f).fast_backoff_left, 0);
   assert_int_equal(mixed_step(f, id, 0), 1);
+}
+
+/* gradsyncd --fast-path-backoff N caps the backoff at N plans; 0 never
+ * backs off. */
+static void test_backoff_setting(void **state) {
+  fx *f = *state;
+  for (uint32_t max = 0; max <= 3; max += 3) {
+    backoff_max = max;
+    start(f, 2);
+    backoff_max = GS__FAST_BACKOFF_MAX;
+    uint32_t id = first_step(f, "a");
+    uint64_t round = 0;
+    assert_int_equal(mixed_step(f, id, ++round), 1); /* the first is free */
+    uint64_t want[] = {1, 2, 3, 3};
+    for (size_t k = 0; k < 4; k++) {
+      if (!max) {
+        assert_int_equal(mixed_step(f, id, ++round), 1); /* never held back */
+        continue;
+      }
+      assert_int_equal(mixed_step(f, id, ++round), 0);
+      for (uint64_t n = 1; n < want[k]; n++) assert_int_equal(mixed_step(f, id, 0), 0);
+      assert_int_equal(mixed_step(f, id, 0), 1);
+    }
+    assert_int_equal(stats(f).fast_backoffs, max ? 4 : 0);
+  }
 }
 
 /* What counts: an op a fast round cannot run at the first round. A
@@ -1158,6 +1188,7 @@ int main(void) {
       T(test_held_entries_name_ranks_not_escalated),
       T(test_backoff_when_every_step_escalates),
       T(test_backoff_counts_only_ops_the_fast_path_cannot_run),
+      T(test_backoff_setting),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
