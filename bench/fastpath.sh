@@ -5,6 +5,7 @@
 # over rounds.
 #
 #   bench/fastpath.sh [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
+#                     [--escalating]
 #
 # Cases (gradsync-bench under gradsync-run, as in control.sh):
 # - ctl: the ResNet-50 control-only step (161 tensors of 4 B, --scale 1e9,
@@ -14,6 +15,12 @@
 # the Horovod-style negotiation over OpenMPI, cached (bench/mpi_negotiation.c,
 # the bit-vector allreduce: mpi-negotiation + mpirun) and one round trip
 # through gradsyncd (gradsync-rank-sim --ranks 1, its floor round).
+# With --escalating, only this instead: a job whose every step goes back to
+# gradsyncd (the ResNet-50 control-only step, and a step of 4 tensors of
+# 4 B, each with one allgather first in each step and no barrier between
+# steps: gradsync-bench --allgather first --barrier off), with the fast path on (gradsyncd backs off after such
+# steps, --fast-path-backoff 64, the default), on without the backoff
+# (--fast-path-backoff 0) and off.
 # Raw RESULT lines go to --out (default: a temporary file, printed); the
 # table to stdout, with the load average. Timings are never pass/fail.
 set -u -o pipefail
@@ -26,13 +33,15 @@ build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
 nps="2 4"
 out=""
+escalating=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
   --rounds) rounds=$2; shift 2 ;;
   --np) nps=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
-  -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --escalating) escalating=1; shift ;;
+  -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "fastpath.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -47,11 +56,13 @@ resnet=$root/bench/workloads/resnet50.txt
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # rec CASE ROUND NP FP BENCH-ARGS...: one gradsync-bench run, its RESULT line kept.
+# FP: on, off, or nobackoff (on with --fast-path-backoff 0).
 rec() {
   local c=$1 r=$2 np=$3 fp=$4
   shift 4
-  local line
-  line=$("$bin/gradsync-run" -np "$np" --timeout 150 --coord-arg --fast-path --coord-arg "$fp" \
+  local line coord=(--coord-arg --fast-path --coord-arg "$fp")
+  [ "$fp" = nobackoff ] && coord=(--coord-arg --fast-path-backoff --coord-arg 0)
+  line=$("$bin/gradsync-run" -np "$np" --timeout 150 "${coord[@]}" \
     "$bin/gradsync-bench" "$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)
   if [ -z "$line" ]; then
     echo "fastpath.sh: $c (np=$np fast-path $fp, round $r) failed; its stderr:" >&2
@@ -73,6 +84,41 @@ ref() {
   line=$("$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)
   [ -n "$line" ] && echo "CASE $c round=$r np=$np $line" >>"$out"
 }
+
+if [ "$escalating" = 1 ]; then
+  for r in $(seq 1 "$rounds"); do
+    echo "fastpath.sh: round $r/$rounds (escalating steps)" >&2
+    for np in $nps; do
+      for fp in on nobackoff off; do
+        rec esc "$r" "$np" "$fp" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5 \
+          --allgather first --barrier off
+        rec esc4 "$r" "$np" "$fp" --uniform 4x4 --steps 300 --warmup 5 --allgather first \
+          --barrier off
+      done
+    done
+  done
+  rm -f "$out.err"
+  us() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.0f", a * 1000 }'; }
+  echo
+  echo "Every step goes back to gradsyncd (one allgather first in each step, no barrier) — $(nproc) CPUs, rounds=$rounds, load average $load_before before," \
+    "$(cut -d' ' -f1-3 /proc/loadavg) after, $(date -u +%Y-%m-%dT%H:%MZ), raw lines: $out"
+  echo
+  echo "Median µs step (each a median over rounds of the run's median step); escalations per step:"
+  echo
+  echo "| np | step | fast path on (backoff 64) | on, --fast-path-backoff 0 | off | escalations/step: on / backoff 0 |"
+  echo "|---|---|---|---|---|---|"
+  for np in $nps; do
+    for c in "esc ResNet-50 (161 x 4 B)" "esc4 4 tensors x 4 B"; do
+      set -- $c
+      k=$1
+      shift
+      echo "| $np | $* | $(us "$(med $k.on step_ms "$np")") | $(us "$(med $k.nobackoff step_ms "$np")") |" \
+        "$(us "$(med $k.off step_ms "$np")") | $(med $k.on fast_escalations "$np") /" \
+        "$(med $k.nobackoff fast_escalations "$np") |"
+    done
+  done
+  exit 0
+fi
 
 for r in $(seq 1 "$rounds"); do
   echo "fastpath.sh: round $r/$rounds" >&2

@@ -3,12 +3,15 @@
  *
  *   gradsync-run -np 2 [--coord-arg ...] gradsync-bench --workload FILE
  *       [--steps N] [--warmup W] [--scale F] [--gap-us G] [--jitter-us J] [--tag TEXT]
+ *       [--allgather first|last] [--barrier on|off]
  *   gradsync-run -np 2 gradsync-bench --raw-allreduce BYTES [...]
  *   gradsync-run -np 2 gradsync-bench --uniform COUNTxBYTES [...]
  *
  * A workload is a tensor list (`name dtype shape` lines, `#` comments, as in
- * bench/workloads/). Every step all ranks meet in a barrier (not timed),
- * then submit every gradient in reverse list order, as backward produces
+ * bench/workloads/). Every step all ranks meet in a barrier (not timed;
+ * --barrier off: none, steps back to back), then submit every gradient in
+ * reverse list order (after one allgather with --allgather first, before
+ * it with --allgather last: an op the fast path cannot run), as backward produces
  * them, with gs_allreduce_async (GS_AVERAGE, in place), optionally sleeping
  * --gap-us between submissions to stand in for backward compute, and wait
  * for all. --raw-allreduce runs one allreduce of BYTES instead (the "one raw
@@ -75,7 +78,8 @@ typedef struct options {
   long gap_us;
   long jitter_us;
   const char *tag;
-  int allgather; /* --allgather: 0 none, 1 first, 2 last in each step */
+  int allgather;  /* --allgather: 0 none, 1 first, 2 last in each step */
+  int no_barrier; /* --barrier off: steps back to back */
 } options;
 
 /* Per-step metrics, one row per measured step. */
@@ -377,7 +381,7 @@ static int check_allgather(job *j) {
  * for the rest. Writes the metrics into row. */
 static int run_step(job *j, long step, const options *o, double *row) {
   double tb = now_ms();
-  gs_status st = gs_barrier(j->ctx);
+  gs_status st = o->no_barrier ? GS_OK : gs_barrier(j->ctx);
   if (st != GS_OK) return fail(j, NULL, "barrier", "step barrier", st);
   row[M_BARRIER] = now_ms() - tb;
   sleep_us(step_jitter(step, o->jitter_us));
@@ -458,7 +462,7 @@ static void report(const options *o, const char *label, int size, uint64_t total
     snprintf(crit_last, sizeof crit_last,
              "crit_last_ms=%.3f crit_last_q1=%.3f crit_last_q3=%.3f skew_ms=%.3f", med[M_CRIT_LAST],
              q1[M_CRIT_LAST], q3[M_CRIT_LAST], med[M_SKEW]);
-  printf("RESULT workload=%s np=%d%s%s%s tensors=%zu bytes=%" PRIu64
+  printf("RESULT workload=%s np=%d%s%s%s%s tensors=%zu bytes=%" PRIu64
          " steps=%ld gap_us=%ld step_ms=%.3f step_q1=%.3f step_q3=%.3f submit_ms=%.3f "
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
@@ -468,12 +472,12 @@ static void report(const options *o, const char *label, int size, uint64_t total
          o->allgather == 1   ? " allgather=first"
          : o->allgather == 2 ? " allgather=last"
                              : "",
-         o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps, o->gap_us,
-         med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT], q3[M_CRIT],
-         med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS], med[M_HITS],
-         hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS],
-         med[M_BARRIER], busbw, med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC],
-         crit_last);
+         o->no_barrier ? " barrier=off" : "", o->tag ? " " : "", o->tag ? o->tag : "", ntensors,
+         total_bytes, steps, o->gap_us, med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT],
+         med[M_CRIT], q1[M_CRIT], q3[M_CRIT], med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED],
+         per_op, med[M_REQS], med[M_HITS], hit_rate, med[M_REPLAYED],
+         plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS], med[M_BARRIER], busbw,
+         med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC], crit_last);
   fflush(stdout);
 }
 
@@ -499,6 +503,8 @@ static void usage(FILE *f) {
         "  --allgather first|last also submit one allgather (float32 [1,4]) per step,\n"
         "                         before or after the allreduces (an op the fast path\n"
         "                         cannot run: every step goes back to gradsyncd)\n"
+        "  --barrier on|off       off: no gs_barrier before each step; steps run back to\n"
+        "                         back (default on)\n"
         "  --tag TEXT             copied into the RESULT line (e.g. 'fusion=0 policy=window')\n",
         f);
 }
@@ -544,7 +550,7 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     static const char *const keys[] = {"--workload", "--raw-allreduce", "--uniform", "--steps",
                                        "--warmup",   "--scale",         "--gap-us",  "--jitter-us",
-                                       "--tag",      "--allgather"};
+                                       "--tag",      "--allgather",     "--barrier"};
     int known = 0;
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(a, keys[k]);
     if (!known) {
@@ -561,7 +567,13 @@ static int parse_args(int argc, char **argv, options *o) {
       o->workload = v;
     else if (!strcmp(a, "--tag"))
       o->tag = v;
-    else if (!strcmp(a, "--allgather")) {
+    else if (!strcmp(a, "--barrier")) {
+      if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "gradsync-bench: --barrier needs 'on' or 'off', got '%s'\n", v);
+        return -1;
+      }
+      o->no_barrier = !strcmp(v, "off");
+    } else if (!strcmp(a, "--allgather")) {
       if (strcmp(v, "first") && strcmp(v, "last")) {
         fprintf(stderr, "gradsync-bench: --allgather needs 'first' or 'last', got '%s'\n", v);
         return -1;
