@@ -18,9 +18,10 @@
 # With --escalating, only this instead: a job whose every step goes back to
 # gradsyncd (the ResNet-50 control-only step, and a step of 4 tensors of
 # 4 B, each with one allgather first in each step and no barrier between
-# steps: gradsync-bench --allgather first --barrier off), with the fast path on (gradsyncd backs off after such
-# steps, --fast-path-backoff 64, the default), on without the backoff
-# (--fast-path-backoff 0) and off.
+# steps: gradsync-bench --allgather first --barrier off), with the fast
+# path on (the default: every step escalates after one fast round), on
+# with gradsyncd --fast-path-backoff 64 (it holds the fast path back after
+# such steps) and off.
 # Raw RESULT lines go to --out (default: a temporary file, printed); the
 # table to stdout, with the load average. Timings are never pass/fail.
 set -u -o pipefail
@@ -56,12 +57,12 @@ resnet=$root/bench/workloads/resnet50.txt
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # rec CASE ROUND NP FP BENCH-ARGS...: one gradsync-bench run, its RESULT line kept.
-# FP: on, off, or nobackoff (on with --fast-path-backoff 0).
+# FP: on, off, or backoff (on with --fast-path-backoff 64).
 rec() {
   local c=$1 r=$2 np=$3 fp=$4
   shift 4
   local line coord=(--coord-arg --fast-path --coord-arg "$fp")
-  [ "$fp" = nobackoff ] && coord=(--coord-arg --fast-path-backoff --coord-arg 0)
+  [ "$fp" = backoff ] && coord=(--coord-arg --fast-path-backoff --coord-arg 64)
   line=$("$bin/gradsync-run" -np "$np" --timeout 150 "${coord[@]}" \
     "$bin/gradsync-bench" "$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)
   if [ -z "$line" ]; then
@@ -89,7 +90,7 @@ if [ "$escalating" = 1 ]; then
   for r in $(seq 1 "$rounds"); do
     echo "fastpath.sh: round $r/$rounds (escalating steps)" >&2
     for np in $nps; do
-      for fp in on nobackoff off; do
+      for fp in on backoff off; do
         rec esc "$r" "$np" "$fp" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5 \
           --allgather first --barrier off
         rec esc4 "$r" "$np" "$fp" --uniform 4x4 --steps 300 --warmup 5 --allgather first \
@@ -105,16 +106,16 @@ if [ "$escalating" = 1 ]; then
   echo
   echo "Median µs step (each a median over rounds of the run's median step); escalations per step:"
   echo
-  echo "| np | step | fast path on (backoff 64) | on, --fast-path-backoff 0 | off | escalations/step: on / backoff 0 |"
+  echo "| np | step | fast path on | on, --fast-path-backoff 64 | off | escalations/step: on / backoff 64 |"
   echo "|---|---|---|---|---|---|"
   for np in $nps; do
     for c in "esc ResNet-50 (161 x 4 B)" "esc4 4 tensors x 4 B"; do
       set -- $c
       k=$1
       shift
-      echo "| $np | $* | $(us "$(med $k.on step_ms "$np")") | $(us "$(med $k.nobackoff step_ms "$np")") |" \
+      echo "| $np | $* | $(us "$(med $k.on step_ms "$np")") | $(us "$(med $k.backoff step_ms "$np")") |" \
         "$(us "$(med $k.off step_ms "$np")") | $(med $k.on fast_escalations "$np") /" \
-        "$(med $k.nobackoff fast_escalations "$np") |"
+        "$(med $k.backoff fast_escalations "$np") |"
     done
   done
   exit 0

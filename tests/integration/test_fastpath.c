@@ -198,15 +198,17 @@ static void test_new_tensor_mid_step_np3(void **state) {
 
 /* Steps 1-10 each begin with an allgather, which a fast round cannot run:
  * each time the marker reaches the ranks, their next round escalates, and
- * gradsyncd backs off (holds the marker back for more and more plans).
+ * gradsyncd --fast-path-backoff 64 backs off (holds the marker back for
+ * more and more plans).
  * Every value is right (the worker checks the allgather and every op), and
  * once the job is steady the marker comes back: steps 39 and 40 run in fast
  * rounds. gradsyncctl status shows the backoff's state meanwhile. */
 static void test_steps_that_always_escalate_back_off_np2(void **state) {
   (void)state;
+  char *coord_args[] = {"--fast-path-backoff", "64", NULL};
   char *args[] = {"gather", "40", "10", NULL};
   job w;
-  start_world(&w, 2, NULL, args);
+  start_world(&w, 2, coord_args, args);
   /* While the steady steps run: what gradsyncctl status says. */
   if (proc_wait_for_output(w.ranks[0], "fast: rank 0 step 12:", GUARD_MS) != 0)
     job_fail("rank 0 never reached step 12");
