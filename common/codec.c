@@ -296,6 +296,7 @@ int gs__encode_rank_msg(const gs__rank_msg *m, uint8_t **out, size_t *len) {
   pb.n_unregister_local = m->nunreg;
   pb.unregister_local = unreg;
   pb.escalate_round = m->escalate_round;
+  pb.reg_seq = m->reg_seq;
   Gradsync__V1__FastReport report = GRADSYNC__V1__FAST_REPORT__INIT;
   if (m->has_fast_report) {
     report.rounds = m->fast_report.rounds;
@@ -427,6 +428,7 @@ int gs__decode_rank_msg(const uint8_t *buf, size_t len, gs__rank_msg *m, char *e
     rc = copy_names(&m->unreg, &m->nunreg, pb->unregister_local, pb->n_unregister_local, 65536,
                     "local unregistrations", err, errlen);
   m->escalate_round = pb->escalate_round;
+  m->reg_seq = pb->reg_seq;
   if (pb->fast_report) {
     m->has_fast_report = 1;
     m->fast_report.rounds = pb->fast_report->rounds;
@@ -494,6 +496,9 @@ static int build_plan(const gs__plan *p, Gradsync__V1__Plan *pb, plan_scratch *s
   pb->n_forget_templates = p->nforget;
   pb->forget_templates = p->forget_templates;
   pb->fast_after = p->fast_after ? 1 : 0;
+  pb->n_reg_ack_ranks = pb->n_reg_ack_seqs = p->nreg_acks;
+  pb->reg_ack_ranks = p->reg_ack_ranks;
+  pb->reg_ack_seqs = p->reg_ack_seqs;
   s->nresp = p->nresponses;
   if (!p->nresponses) return GS__OK;
   s->resp = calloc(p->nresponses, sizeof *s->resp);
@@ -624,6 +629,22 @@ static int decode_plan(const Gradsync__V1__Plan *pb, gs__plan *p, char *err, siz
     memcpy(p->forget_templates, pb->forget_templates,
            pb->n_forget_templates * sizeof *p->forget_templates);
     p->nforget = pb->n_forget_templates;
+  }
+  if (pb->n_reg_ack_ranks != pb->n_reg_ack_seqs)
+    return gs__codec_fail(err, errlen,
+                          "plan %llu acknowledges registrations of %zu ranks with %zu counts",
+                          (unsigned long long)pb->seq, pb->n_reg_ack_ranks, pb->n_reg_ack_seqs);
+  if (pb->n_reg_ack_ranks > GS__MAX_WORLD)
+    return gs__codec_fail(err, errlen,
+                          "plan %llu acknowledges registrations of %zu ranks; the limit is %d",
+                          (unsigned long long)pb->seq, pb->n_reg_ack_ranks, GS__MAX_WORLD);
+  if (pb->n_reg_ack_ranks) {
+    p->reg_ack_ranks = malloc(pb->n_reg_ack_ranks * sizeof *p->reg_ack_ranks);
+    p->reg_ack_seqs = malloc(pb->n_reg_ack_ranks * sizeof *p->reg_ack_seqs);
+    if (!p->reg_ack_ranks || !p->reg_ack_seqs) return GS__ERR_NO_MEMORY;
+    memcpy(p->reg_ack_ranks, pb->reg_ack_ranks, pb->n_reg_ack_ranks * sizeof *p->reg_ack_ranks);
+    memcpy(p->reg_ack_seqs, pb->reg_ack_seqs, pb->n_reg_ack_ranks * sizeof *p->reg_ack_seqs);
+    p->nreg_acks = pb->n_reg_ack_ranks;
   }
   if (pb->n_evicted) {
     p->evicted = malloc(pb->n_evicted * sizeof *p->evicted);

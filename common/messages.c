@@ -40,6 +40,8 @@ void gs__plan_free(gs__plan *p) {
   free(p->responses);
   free(p->evicted);
   free(p->forget_templates);
+  free(p->reg_ack_ranks);
+  free(p->reg_ack_seqs);
   memset(p, 0, sizeof *p);
 }
 

@@ -105,6 +105,7 @@ typedef struct gs__rank_msg {
   int fast_pending_update;
   size_t nfast_pending; /* at most GS__MAX_BLOCKED */
   gs__fast_pending *fast_pending;
+  uint64_t reg_seq; /* (un)registrations sent so far, these included (0: none) */
 } gs__rank_msg;
 
 #define GS__MAX_BLOCKED 64 /* blocked-on names reported per rank */
@@ -163,6 +164,11 @@ typedef struct gs__plan {
   size_t nforget;
   uint32_t *forget_templates;
   int fast_after; /* ranks enter fast mode once they ran this plan */
+  /* With fast_after: the reg_seq the coordinator applied of each rank in
+   * reg_ack_ranks (those whose reg_seq grew since its last such plan). */
+  size_t nreg_acks; /* at most GS__MAX_WORLD */
+  int32_t *reg_ack_ranks;
+  uint64_t *reg_ack_seqs;
 } gs__plan;
 
 typedef enum gs__plan_msg_kind {

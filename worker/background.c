@@ -352,7 +352,18 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
    * rank escalated. (Entering at once rather than when the exec thread
    * finished this plan keeps the ops submitted meanwhile off the
    * coordinator, which would hold them and make the first round escalate.) */
-  if (n->plan.fast_after && !ctx->fatal && !ctx->stop) gs__fast_enter_locked(ctx);
+  for (size_t i = 0; i < n->plan.nreg_acks; i++)
+    if (n->plan.reg_ack_ranks[i] == ctx->rank && n->plan.reg_ack_seqs[i] > ctx->reg_acked)
+      ctx->reg_acked = n->plan.reg_ack_seqs[i];
+  if (n->plan.fast_after && !ctx->fatal && !ctx->stop) {
+    /* Registrations sent before the marker that the coordinator had not
+     * applied when it sent it may still be on their way: another rank's
+     * request must not reach it first (users rely on "(un)register,
+     * barrier, submit"), so this rank's first round is not clear and
+     * every rank goes back, its escalation behind them on this stream. */
+    if (ctx->reg_acked < ctx->reg_sent && !ctx->fast_stop) ctx->fast_stop = 1;
+    gs__fast_enter_locked(ctx);
+  }
   int here = !ctx->exec_busy && !ctx->plans_head && !ctx->fatal && control_only_locked(n);
   if (here) {
     GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 1);
@@ -578,6 +589,8 @@ static void take_reports_locked(gs_ctx *ctx, gs__rank_msg *m) {
     m->nunreg = ctx->nunreg;
     ctx->reg = ctx->unreg = NULL;
     ctx->nreg = ctx->nunreg = ctx->reg_cap = ctx->unreg_cap = 0;
+    ctx->reg_sent += m->nreg + m->nunreg;
+    m->reg_seq = ctx->reg_sent;
   }
   /* The escalation goes with the requests it moved back to the submission
    * queue (fast_round.c): the same message. */

@@ -164,6 +164,10 @@ struct gs_ctx {
    * gs__regs_due_locked. */
   char (*reg)[GS__MAX_NAME + 1], (*unreg)[GS__MAX_NAME + 1];
   size_t nreg, nunreg, reg_cap, unreg_cap;
+  /* (Un)registrations sent so far (RankMessage.reg_seq), and how many of
+   * them the coordinator acknowledged on a marker (Plan.reg_ack_*): fast
+   * mode entered with some unacknowledged starts not clear (under mu). */
+  uint64_t reg_sent, reg_acked;
 
   /* Waking the comm thread (under mu). It sleeps on the session's queue
    * until a message, a finished send, a kick or its own next due time

@@ -276,6 +276,7 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
    * part of the template: a replay of it later need not). */
   if (gs__eng_fast_on_plan(e)) {
     msg.plan.fast_after = 1;
+    gs__eng_fast_reg_acks(e, &msg.plan);
     gs__eng_fast_enter(e);
   }
   box->items[slot].msg = msg;

@@ -239,6 +239,7 @@ void gs__engine_rank_message(gs__engine *e, int32_t rank, const gs__rank_msg *ms
   }
   for (size_t i = 0; i < msg->nreg; i++) gs__eng_register_local(e, rank, msg->reg[i], box);
   for (size_t i = 0; i < msg->nunreg; i++) gs__eng_unregister_local(e, rank, msg->unreg[i]);
+  if (msg->reg_seq > s->reg_seq) s->reg_seq = msg->reg_seq; /* applied: acknowledged on a marker */
   /* A leave goes first: whatever arrives with it can no longer complete. */
   if (msg->has_leave) {
     s->state = RANK_LEFT;

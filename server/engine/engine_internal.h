@@ -43,6 +43,9 @@ typedef struct rank_slot {
   size_t nfast_pending; /* ops it waits on in fast mode (<= GS__MAX_BLOCKED) */
   gs__fast_pending *fast_pending;
   uint64_t fast_pending_ms; /* when it reported them (their ages count from here) */
+  /* Its (un)registrations applied (RankMessage.reg_seq), and the value
+   * the last marker acknowledged (fast.c). */
+  uint64_t reg_seq, reg_seq_told;
 } rank_slot;
 
 /* One tensor name waiting for every rank. Ranks whose requests differ from
@@ -257,6 +260,9 @@ int gs__eng_fast_allowed(const gs__engine *e);
 /* A plan that empties the table goes out: 1 when it carries the marker
  * (counts the plan against a backoff). */
 int gs__eng_fast_on_plan(gs__engine *e);
+/* A plan with fast_after: acknowledges the ranks' registrations applied
+ * since the last one (Plan.reg_ack_*). */
+void gs__eng_fast_reg_acks(gs__engine *e, gs__plan *p);
 /* An escalation message (msg->escalate_round) of rank in fast mode: notes
  * an op in it the fast path cannot run (before gs__eng_fast_escalate). */
 void gs__eng_fast_note_ops(gs__engine *e, int32_t rank, const gs__rank_msg *msg);

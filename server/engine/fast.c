@@ -118,6 +118,30 @@ static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
                   (unsigned long long)skip, skip == 1 ? "" : "s", e->fast_op_name);
 }
 
+void gs__eng_fast_reg_acks(gs__engine *e, gs__plan *p) {
+  size_t n = 0;
+  for (int32_t r = 0; r < e->world; r++) n += e->ranks[r].reg_seq != e->ranks[r].reg_seq_told;
+  if (!n) return;
+  p->reg_ack_ranks = malloc(n * sizeof *p->reg_ack_ranks);
+  p->reg_ack_seqs = malloc(n * sizeof *p->reg_ack_seqs);
+  if (!p->reg_ack_ranks || !p->reg_ack_seqs) {
+    /* Unacknowledged, those ranks' first rounds are not clear: slower,
+     * never wrong. */
+    free(p->reg_ack_ranks);
+    free(p->reg_ack_seqs);
+    p->reg_ack_ranks = NULL;
+    p->reg_ack_seqs = NULL;
+    return;
+  }
+  for (int32_t r = 0; r < e->world; r++) {
+    rank_slot *s = &e->ranks[r];
+    if (s->reg_seq == s->reg_seq_told) continue;
+    p->reg_ack_ranks[p->nreg_acks] = r;
+    p->reg_ack_seqs[p->nreg_acks++] = s->reg_seq;
+    s->reg_seq_told = s->reg_seq;
+  }
+}
+
 void gs__eng_fast_hello(gs__engine *e, rank_slot *s, const gs__rank_msg *msg) {
   if (!msg->hello_fast_path || s->fast_capable) return;
   s->fast_capable = 1;
@@ -173,6 +197,7 @@ void gs__eng_fast_marker(gs__engine *e, gs__outbox *box) {
   p->nforget = e->nforget;
   e->forget = NULL;
   e->nforget = e->forget_cap = 0;
+  gs__eng_fast_reg_acks(e, p);
   recent_plan *rp = &e->recent[p->seq % RECENT_PLANS];
   rp->seq = p->seq;
   rp->names[0] = 0;

@@ -1678,6 +1678,74 @@ static void test_plan_msg_rejects_non_finite_scale_and_negative_dims(void **stat
   free(buf);
 }
 
+/* Registrations acknowledged on the fast path's marker: RankMessage.reg_seq
+ * and Plan.reg_ack_ranks/seqs survive a round trip; acks whose two lists
+ * differ in length, or that name more ranks than a job holds, are refused
+ * (a coordinator never sends them), and nothing is kept. */
+static void test_registration_acks(void **state) {
+  (void)state;
+  gs__rank_msg rin, rout;
+  memset(&rin, 0, sizeof rin);
+  rin.reg_seq = 1ull << 35;
+  uint8_t *buf;
+  size_t len;
+  char err[256] = "";
+  assert_int_equal(gs__encode_rank_msg(&rin, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_rank_msg(buf, len, &rout, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(rout.reg_seq, 1ull << 35);
+  gs__rank_msg_free(&rout);
+
+  gs__plan_msg in, out;
+  memset(&in, 0, sizeof in);
+  in.kind = GS__MSG_PLAN;
+  in.plan.seq = 9;
+  in.plan.fast_after = 1;
+  int32_t ranks[3] = {0, 5, 65535};
+  uint64_t seqs[3] = {1, 2, 1ull << 40};
+  in.plan.nreg_acks = 3;
+  in.plan.reg_ack_ranks = ranks;
+  in.plan.reg_ack_seqs = seqs;
+  assert_int_equal(gs__encode_plan_msg(&in, &buf, &len), GS__OK);
+  assert_int_equal(gs__decode_plan_msg(buf, len, &out, err, sizeof err), GS__OK);
+  free(buf);
+  assert_int_equal(out.plan.nreg_acks, 3);
+  assert_memory_equal(out.plan.reg_ack_ranks, ranks, sizeof ranks);
+  assert_memory_equal(out.plan.reg_ack_seqs, seqs, sizeof seqs);
+  gs__plan_msg_free(&out);
+
+  /* Two ranks, one count. */
+  pbw plan = {0}, w = {0};
+  int64_t r2[2] = {1, 2}, s1[1] = {4};
+  pbw_int(&plan, 1, 9);
+  pbw_packed(&plan, 8, r2, 2);
+  pbw_packed(&plan, 9, s1, 1);
+  pbw_sub(&w, 2, &plan);
+  assert_int_equal(gs__decode_plan_msg(w.b, w.n, &out, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_string_equal(err, "plan 9 acknowledges registrations of 2 ranks with 1 counts");
+  assert_null(out.plan.reg_ack_ranks);
+  assert_int_equal(out.plan.nreg_acks, 0);
+  pbw_free(&plan);
+  pbw_free(&w);
+
+  /* More entries than ranks in a job. */
+  size_t n = GS__MAX_WORLD + 1;
+  int64_t *many = calloc(n, sizeof *many);
+  assert_non_null(many);
+  memset(&plan, 0, sizeof plan);
+  memset(&w, 0, sizeof w);
+  pbw_int(&plan, 1, 9);
+  pbw_packed(&plan, 8, many, n);
+  pbw_packed(&plan, 9, many, n);
+  pbw_sub(&w, 2, &plan);
+  assert_int_equal(gs__decode_plan_msg(w.b, w.n, &out, err, sizeof err), GS__ERR_INVALID_ARG);
+  assert_string_equal(err, "plan 9 acknowledges registrations of 65537 ranks; the limit is 65536");
+  assert_null(out.plan.reg_ack_seqs);
+  pbw_free(&plan);
+  pbw_free(&w);
+  free(many);
+}
+
 /* GetStatus's fast-path backoff (issue 14) survives a round trip; a
  * tensor name over the limit is refused, naming the field. */
 static void test_diag_status_fast_backoff(void **state) {
@@ -1741,6 +1809,7 @@ int main(void) {
       cmocka_unit_test(test_shape_elements),
       cmocka_unit_test(test_shape_format),
       cmocka_unit_test(test_diag_status_fast_backoff),
+      cmocka_unit_test(test_registration_acks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

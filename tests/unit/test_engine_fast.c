@@ -938,6 +938,77 @@ static void test_held_entries_name_ranks_not_escalated(void **state) {
   assert_contains(report, "Missing ranks:\n1 (host-1:1001): [a]");
 }
 
+/* ---- registrations acknowledged on the marker ------------------------------------ */
+
+static void send_reg(fx *f, int32_t rank, const char *name, int unreg, uint64_t reg_seq) {
+  char names[1][GS__MAX_NAME + 1];
+  snprintf(names[0], sizeof names[0], "%s", name);
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  if (unreg) {
+    m.nunreg = 1;
+    m.unreg = names;
+  } else {
+    m.nreg = 1;
+    m.reg = names;
+  }
+  m.reg_seq = reg_seq;
+  send_msg(f, rank, &m);
+}
+
+/* A plan with fast_after acknowledges the registrations the coordinator
+ * applied since the last one (Plan.reg_ack_*), so that a rank whose own
+ * are still on the way starts fast mode not clear; ranks with nothing new
+ * are left out. */
+static void test_marker_acknowledges_registrations(void **state) {
+  fx *f = *state;
+  start(f, 3);
+  send_reg(f, 1, "tower", 0, 1);
+  send_reg(f, 2, "tower", 0, 1);
+  send_reg(f, 2, "head", 0, 2);
+  for (int32_t r = 0; r < 3; r++) send_full(f, r, ar("a"));
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->fast_after, 1);
+  assert_int_equal(p->nreg_acks, 2);
+  assert_int_equal(p->reg_ack_ranks[0], 1);
+  assert_int_equal(p->reg_ack_seqs[0], 1);
+  assert_int_equal(p->reg_ack_ranks[1], 2);
+  assert_int_equal(p->reg_ack_seqs[1], 2);
+  uint32_t id = p->responses[0].tensors[0].cache_id;
+  gs__outbox_clear(&f->box);
+
+  /* Rank 0's unregistration was sent before the marker reached it: the
+   * coordinator applies it in fast mode, and the next marker (an empty
+   * plan once every rank escalated) acknowledges it, and only it. */
+  send_reg(f, 0, "x", 0, 1);
+  assert_int_equal(nmsgs(f), 0);
+  for (int32_t r = 0; r < 3; r++) escalate(f, r, 1);
+  p = only_plan(f);
+  assert_int_equal(p->nresponses, 0);
+  assert_int_equal(p->fast_after, 1);
+  assert_int_equal(p->nreg_acks, 1);
+  assert_int_equal(p->reg_ack_ranks[0], 0);
+  assert_int_equal(p->reg_ack_seqs[0], 1);
+  gs__outbox_clear(&f->box);
+
+  /* Nothing new: no acknowledgement. Then rank 2's unregistration rides
+   * with its escalation (held in fast mode): the plan after it
+   * acknowledges it. */
+  for (int32_t r = 0; r < 3; r++) escalate(f, r, 2);
+  p = only_plan(f);
+  assert_int_equal(p->nreg_acks, 0);
+  assert_null(p->reg_ack_ranks);
+  gs__outbox_clear(&f->box);
+  for (int32_t r = 0; r < 2; r++) send_ids(f, r, &id, 1, 3);
+  send_reg(f, 2, "head", 1, 3);
+  send_ids(f, 2, &id, 1, 3);
+  p = only_plan(f);
+  assert_int_equal(p->fast_after, 1);
+  assert_int_equal(p->nreg_acks, 1);
+  assert_int_equal(p->reg_ack_ranks[0], 2);
+  assert_int_equal(p->reg_ack_seqs[0], 3);
+}
+
 /* ---- the backoff ---------------------------------------------------------------- */
 
 /* An allgather of float32 [1, 4]: never cached, never run in a fast round. */
@@ -1190,6 +1261,7 @@ int main(void) {
       T(test_backoff_when_every_step_escalates),
       T(test_backoff_counts_only_ops_the_fast_path_cannot_run),
       T(test_backoff_setting),
+      T(test_marker_acknowledges_registrations),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
