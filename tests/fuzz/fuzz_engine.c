@@ -141,6 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg.max_pending_per_rank = (b1 & 128) ? 4 : 0;
   cfg.deadlock_warn_only = (b0 >> 4) & 1;
   cfg.fast_path = (b0 >> 6) & 1;
+  cfg.fast_backoff_max = ((b0 >> 5) & 1) ? 2 : 0; /* --fast-path-backoff: short, to reach its cap */
   gs__engine *e = NULL;
   CHECK(gs__engine_create(&cfg, &e) == GS__OK);
   gs__outbox box;
