@@ -3,7 +3,7 @@
 # docs/benchmarks.md "Control plane"). bench/run.sh runs it after its own
 # tables (or alone: bench/run.sh --control-only).
 #
-#   bench/control.sh [--build DIR] [--rounds R] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
+#   bench/control.sh [--build DIR] [--rounds R] [--inner K] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
 #                    [--sim-rounds K] [--out FILE] [--plots DIR] [--quick]
 #
 # In every round, side by side (rounds interleaved, medians over rounds):
@@ -14,6 +14,8 @@
 # - the ResNet-50 control-only step: its 161 tensors at 4 B each (--scale
 #   1e9), cache warm, the 161 submission calls included, vs the Horovod-style
 #   negotiation over OpenMPI (bench/mpi_negotiation.c) on the same list,
+#   and beside gradsync with gradsyncd --fast-path off (K runs of each per
+#   round, --inner K, default 3: the case swings most between runs),
 #   cache on (bit-vector allreduce) and off (gather + bcast), negotiation
 #   only and with the fused tiny allreduces executed;
 # - the floors of issue 14's targets: one round trip through gradsyncd (the
@@ -41,6 +43,7 @@ root=$(cd "$here/.." && pwd)
 . "$here/lib.sh"
 build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
+inner=3
 nps="2 4"
 simn="8 64 256 1024"
 sim_rounds=""
@@ -52,14 +55,15 @@ while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
   --rounds) rounds=$2; shift 2 ;;
+  --inner) inner=$2; shift 2 ;;
   --np) nps=$2; shift 2 ;;
   --sim-ranks) simn=$2; shift 2 ;;
   --sim-rounds) sim_rounds=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --plots) plots=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
-  --quick) quick=1; rounds=1; simn="8 64"; shift ;;
-  -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --quick) quick=1; rounds=1; inner=1; simn="8 64"; shift ;;
+  -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -104,6 +108,12 @@ gs() { # NP BENCH-ARGS...: gradsync-bench under gradsync-run
   shift
   "$bin/gradsync-run" -np "$np" --timeout 150 "$bin/gradsync-bench" "$@"
 }
+gs_off() { # NP BENCH-ARGS...: the same with gradsyncd --fast-path off
+  local np=$1
+  shift
+  "$bin/gradsync-run" -np "$np" --timeout 150 --coord-arg --fast-path --coord-arg off \
+    "$bin/gradsync-bench" "$@"
+}
 mp() { # NP ARGS...: the MPI peer
   local np=$1
   shift
@@ -127,15 +137,25 @@ for r in $(seq 1 "$rounds"); do
       rec "lat.gs.$b" "$r" "$np" gs "$np" --raw-allreduce "$b" --steps 200 --warmup 10
       [ "$mpi" = 1 ] && rec "lat.mpi.$b" "$r" "$np" mp "$np" --allreduce-bytes "$b" --steps 200 --warmup 10
     done
-    rec ctl.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
+    # the two cases that swing most between runs: $inner samples per round,
+    # each beside the same case with the fast path off (issue 14's baseline)
+    for _ in $(seq 1 "$inner"); do
+      rec ctl.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
+      rec ctl.gs.off "$r" "$np" gs_off "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
+    done
     if [ "$mpi" = 1 ]; then
       rec ctl.mpi.cached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5
       rec ctl.mpi.cached.exec "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 --execute \
         --scale 1e9
       rec ctl.mpi.uncached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 --cache 0
     fi
-    # batching with 100 us "backward" gaps (ResNet-50 / 32, as pol.a2 in run.sh)
-    rec gap.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 32 --gap-us 100 --steps 12 --warmup 2
+    # batching with 100 us "backward" gaps (ResNet-50 / 32, as pol.a2 in
+    # run.sh), fast path on and off
+    for _ in $(seq 1 "$inner"); do
+      rec gap.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 32 --gap-us 100 --steps 12 --warmup 2
+      rec gap.gs.off "$r" "$np" gs_off "$np" --workload "$resnet" --scale 32 --gap-us 100 --steps 12 \
+        --warmup 2
+    done
   done
   [ -n "$sim_rounds" ] && [ "$r" -gt "$sim_rounds" ] && continue
   for n in $simn; do
@@ -178,13 +198,13 @@ done
 echo
 echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"
 echo
-echo "| np | gradsync step | gs_barrier | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for np in $nps; do
-  g=$(med ctl.gs step_ms "$np") bar=$(med ctl.gs barrier_ms "$np")
+  g=$(med ctl.gs step_ms "$np") bar=$(med ctl.gs barrier_ms "$np") off=$(med ctl.gs.off step_ms "$np")
   mc=$(med ctl.mpi.cached step_ms "$np") me=$(med ctl.mpi.cached.exec step_ms "$np")
   mu=$(med ctl.mpi.uncached step_ms "$np")
-  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
+  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$off") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
 done
 echo
 echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"
@@ -193,10 +213,14 @@ echo
 # worst rank's); crit_last: from the latest rank's last submission to the
 # latest completion; skew: latest - earliest last submission (crit_last and
 # skew need the ranks on one host: gradsync-bench prints n/a otherwise)
-echo "| np | step ms | crit ms | crit_last ms | skew ms | collectives | tensors/op | messages up/step |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| np | fast path | step ms | crit ms | crit_last ms | skew ms | collectives | tensors/op | messages up/step |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for np in $nps; do
-  echo "| $np | $(med gap.gs step_ms "$np") | $(med gap.gs crit_ms "$np") | $(med gap.gs crit_last_ms "$np") | $(med gap.gs skew_ms "$np") | $(med gap.gs collectives "$np") | $(med gap.gs tensors_per_op "$np") | $(med gap.gs up_msgs "$np") |"
+  for c in gap.gs gap.gs.off; do
+    echo "| $np | $([ "$c" = gap.gs ] && echo on || echo off) | $(med "$c" step_ms "$np") | $(med "$c" crit_ms "$np") |" \
+      "$(med "$c" crit_last_ms "$np") | $(med "$c" skew_ms "$np") | $(med "$c" collectives "$np") |" \
+      "$(med "$c" tensors_per_op "$np") | $(med "$c" up_msgs "$np") |"
+  done
 done
 echo
 echo "Rank simulator (one process, N sessions, ResNet-50 list), medians:"

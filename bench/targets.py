@@ -228,10 +228,14 @@ def main():
             return None
         extra = "" if own is None else " (each rank from its own last submission: %s, the ranks' last submissions " \
             "%s apart)" % (ms(own), ms(skew) if skew is not None else "n/a")
-        return crit, 2 * (rt + ring / 1000), "%g collectives per step for 161 tensors (%g per op); crit %s%s / " \
-            "2 × (%s + %s)" % (coll, tpo if tpo is not None else 0, ms(crit), extra, ms(rt), us(ring))
-    row2("No loss of batching, ResNet-50/32 with 100 µs gaps: collectives per step (shown: one run has no "
-         "baseline to compare with) and critical path ≤ 2 × (round trip + the last collective's ring time; "
+        # the baseline, when the run has it: the same case with gradsyncd
+        # --fast-path off (bench/control.sh's gap.gs.off)
+        off = med(ctl, "gap.gs.off", "collectives", np=np)
+        base = "" if off is None else ", fast path off: %g" % off
+        return crit, 2 * (rt + ring / 1000), "%g collectives per step for 161 tensors (%g per op%s); crit %s%s / " \
+            "2 × (%s + %s)" % (coll, tpo if tpo is not None else 0, base, ms(crit), extra, ms(rt), us(ring))
+    row2("No loss of batching, ResNet-50/32 with 100 µs gaps: collectives per step (beside the same case with "
+         "the fast path off when the run has it) and critical path ≤ 2 × (round trip + the last collective's ring time; "
          "the last collective, conv1 and the first layers / 32, is a few KiB: the TCP ring's 16 KiB time)",
          two("gap", gap, 1))
 

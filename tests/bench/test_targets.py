@@ -126,6 +126,15 @@ class Targets(unittest.TestCase):
         self.assertIn("40 collectives per step for 161 tensors (4.03 per op); crit 0.25 ms / "
                       "2 × (0.1 ms + 50.0 µs) = **0.83×**", gap[2])
 
+    def test_batching_shows_the_fast_path_off_baseline(self):
+        # a run with the same case under gradsyncd --fast-path off: its collectives per step beside
+        extra = "\nCASE gap.gs.off round=1 np=2 workload=resnet50 np=2 tensors=161 collectives=38 " \
+            "tensors_per_op=4.24 crit_ms=0.900\n"
+        _, rows = table({"control": CONTROL + extra})
+        gap = find(rows, "No loss of batching")
+        self.assertIn("40 collectives per step for 161 tensors (4.03 per op, fast path off: 38); crit 0.25 ms / "
+                      "2 × (0.1 ms + 50.0 µs) = **0.83×**", gap[2])
+
     def test_dataplane_rows(self):
         _, rows = table({"transport": TRANSPORT, "hosts": HOSTS})
         e2e = find(rows, "End to end (through the coordinator): bus bandwidth")
