@@ -196,8 +196,9 @@ int main(int argc, char **argv) {
       for (int it = -3; it < reps; it++) {
         double t0 = 0;
         if (b->v->allreduce(b, &bar, 1, GS__FLOAT32, GS__SUM, err, sizeof err) ||
-            (t0 = now_us(), agree ? b->v->agree(b, (uint8_t *)buf, sizes[k], err, sizeof err)
-                                  : b->v->allreduce(b, buf, n, GS__FLOAT32, op, err, sizeof err))) {
+            (t0 = now_us(), agree
+                                ? b->v->agree(b, buf, sizes[k], GS__UINT8, GS__MIN, err, sizeof err)
+                                : b->v->allreduce(b, buf, n, GS__FLOAT32, op, err, sizeof err))) {
           fprintf(stderr, "rank %d: %s\n", r, err);
           _exit(1);
         }

@@ -526,6 +526,7 @@ static gs_status start_backends(gs_ctx *ctx, const resolved *r, selection *sel, 
                          r->rank, err);
   gs__backend *ring = ctx->backends[GS__DEVICE_CPU];
   if ((rc = agree_deterministic(r, ring)) != GS_OK) return (gs_status)rc;
+  ctx->deterministic = r->deterministic != 0;
   int use_nccl = sel->want == GS__BACKEND_NCCL;
   if (sel->want < 0) {
     /* auto: NCCL needs every rank, so the lowest rank without a usable GPU

@@ -35,6 +35,16 @@
  * of it), short against a job that now fails. */
 #define FAST_ABORT_GRACE_MS 1000
 
+/* Riding (see ride_layout_locked): a cached float32 allreduce of at most
+ * RIDE_OP_BYTES rides in the agreement, as long as the whole float32
+ * vector (flags and riding data) stays within RIDE_VECTOR_BYTES: the TCP
+ * ring moves an allreduce of up to 8 KiB as one chunk, one token round
+ * the ring (ONE_CHUNK_BYTES in tcp_ring.c), and the shm transport one
+ * rendezvous. ResNet-50 at --scale 1e9 (161 x 4 B): 1.3 KiB. */
+#define RIDE_OP_BYTES 1024u
+#define RIDE_VECTOR_BYTES 8192u
+#define RIDE_NONE SIZE_MAX
+
 /* The exec thread's buffers for one round, kept between rounds (grown,
  * never shrunk) so that a steady-state round allocates nothing. */
 typedef struct fast_state {
@@ -62,6 +72,18 @@ typedef struct fast_state {
   size_t nlast, nlast_resp, lastcap;
   uint64_t last_bytes, last_threshold;
   int last_valid;
+  /* Riding, for the live ids of generation ride_gen (ride_nlive slots):
+   * ride_off[s] is where slot s's data starts after the flags in the
+   * float32 vector (RIDE_NONE: it does not ride), ride_floats the data's
+   * length (0: nothing rides; the round agrees on the byte vector). */
+  size_t *ride_off;
+  size_t ridecap, ride_nlive, ride_floats;
+  uint64_t ride_gen;
+  int ride_valid;
+  float *fv; /* the float32 vector: 2 + nlive flags, then the riding data */
+  size_t fvcap;
+  struct gs_handle **riders; /* this round's common riding ops */
+  size_t nriders, riderscap;
 } fast_state;
 
 /* ---- the live cache ids (comm thread writes, under mu) ------------------- */
@@ -134,6 +156,7 @@ void gs__fast_enter_locked(gs_ctx *ctx) {
       c->slot = at < ctx->nlive && ctx->live_ids[at] == c->id ? (uint32_t)at + 1 : 0;
     }
     ctx->live_dirty = 0;
+    ctx->live_gen++;
   }
   ctx->fast = 1;
   /* Ops the comm thread has not sent go to the fast queue instead (it
@@ -314,6 +337,9 @@ void gs__fast_state_free(gs_ctx *ctx) {
   free(st->tensors);
   free(st->resps);
   free(st->last_ids);
+  free(st->ride_off);
+  free(st->fv);
+  free(st->riders);
   free(st);
   ctx->fast_state = NULL;
 }
@@ -349,14 +375,16 @@ static void release_held(fast_state *st) {
   st->nheld = 0;
 }
 
-/* The round's agreement: MIN over the ranks of v (n bytes), in place, on
+/* The round's agreement: MIN over the ranks of v (n bytes), or the float32
+ * SUM of flags and riding data (n floats), in place, on
  * the host backend (tcp or shm), whatever the tensors' device. Its agree
  * has no data-plane timeout while the other ranks have not arrived (they
  * may be computing); only abort (FastStop, a failure, this rank's leave)
  * or a peer's death ends that wait. */
-static int agree(gs_ctx *ctx, uint8_t *v, size_t n, char *err, size_t errlen) {
+static int agree(gs_ctx *ctx, void *v, size_t n, gs__dtype dt, gs__reduce_op op, char *err,
+                 size_t errlen) {
   gs__backend *b = ctx->backends[GS__DEVICE_CPU];
-  return b->v->agree(b, v, n, err, errlen);
+  return b->v->agree(b, v, n, dt, op, err, errlen);
 }
 
 /* "tensor 'a' and 3 other op(s) of fast round k (rank r on host): ..." for a
@@ -461,6 +489,75 @@ static size_t build_plan(fast_state *st, size_t ncommon, uint64_t threshold, uin
   return nresp;
 }
 
+/* Whether a cached request may ride in the agreement: an allreduce whose
+ * result the float32 SUM of every rank's prescaled data gives exactly as
+ * the executor would (the average's division and the postscale applied
+ * after it, with the ring's finishing arithmetic), on host memory (GPU
+ * buffers are never copied into the host vector), no group. */
+static int rides(const gs__tensor_request *q) {
+  return q->op == GS__OP_ALLREDUCE && !q->group_id && q->dtype == GS__FLOAT32 &&
+         (q->reduce_op == GS__SUM || q->reduce_op == GS__AVERAGE) && q->device == GS__DEVICE_CPU;
+}
+
+/* The riding slots of the live ids (caller holds ctx->mu): in slot order
+ * (ascending cache id), each that rides() and is at most RIDE_OP_BYTES,
+ * while the vector stays within RIDE_VECTOR_BYTES. Computed from the cache
+ * and the live ids alone, so identical on every rank; again only when the
+ * live ids changed. None in deterministic mode: there every CPU allreduce
+ * reduces in rank order 0..n-1 wherever it runs, which the agreement does
+ * not promise (the hierarchical transport sums by host first), and a
+ * riding tensor's result must not depend on whether it rode (an op that
+ * arrives before fast mode or after an escalation runs in a plan). */
+static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
+  if (st->ride_valid && st->ride_gen == ctx->live_gen && st->ride_nlive == nlive) return 0;
+  if (grow((void **)&st->ride_off, &st->ridecap, nlive + 1, sizeof *st->ride_off)) return -1;
+  size_t flags = 2 + nlive, total = 0;
+  for (size_t s = 1; s <= nlive; s++) {
+    st->ride_off[s] = RIDE_NONE;
+    if (ctx->deterministic || (flags + total) * sizeof(float) >= RIDE_VECTOR_BYTES) continue;
+    uint32_t id = ctx->live_ids[s - 1];
+    gs__wcache *c = NULL;
+    HASH_FIND(hh_id, ctx->cache_by_id, &id, sizeof id, c);
+    if (!c || !rides(&c->req)) continue;
+    uint64_t bytes = gs__tensor_bytes(c->req.dtype, c->req.shape, c->req.ndim);
+    if (bytes == UINT64_MAX || bytes > RIDE_OP_BYTES ||
+        (flags + total) * sizeof(float) + bytes > RIDE_VECTOR_BYTES)
+      continue;
+    st->ride_off[s] = total;
+    total += (size_t)bytes / sizeof(float);
+  }
+  st->ride_floats = total;
+  st->ride_nlive = nlive;
+  st->ride_gen = ctx->live_gen;
+  st->ride_valid = 1;
+  return 0;
+}
+
+/* Completes the round's common riding ops (st->riders) from the summed
+ * vector d (the data after the flags): the average's division and the
+ * postscale as the ring finishes a reduction (gs__divide, then gs__scale),
+ * into each op's recv buffer. */
+static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
+  for (size_t i = 0; i < st->nriders; i++) {
+    struct gs_handle *h = st->riders[i];
+    if (atomic_load_explicit(&h->done, memory_order_acquire)) { /* failed with the job */
+      st->riders[i] = NULL;
+      continue;
+    }
+    float *res = d + st->ride_off[h->fast_slot];
+    if (h->req.reduce_op == GS__AVERAGE) gs__divide(res, h->count, GS__FLOAT32, ctx->size);
+    if (h->req.postscale != 1.0) gs__scale(res, h->count, GS__FLOAT32, h->req.postscale);
+    if (h->count) memcpy(h->recv, res, h->count * sizeof(float));
+    if (h->finish) {
+      char err[1024];
+      int rc = h->finish(h, err, sizeof err);
+      gs__handle_complete(ctx, h, (gs_status)rc, rc ? err : NULL);
+      st->riders[i] = NULL;
+    }
+  }
+  gs__handles_complete_ok(ctx, st->riders, st->nriders);
+}
+
 void gs__fast_round(gs_ctx *ctx) {
   char err[4096];
   fast_state *st = state_of(ctx);
@@ -480,7 +577,10 @@ void gs__fast_round(gs_ctx *ctx) {
   size_t nlive = ctx->nlive, n = 2 + nlive;
   if (!st || grow((void **)&st->v, &st->vcap, n, 1) ||
       grow((void **)&st->by_slot, &st->slotcap, nlive + 1, sizeof *st->by_slot) ||
-      grow((void **)&st->held, &st->heldcap, ctx->nfast, sizeof *st->held)) {
+      grow((void **)&st->held, &st->heldcap, ctx->nfast, sizeof *st->held) ||
+      ride_layout_locked(ctx, st, nlive) ||
+      grow((void **)&st->fv, &st->fvcap, st->ride_floats ? n + st->ride_floats : 1,
+           sizeof *st->fv)) {
     pthread_mutex_unlock(&ctx->mu);
     gs__ctx_fail(ctx, GS_ERR_NO_MEMORY, "out of memory starting a fast round");
     return;
@@ -519,17 +619,48 @@ void gs__fast_round(gs_ctx *ctx) {
   ctx->fast_in_round = 1;
   pthread_mutex_unlock(&ctx->mu);
 
-  int rc = agree(ctx, v, n, err, sizeof err);
+  /* One exchange: with riding slots, the flags go as 1.0/0.0 in a float32
+   * SUM (set on every rank iff the sum is the job's size: exact, far below
+   * 2^24) followed by each riding slot's data, this rank's op's prescaled
+   * (as the executor packs it) or zeros. A common riding op's result is
+   * then complete; the sums of the others are dropped (they stay queued). */
+  size_t nride = st->ride_floats, nf = n + nride;
+  float *fv = st->fv, *data = fv + n;
+  int rc;
+  if (nride) {
+    memset(fv, 0, nf * sizeof *fv);
+    for (size_t i = 0; i < n; i++) fv[i] = v[i] ? 1.0f : 0.0f;
+    for (size_t sl = 1; sl <= nlive; sl++) {
+      if (!v[1 + sl] || st->ride_off[sl] == RIDE_NONE) continue;
+      const struct gs_handle *h = st->by_slot[sl];
+      float *dst = data + st->ride_off[sl];
+      if (h->req.prescale == 1.0) {
+        if (h->count) memcpy(dst, h->send, h->count * sizeof *dst);
+      } else {
+        gs__copy cp = {h->send, dst, h->count, GS__FLOAT32, GS__FLOAT32, h->req.prescale};
+        if ((rc = gs__host_copy(&cp, 1, err, sizeof err))) {
+          rc = round_error(ctx, k, h->req.name, 0, rc, err, sizeof err);
+          round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
+          return;
+        }
+      }
+    }
+    rc = agree(ctx, fv, nf, GS__FLOAT32, GS__SUM, err, sizeof err);
+    if (!rc)
+      for (size_t i = 0; i < n; i++) v[i] = fv[i] == (float)ctx->size;
+  } else {
+    rc = agree(ctx, v, n, GS__UINT8, GS__MIN, err, sizeof err);
+  }
   if (rc) {
     rc = round_error(ctx, k, first_name, nsnap ? nsnap - 1 : 0, rc, err, sizeof err);
     round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
     return;
   }
   /* The common set, ascending cache id (the slots' order). */
-  size_t ncommon = 0;
+  size_t nall = 0;
   if (v[0])
-    for (size_t s = 1; s <= nlive; s++) ncommon += v[1 + s];
-  if (!v[0] || (!ncommon && !v[1])) {
+    for (size_t sl = 1; sl <= nlive; sl++) nall += v[1 + sl];
+  if (!v[0] || (!nall && !v[1])) {
     pthread_mutex_lock(&ctx->mu);
     ctx->fast_in_round = 0;
     int kick = 0;
@@ -539,9 +670,10 @@ void gs__fast_round(gs_ctx *ctx) {
     release_held(st);
     return;
   }
-  if (common_room(st, ncommon ? ncommon : 1)) {
+  if (common_room(st, nall ? nall : 1) ||
+      grow((void **)&st->riders, &st->riderscap, nall ? nall : 1, sizeof *st->riders)) {
     snprintf(err, sizeof err, "out of memory running fast round %llu of %zu ops",
-             (unsigned long long)k, ncommon);
+             (unsigned long long)k, nall);
     round_failed(ctx, st, k, GS__ERR_NO_MEMORY, err, NULL, 0, NULL);
     return;
   }
@@ -553,14 +685,22 @@ void gs__fast_round(gs_ctx *ctx) {
     return;
   }
   size_t c = 0;
-  for (size_t s = 1; s <= nlive; s++) {
-    if (!v[1 + s]) continue;
-    struct gs_handle *h = st->by_slot[s]; /* set here: MIN over ranks is 1 only if it was */
-    st->common[c] = h;
-    st->reqs[c++] = &h->req;
+  uint64_t ride_bytes = 0;
+  st->nriders = 0;
+  for (size_t sl = 1; sl <= nlive; sl++) {
+    if (!v[1 + sl]) continue;
+    struct gs_handle *h = st->by_slot[sl]; /* set here: common only if it was */
+    if (nride && st->ride_off[sl] != RIDE_NONE) {
+      st->riders[st->nriders++] = h;
+      ride_bytes += h->count * sizeof(float);
+    } else {
+      st->common[c] = h;
+      st->reqs[c++] = &h->req;
+    }
     h->fast = 0; /* leaves the queue below */
     h->planned = 1;
   }
+  size_t ncommon = c, nriders = st->nriders;
   if (v[1]) {
     barrier->fast = 0;
     barrier->planned = 1;
@@ -589,7 +729,7 @@ void gs__fast_round(gs_ctx *ctx) {
   size_t nresp = 0;
   uint64_t bytes = 0;
   if (!ncommon) {
-    /* a barrier alone: no plan (and the last one stays for the next step) */
+    /* riders or a barrier alone: no plan (and the last one stays) */
   } else if (same) {
     nresp = st->nlast_resp;
     bytes = st->last_bytes;
@@ -598,10 +738,19 @@ void gs__fast_round(gs_ctx *ctx) {
     nresp = build_plan(st, ncommon, threshold, &bytes);
   }
   /* Counted before the ops complete, so that a thread that waited for
-   * them sees the round in gs_get_stats. */
+   * them sees the round in gs_get_stats. The agreement that carried riders
+   * counts as one collective (of them all) in both the fast report and the
+   * stats, as a fused allreduce of them would. */
   pthread_mutex_lock(&ctx->mu);
-  count_round_locked(ctx, nresp, ncommon, bytes);
+  count_round_locked(ctx, nresp + (nriders ? 1 : 0), ncommon + nriders, bytes + ride_bytes);
+  if (nriders) {
+    ctx->stats.fast_ride_tensors += nriders;
+    ctx->stats.collectives++;
+    ctx->stats.tensors += nriders;
+    if (nriders > 1) ctx->stats.fused_collectives++;
+  }
   pthread_mutex_unlock(&ctx->mu);
+  if (nriders) complete_riders(ctx, st, data);
   plan_node node;
   memset(&node, 0, sizeof node);
   node.plan.nresponses = nresp;

@@ -222,6 +222,9 @@ struct gs_ctx {
    * fusion staging. abort() may be called from the comm thread. */
   gs__backend *backends[GS__DEVICE_COUNT];
   int cuda_devices; /* CUDA devices seen at gs_init (0 = every buffer is host) */
+  /* GRADSYNC_DETERMINISTIC, set at gs_init: no allreduce rides in a fast
+   * round's agreement (fast_round.c). */
+  int deterministic;
 
   /* ---- fast mode (issue 14; fast_round.c). Under mu unless noted. ----
    * The live cache ids, ascending: every id a plan assigned and no plan
@@ -233,7 +236,8 @@ struct gs_ctx {
   uint32_t *live_ids;
   size_t nlive, live_cap;
   int live_dirty;
-  int live_oom; /* the list missed an id (out of memory): the job fails */
+  uint64_t live_gen; /* bumped each time the slots are recomputed */
+  int live_oom;      /* the list missed an id (out of memory): the job fails */
   /* In fast mode: set by the comm thread when it queues a fast_after plan
    * (the exec thread still runs every plan before any round), cleared by
    * the exec thread when it escalates, or when the job fails. */

@@ -90,7 +90,8 @@ class gs_stats(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in (
         "plans_executed", "collectives", "tensors", "fused_collectives", "requests_sent",
         "cache_hits", "bytes_to_coordinator", "messages_to_coordinator", "local_ops",
-        "plans_replayed", "gpu_collectives", "fast_rounds", "fast_tensors", "fast_escalations")]
+        "plans_replayed", "gpu_collectives", "fast_rounds", "fast_tensors", "fast_escalations",
+        "fast_ride_tensors")]
 
 
 # The structs the ABI test checks: name in gradsync.h -> ctypes mirror.

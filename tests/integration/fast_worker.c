@@ -8,7 +8,8 @@
  * through the coordinator (nothing is cached yet); the later ones run in
  * fast rounds. Every value is checked against a reference computed here;
  * every step prints its gs_get_stats deltas:
- *   "fast: rank R step S: tensors=T requests=Q fast_tensors=F fast_rounds=N escalations=E"
+ *   "fast: rank R step S: tensors=T requests=Q fast_tensors=F fast_rounds=N escalations=E
+ *    rides=D"
  * and success ends with "fast: passed (rank R of N, S steps)".
  *
  * Usage: gs-fast-worker MODE STEPS [ARG] (environment as gradsync-run sets)
@@ -18,6 +19,12 @@
  *   newtensor N K      in step K a tensor never seen before is submitted in
  *                      the middle of the step ('fast/new.K')
  *   reorder N K        in step K rank 1 submits the step in reverse order
+ *   ride N K           N steps of float32 allreduces that ride in the
+ *                      agreement (sum, average, pre-/postscale) beside ones
+ *                      that do not (1600 B, int32); in step K 'ride/late'
+ *                      (submitted last) is queued on rank 0 alone until
+ *                      the others have finished the rest of the step and
+ *                      slept 100 ms
  *   barrier N          each step: a mark file, gs_barrier, then every rank's
  *                      mark of the step must exist (in $GS_TEST_DIR); rank r
  *                      sleeps r * 30 ms before the barrier
@@ -150,12 +157,118 @@ static gs_stats stats_now(const gs_ctx *ctx) {
 
 static void print_step(int s, const gs_stats *a, const gs_stats *b) {
   printf("fast: rank %d step %d: tensors=%llu requests=%llu fast_tensors=%llu fast_rounds=%llu "
-         "escalations=%llu\n",
+         "escalations=%llu rides=%llu\n",
          g_rank, s, (unsigned long long)(b->tensors - a->tensors),
          (unsigned long long)(b->requests_sent - a->requests_sent),
          (unsigned long long)(b->fast_tensors - a->fast_tensors),
          (unsigned long long)(b->fast_rounds - a->fast_rounds),
-         (unsigned long long)(b->fast_escalations - a->fast_escalations));
+         (unsigned long long)(b->fast_escalations - a->fast_escalations),
+         (unsigned long long)(b->fast_ride_tensors - a->fast_ride_tensors));
+}
+
+/* ---- ride: small float32 allreduces that ride in the agreement ---------- */
+
+/* One op of the ride mode: float32 host tensors; reduce op, pre- and
+ * postscale as given; `late` is submitted by every rank but rank 0 only
+ * after the rest of step K completed (rank 0 queues it first). */
+typedef struct rop {
+  const char *name;
+  gs_dtype dt;
+  gs_reduce_op red;
+  double pre, post;
+  size_t count;
+  void *buf;
+  gs_handle *h;
+} rop;
+
+#define NRIDE 7
+static rop g_rops[NRIDE] = {
+    {"ride/sum", GS_FLOAT32, GS_SUM, 0, 0, 3, NULL, NULL},
+    {"ride/avg", GS_FLOAT32, GS_AVERAGE, 0, 0, 5, NULL, NULL},
+    {"ride/prepost", GS_FLOAT32, GS_SUM, 0.5, 4.0, 4, NULL, NULL},
+    {"ride/avgpost", GS_FLOAT32, GS_AVERAGE, 0, 0.25, 2, NULL, NULL},
+    {"ride/big", GS_FLOAT32, GS_SUM, 0, 0, 400, NULL, NULL}, /* 1600 B: too big to ride */
+    {"ride/i32", GS_INT32, GS_SUM, 0, 0, 6, NULL, NULL},     /* not a float: the plan */
+    {"ride/late", GS_FLOAT32, GS_AVERAGE, 0, 2.0, 3, NULL, NULL},
+};
+#define RIDE_LATE (NRIDE - 1)
+
+static int rbase(size_t i, size_t j, int s) {
+  return (int)((i * 5 + j * 3 + (size_t)s * 7) % 23) - 11;
+}
+
+static void rfill(rop *o, size_t i, int s) {
+  for (size_t j = 0; j < o->count; j++) {
+    int v = rbase(i, j, s) * (g_rank + 1);
+    if (o->dt == GS_FLOAT32)
+      ((float *)o->buf)[j] = (float)v;
+    else
+      ((int32_t *)o->buf)[j] = v;
+  }
+}
+
+/* Every expected value is exact in float32: sums of small integers; the
+ * average of b * (r + 1) over the ranks is b * (size + 1) / 2 (a multiple
+ * of 0.5); the scales are powers of two. */
+static void rcheck(const rop *o, size_t i, int s) {
+  double w = (double)g_size * (g_size + 1) / 2; /* sum over ranks of (r + 1) */
+  for (size_t j = 0; j < o->count; j++) {
+    double b = rbase(i, j, s), want = b * w;
+    if (o->pre != 0) want *= o->pre;
+    if (o->red == GS_AVERAGE) want /= g_size;
+    if (o->post != 0) want *= o->post;
+    double got = o->dt == GS_FLOAT32 ? ((float *)o->buf)[j] : ((int32_t *)o->buf)[j];
+    if (got != want)
+      wu_die("tensor '%s' (step %d): element %zu: got %.9g, expected %.9g", o->name, s, j, got,
+             want);
+  }
+}
+
+static void rsubmit(gs_ctx *ctx, rop *o) {
+  gs_allreduce_opts opts;
+  gs_allreduce_opts_init(&opts);
+  opts.prescale = o->pre;
+  opts.postscale = o->post;
+  gs_status st =
+      gs_allreduce_async(ctx, o->name, o->buf, o->buf, o->count, o->dt, o->red, &opts, &o->h);
+  if (st != GS_OK)
+    wu_die("tensor '%s': submitting: %s: %s", o->name, wu_status_name(st), gs_last_error(ctx));
+}
+
+static void rwait(rop *o, int s) {
+  gs_status st = gs_wait(o->h, WAIT_MS);
+  if (st != GS_OK)
+    wu_die("tensor '%s' (step %d): %s: %s", o->name, s, wu_status_name(st), gs_handle_error(o->h));
+}
+
+/* Step s of the ride mode; in step `lag` 'ride/late' (submitted last) is
+ * queued on rank 0 alone while the others run the rest of the step (it
+ * stays queued there through those rounds), and they submit it 100 ms
+ * after. (Submitted first on rank 0 it could make a round of its own that
+ * shares nothing with the others': a reordering, which escalates.) */
+static void ride_step(gs_ctx *ctx, int s, int lag) {
+  gs_stats a = stats_now(ctx);
+  int held = s == lag && g_rank != 0;
+  for (size_t i = 0; i < NRIDE; i++) {
+    if (i == RIDE_LATE && held) continue;
+    rfill(&g_rops[i], i, s);
+    rsubmit(ctx, &g_rops[i]);
+  }
+  for (size_t i = 0; i < NRIDE; i++)
+    if (i != RIDE_LATE || s != lag) rwait(&g_rops[i], s);
+  if (held) {
+    sleep_ms(100);
+    rfill(&g_rops[RIDE_LATE], RIDE_LATE, s);
+    rsubmit(ctx, &g_rops[RIDE_LATE]);
+  }
+  if (s == lag) rwait(&g_rops[RIDE_LATE], s);
+  gs_stats b = stats_now(ctx);
+  for (size_t i = 0; i < NRIDE; i++) {
+    rcheck(&g_rops[i], i, s);
+    gs_handle_free(g_rops[i].h);
+    g_rops[i].h = NULL;
+  }
+  print_step(s, &a, &b);
 }
 
 static op g_ops[NT + 3];
@@ -274,7 +387,7 @@ static void expect_failure(op *o, gs_status want) {
 
 static void usage(void) {
   fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
-                  "                      reorder N K | gather N K |\n"
+                  "                      reorder N K | gather N K | ride N K |\n"
                   "                      barrier N | deadlock K | leave K | shutdown K | hang K\n");
   exit(2);
 }
@@ -299,6 +412,11 @@ int main(int argc, char **argv) {
       step(ctx, s, style, 0, NULL);
       if (style == WAIT_PACED) sleep_ms(40);
     }
+  } else if (!strcmp(mode, "ride")) {
+    if (argc != 4 || k < 1 || k > n) usage();
+    for (size_t i = 0; i < NRIDE; i++) g_rops[i].buf = wu_xcalloc(g_rops[i].count, 4);
+    for (int s = 1; s <= n; s++) ride_step(ctx, s, k);
+    for (size_t i = 0; i < NRIDE; i++) free(g_rops[i].buf);
   } else if (!strcmp(mode, "newtensor") || !strcmp(mode, "reorder")) {
     if (argc != 4 || k < 1 || k > n) usage();
     op extra = {.kind = 0, .count = 5};

@@ -8,6 +8,10 @@
  * - a tensor never seen before in the middle of a step, and a step that
  *   rank 1 submits in the reverse order, go back to the coordinator and
  *   complete with the right values; later steps are fast again;
+ * - small float32 allreduces riding in the round's agreement: exact sums,
+ *   averages, pre- and postscale beside ops that do not ride, an op queued
+ *   on one rank only (it stays queued and completes right), shm and tcp,
+ *   np 2 to 4; nothing rides in deterministic mode;
  * - a response cache smaller than the step's tensors;
  * - gs_barrier in fast mode still waits for every rank;
  * - gs_unregister_local in fast mode, gs_barrier, then the name submitted:
@@ -45,16 +49,22 @@ static int setup(void **state) {
   return proc_test_begin("fastpath", GUARD_MS);
 }
 
-static proc *start_rank(job *w, int rank, char *const args[]) {
+static proc *start_rank(job *w, int rank, char *const args[], const char *extra_env) {
   char dir[600];
   snprintf(dir, sizeof dir, "GS_TEST_DIR=%s", proc_test_dir());
-  char *env[] = {dir, NULL};
+  char *env[] = {dir, (char *)extra_env, NULL};
   return job_start_rank(w, rank, worker_path, args, env);
 }
 
-static void start_world(job *w, int size, char *const coord_args[], char *const args[]) {
+/* extra_env: one more "NAME=value" for every rank, or NULL. */
+static void start_world_env(job *w, int size, char *const coord_args[], char *const args[],
+                            const char *extra_env) {
   job_start_coordinator(w, size, coord_args);
-  for (int r = 0; r < size; r++) w->ranks[r] = start_rank(w, r, args);
+  for (int r = 0; r < size; r++) w->ranks[r] = start_rank(w, r, args, extra_env);
+}
+
+static void start_world(job *w, int size, char *const coord_args[], char *const args[]) {
+  start_world_env(w, size, coord_args, args, NULL);
 }
 
 /* Every rank exits 0 after "fast: passed (rank R of SIZE". */
@@ -69,7 +79,7 @@ static void expect_passed(job *w) {
 
 /* The stats line of rank r's step s. */
 typedef struct step_stats {
-  unsigned long long tensors, requests, fast_tensors, fast_rounds, escalations;
+  unsigned long long tensors, requests, fast_tensors, fast_rounds, escalations, rides;
 } step_stats;
 
 static step_stats stats_of(const proc *p, int r, int s) {
@@ -79,11 +89,11 @@ static step_stats stats_of(const proc *p, int r, int s) {
   char *at = strstr(out, prefix);
   step_stats st;
   memset(&st, 0, sizeof st);
-  if (!at ||
-      sscanf(at + strlen(prefix),
-             "tensors=%llu requests=%llu fast_tensors=%llu fast_rounds=%llu "
-             "escalations=%llu",
-             &st.tensors, &st.requests, &st.fast_tensors, &st.fast_rounds, &st.escalations) != 5) {
+  if (!at || sscanf(at + strlen(prefix),
+                    "tensors=%llu requests=%llu fast_tensors=%llu fast_rounds=%llu "
+                    "escalations=%llu rides=%llu",
+                    &st.tensors, &st.requests, &st.fast_tensors, &st.fast_rounds, &st.escalations,
+                    &st.rides) != 6) {
     free(out);
     job_fail("%s: no stats line \"%s...\"", p->label, prefix);
   }
@@ -171,6 +181,63 @@ static void test_fast_path_off(void **state) {
                  STEP_OPS);
     }
   job_stop_coordinator(&w);
+}
+
+/* ---- small allreduces riding in the agreement ----------------------------------- */
+
+#define RIDE_OPS 7    /* gs-fast-worker ride: 7 ops per step */
+#define RIDE_RIDERS 5 /* of them, float32 sum/average up to 1 KiB: all but ride/big, ride/i32 */
+
+/* gs-fast-worker ride 6 4 on size ranks (extra_env for each): the worker
+ * checks every value exactly (sum, average, prescale and postscale, an op
+ * that rides beside ones that do not, 'ride/late' queued on rank 0 alone
+ * in step 4 until the others submit it: it stays queued and completes
+ * right). From step 3 on every op completes in fast rounds with no request
+ * and no escalation, and `rides` of them by the agreement itself. */
+static void ride_world(int size, const char *extra_env, unsigned long long rides) {
+  char *args[] = {"ride", "6", "4", NULL};
+  job w;
+  start_world_env(&w, size, NULL, args, extra_env);
+  expect_passed(&w);
+  for (int s = 3; s <= 6; s++)
+    for (int r = 0; r < size; r++) {
+      step_stats st = stats_of(w.ranks[r], r, s);
+      if (st.tensors != RIDE_OPS || st.fast_tensors != RIDE_OPS || st.requests != 0 ||
+          (s < 6 && st.escalations != 0) || st.rides != rides)
+        job_fail("%s np %d rank %d step %d: %llu tensors, %llu by fast rounds, %llu of them "
+                 "riding in the agreement, %llu requests, %llu escalations; expected %d, all "
+                 "fast, %llu riding, no request, no escalation",
+                 extra_env ? extra_env : "default backend", size, r, s, st.tensors, st.fast_tensors,
+                 st.rides, st.requests, st.escalations, RIDE_OPS, rides);
+    }
+  job_stop_coordinator(&w);
+}
+
+static void test_ride_np2(void **state) { /* shm (one host) */
+  (void)state;
+  ride_world(2, NULL, RIDE_RIDERS);
+}
+
+static void test_ride_np4(void **state) {
+  (void)state;
+  ride_world(4, NULL, RIDE_RIDERS);
+}
+
+static void test_ride_tcp_np3(void **state) {
+  (void)state;
+  ride_world(3, "GRADSYNC_BACKEND=tcp", RIDE_RIDERS);
+}
+
+static void test_ride_tcp_np2(void **state) {
+  (void)state;
+  ride_world(2, "GRADSYNC_BACKEND=tcp", RIDE_RIDERS);
+}
+
+/* Deterministic mode: nothing rides (every CPU allreduce reduces in rank
+ * order there, which the agreement does not promise); values exact. */
+static void test_ride_deterministic_np3(void **state) {
+  (void)state;
+  ride_world(3, "GRADSYNC_DETERMINISTIC=1", 0);
 }
 
 /* ---- back to the coordinator and fast again ----------------------------------- */
@@ -464,6 +531,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_values_np4, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_timed_waits_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_polling_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ride_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ride_np4, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ride_tcp_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ride_tcp_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ride_deterministic_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),

@@ -1615,7 +1615,7 @@ static void body_agree(rank_ctx *rc) {
         nanosleep(&ts, NULL);
       }
       double t0 = now_s();
-      int r = rc->b->v->agree(rc->b, buf, len, rc->err[k], sizeof rc->err[k]);
+      int r = rc->b->v->agree(rc->b, buf, len, GS__UINT8, GS__MIN, rc->err[k], sizeof rc->err[k]);
       if (k < 2 && pass == 0) rc->secs[k] = now_s() - t0;
       if (r != GS__OK) {
         rc->rc[k] = r;
@@ -1628,6 +1628,33 @@ static void body_agree(rank_ctx *rc) {
         if (buf[i] != want) rc->bad++;
       }
     }
+  /* The float32 SUM form (fast rounds with data riding along): exact sums
+   * of small integers, one chunk and (3001 floats) several; the late rank
+   * is late here too. A form that is not an agreement is refused before
+   * anything moves, on every rank. */
+  static const size_t flens[] = {1, 2, 3, 161, 3001};
+  float *fv = malloc(3001 * sizeof *fv);
+  for (size_t k = 0; k < sizeof flens / sizeof flens[0]; k++) {
+    size_t len = flens[k];
+    for (size_t i = 0; i < len; i++) fv[i] = (float)((i % 7) * 3 + (size_t)rc->rank * 5);
+    if (late_ms && rc->rank == n - 1 && k == 0) {
+      struct timespec ts = {late_ms / 1000, (late_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    int r = rc->b->v->agree(rc->b, fv, len, GS__FLOAT32, GS__SUM, rc->err[NAGREE], 1024);
+    if (r != GS__OK) {
+      rc->rc[NAGREE] = r;
+      free(fv);
+      goto out;
+    }
+    for (size_t i = 0; i < len; i++)
+      if (fv[i] != (float)((i % 7) * 3 * (size_t)n + 5 * (size_t)(n * (n - 1) / 2))) rc->bad++;
+  }
+  if (rc->b->v->agree(rc->b, fv, 4, GS__INT32, GS__SUM, rc->err[NAGREE], 1024) !=
+          GS__ERR_INVALID_ARG ||
+      !strstr(rc->err[NAGREE], "tcp ring: agree: int32 with sum is not an agreement"))
+    rc->bad++;
+  free(fv);
   float f[3] = {(float)rc->rank, 1, 2};
   rc->rc[NAGREE] = rc->b->v->allreduce(rc->b, f, 3, GS__FLOAT32, GS__SUM, rc->err[NAGREE], 1024);
   if (f[0] != (float)(n * (n - 1) / 2) || f[1] != (float)n || f[2] != (float)(2 * n)) rc->bad++;
@@ -1648,7 +1675,7 @@ static void check_agree_job(job *j, rank_ctx *rcs) {
 
 /* The minimum over ranks at np 2, 3, 4 (and 1: a no-op), for odd n,
  * n < np included (some ranks own no byte), one chunk and (9001 bytes)
- * several; the ring stays in step. And on a deterministic ring (agree runs
+ * several; the float32 sums too; the ring stays in step. And on a deterministic ring (agree runs
  * the plain ring there; the allreduce after it the rank-order one). */
 static void test_agree_values(void **state) {
   (void)state;
@@ -1689,10 +1716,10 @@ static void body_agree_abort(rank_ctx *rc) {
   pthread_create(&th, NULL, abort_later, &a);
   uint8_t v[40] = {1};
   double t0 = now_s();
-  rc->rc[0] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[0], 1024);
+  rc->rc[0] = rc->b->v->agree(rc->b, v, sizeof v, GS__UINT8, GS__MIN, rc->err[0], 1024);
   rc->secs[0] = now_s() - t0;
   pthread_join(th, NULL);
-  rc->rc[1] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[1], 1024);
+  rc->rc[1] = rc->b->v->agree(rc->b, v, sizeof v, GS__UINT8, GS__MIN, rc->err[1], 1024);
 }
 
 static void test_agree_abort(void **state) {
@@ -1722,9 +1749,9 @@ static void body_agree_peer_dies(rank_ctx *rc) {
   uint8_t v[64];
   memset(v, 1, sizeof v);
   double t0 = now_s();
-  rc->rc[0] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[0], 1024);
+  rc->rc[0] = rc->b->v->agree(rc->b, v, sizeof v, GS__UINT8, GS__MIN, rc->err[0], 1024);
   rc->secs[0] = now_s() - t0;
-  rc->rc[1] = rc->b->v->agree(rc->b, v, sizeof v, rc->err[1], 1024);
+  rc->rc[1] = rc->b->v->agree(rc->b, v, sizeof v, GS__UINT8, GS__MIN, rc->err[1], 1024);
 }
 
 static void test_agree_peer_dies(void **state) {

@@ -116,22 +116,28 @@ typedef struct gs__backend_vtbl {
    * (the caller learned those sizes beforehand). */
   int (*alltoallv)(gs__backend *b, const void *send, const size_t *send_bytes, void *recv,
                    const size_t *recv_bytes, char *err, size_t errlen);
-  /* The agreement of a fast round: in place, buf (n bytes, the same n on
-   * every rank; meant for a few KiB) becomes the element-wise minimum over
-   * ranks, as an allreduce of n UINT8 with MIN. Unlike the other
-   * collectives, a rank may enter long before its peers (they may still be
-   * computing, for minutes): until every rank has entered there is no
-   * data-plane timeout, and only abort() (GS__ERR_ABORTED) or a peer's
-   * closed connection or death (GS__ERR_DATA_PLANE, naming the rank, its
-   * address or host, and what to do) ends the wait; a rank that never comes
-   * and never dies is the caller's to abort (the coordinator's FastStop).
-   * Once every rank has entered, the io timeout applies as in any
-   * collective. Tuned for latency: a brief bounded spin before the wait
-   * blocks, which then costs no CPU. n == 0 or a job of one rank: returns
-   * at once. A failure leaves the backend broken like a failed collective.
-   * NULL on the nccl backend: fast rounds always run on the host backend
-   * (tcp or shm, hierarchical included), whatever the tensors' device. */
-  int (*agree)(gs__backend *b, uint8_t *buf, size_t n, char *err, size_t errlen);
+  /* The agreement of a fast round: in place, buf (count elements of dt,
+   * the same count on every rank; meant for a few KiB) becomes the
+   * element-wise reduction over ranks, as an allreduce. Two forms only:
+   * UINT8 with MIN (the fast vector of flags) and FLOAT32 with SUM (flags
+   * as 1.0/0.0 followed by the data of small allreduces that ride along;
+   * every rank ends with the same bits, summed in the backend's own order,
+   * not deterministic mode's rank order); anything else is
+   * GS__ERR_INVALID_ARG. Unlike the other collectives, a rank may enter
+   * long before its peers (they may still be computing, for minutes):
+   * until every rank has entered there is no data-plane timeout, and only
+   * abort() (GS__ERR_ABORTED) or a peer's closed connection or death
+   * (GS__ERR_DATA_PLANE, naming the rank, its address or host, and what to
+   * do) ends the wait; a rank that never comes and never dies is the
+   * caller's to abort (the coordinator's FastStop). Once every rank has
+   * entered, the io timeout applies as in any collective. Tuned for
+   * latency: a brief bounded spin before the wait blocks, which then costs
+   * no CPU. count == 0 or a job of one rank: returns at once. A failure
+   * leaves the backend broken like a failed collective. NULL on the nccl
+   * backend: fast rounds always run on the host backend (tcp or shm,
+   * hierarchical included), whatever the tensors' device. */
+  int (*agree)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op, char *err,
+               size_t errlen);
   /* Makes the running and every later collective fail promptly with
    * GS__ERR_ABORTED. Any thread; idempotent. */
   void (*abort)(gs__backend *b);
@@ -294,6 +300,9 @@ gs__device gs__pointer_device(const void *p, int *device);
  * reducescatter; who ("tcp ring", "shm") and what name them in err. */
 int gs__host_reduce_args(const char *who, const char *what, gs__dtype dt, gs__reduce_op op,
                          char *err, size_t errlen);
+/* The two forms agree takes (UINT8 with MIN, FLOAT32 with SUM), checked
+ * for backend who; else GS__ERR_INVALID_ARG naming them. */
+int gs__agree_args(const char *who, gs__dtype dt, gs__reduce_op op, char *err, size_t errlen);
 /* Host staging and copies, shared by host backends. */
 void *gs__host_staging(void **buf, size_t *cap, size_t bytes, char *err, size_t errlen);
 int gs__host_copy(const gs__copy *c, size_t n, char *err, size_t errlen);

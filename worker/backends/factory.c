@@ -117,6 +117,16 @@ int gs__host_reduce_args(const char *who, const char *what, gs__dtype dt, gs__re
   return GS__OK;
 }
 
+int gs__agree_args(const char *who, gs__dtype dt, gs__reduce_op op, char *err, size_t errlen) {
+  if ((dt == GS__UINT8 && op == GS__MIN) || (dt == GS__FLOAT32 && op == GS__SUM)) return GS__OK;
+  snprintf(err, errlen,
+           "%s: agree: %s with %s is not an agreement (uint8 with min, or float32 with sum; a "
+           "gradsync bug)",
+           who, (unsigned)dt < GS__DTYPE_COUNT ? gs__dtype_name(dt) : "an invalid dtype",
+           (unsigned)op < GS__REDUCE_OP_COUNT ? gs__reduce_op_name(op) : "an invalid op");
+  return GS__ERR_INVALID_ARG;
+}
+
 /* ---- host staging ------------------------------------------------------- */
 
 void *gs__host_staging(void **buf, size_t *cap, size_t bytes, char *err, size_t errlen) {

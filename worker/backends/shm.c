@@ -861,27 +861,29 @@ static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, cha
   return GS__OK;
 }
 
-/* The host step of agree: every local rank posts its n bytes, and the
- * ranks that want the result (out not NULL) take the minimum over all
- * slots themselves (one rendezvous whatever n). The wait for the first
- * chunk is patient: it is where ranks wait for each other to enter. */
-static int agree_phase(shm *s, const uint8_t *in, uint8_t *out, size_t n, char *err,
-                       size_t errlen) {
+/* The host step of agree: every local rank posts its count elements, and
+ * the ranks that want the result (out not NULL) reduce all slots
+ * themselves, in local rank order, so they end with the same bits (one
+ * rendezvous whatever count). The wait for the first chunk is patient: it
+ * is where ranks wait for each other to enter. */
+static int agree_phase(shm *s, const void *in, void *out, size_t count, gs__dtype dt,
+                       gs__reduce_op op, char *err, size_t errlen) {
   int L = s->nlocal, me = s->me, rc;
+  size_t es = gs__dtype_size(dt), per_chunk = s->chunk / es;
   const void *src[GS__SHM_MAX_LOCAL];
-  for (size_t off = 0; off < n; off += s->chunk) {
-    size_t k = n - off < s->chunk ? n - off : s->chunk;
+  for (size_t off = 0; off < count; off += per_chunk) {
+    size_t k = count - off < per_chunk ? count - off : per_chunk;
     uint64_t g = s->g;
     int b = (int)(g % NBUF);
     if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, "agree", err, errlen)))
       return rc;
-    memcpy(slot(s, b, me), in + off, k);
+    memcpy(slot(s, b, me), (const char *)in + off * es, k * es);
     post(s, F_POSTED, g + 1);
     if (out) {
       if ((rc = wait_until(s, F_POSTED, g + 1, 0, L - 1, off == 0, "agree", err, errlen)))
         return rc;
       for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
-      gs__reduce_many(out + off, GS__UINT8, src, (size_t)L, GS__UINT8, k, GS__MIN, 1, 1.0);
+      gs__reduce_many((char *)out + off * es, dt, src, (size_t)L, dt, k, op, 1, 1.0);
     }
     post(s, F_DONE, g + 1);
     s->g = g + 1;
@@ -890,29 +892,34 @@ static int agree_phase(shm *s, const uint8_t *in, uint8_t *out, size_t n, char *
 }
 
 /* The agreement of a fast round (backend.h): on one host agree_phase; across
- * hosts the leader takes its host's minimum, agrees with the other leaders
- * over their ring (patient too), and broadcasts the result to its host,
- * whose ranks wait for it patiently (their leader waits for other hosts). */
-static int agree(shm *s, uint8_t *buf, size_t n, char *err, size_t errlen) {
+ * hosts the leader takes its host's reduction, agrees with the other
+ * leaders over their ring (patient too), and broadcasts the result to its
+ * host, whose ranks wait for it patiently (their leader waits for other
+ * hosts). */
+static int agree(shm *s, void *buf, size_t count, gs__dtype dt, gs__reduce_op op, char *err,
+                 size_t errlen) {
   int rc;
-  if (n == 0 || s->size == 1) return GS__OK;
-  spin_for(s, n);
-  if (!buf) {
-    snprintf(err, errlen, "shm: agree: buf is NULL with n %zu", n);
+  if (count == 0 || s->size == 1) return GS__OK;
+  if (!buf || count > SIZE_MAX / 8) {
+    snprintf(err, errlen, "shm: agree: buf %s with count %zu", buf ? "too small" : "is NULL",
+             count);
     return GS__ERR_INVALID_ARG;
   }
-  if (s->nhosts == 1) return agree_phase(s, buf, buf, n, err, errlen);
+  size_t n = count * gs__dtype_size(dt);
+  spin_for(s, n);
+  if (s->nhosts == 1) return agree_phase(s, buf, buf, count, dt, op, err, errlen);
   int leader = s->me == 0;
-  if (s->nlocal > 1 && (rc = agree_phase(s, buf, leader ? buf : NULL, n, err, errlen))) {
+  if (s->nlocal > 1 &&
+      (rc = agree_phase(s, buf, leader ? buf : NULL, count, dt, op, err, errlen))) {
     if (leader) { /* the other leaders wait for this one without a deadline: end their wait */
       char eb[256];
       s->leaders->v->abort(s->leaders);
-      (void)s->leaders->v->agree(s->leaders, buf, n, eb, sizeof eb);
+      (void)s->leaders->v->agree(s->leaders, buf, count, dt, op, eb, sizeof eb);
     }
     return rc;
   }
   if (leader) {
-    rc = s->leaders->v->agree(s->leaders, buf, n, err, errlen);
+    rc = s->leaders->v->agree(s->leaders, buf, count, dt, op, err, errlen);
     if ((rc = leaders_step(s, rc, "agree", err, errlen))) return rc;
   }
   if (s->nlocal > 1)
@@ -920,10 +927,12 @@ static int agree(shm *s, uint8_t *buf, size_t n, char *err, size_t errlen) {
   return GS__OK;
 }
 
-static int shm_agree_vt(gs__backend *b, uint8_t *buf, size_t n, char *err, size_t errlen) {
+static int shm_agree_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                        char *err, size_t errlen) {
   shm *s = (shm *)b;
   int rc = check_usable(s, "agree", err, errlen);
-  if (rc == GS__OK) rc = agree(s, buf, n, err, errlen);
+  if (rc == GS__OK) rc = gs__agree_args("shm", dt, op, err, errlen);
+  if (rc == GS__OK) rc = agree(s, buf, count, dt, op, err, errlen);
   if (rc == GS__ERR_ABORTED) poison_aborted(s);
   return rc;
 }

@@ -2213,24 +2213,28 @@ static int ring_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, ch
   return run_stream(r, &st, err, errlen);
 }
 
-/* The agreement of a fast round: an allreduce of n bytes with MIN whose
- * wait for the peers to enter has no deadline (see stream.patient). MIN is
- * exact in any order, so it runs on the plain ring even when the ring is
- * deterministic. */
-static int ring_agree_vt(gs__backend *b, uint8_t *buf, size_t n, char *err, size_t errlen) {
+/* The agreement of a fast round: an allreduce (uint8 MIN or float32 SUM)
+ * whose wait for the peers to enter has no deadline (see stream.patient).
+ * It runs on the plain ring even when the ring is deterministic: MIN is
+ * exact in any order, and the fast round lets nothing ride in a float32
+ * SUM in deterministic mode (fast_round.c). Up to ONE_CHUNK_BYTES the sum
+ * is in rank order 0..n-1 anyway (one chain from rank 0). */
+static int ring_agree_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                         char *err, size_t errlen) {
   ring *r = (ring *)b;
   int rc = check_usable(r, "agree", err, errlen);
+  if (rc == GS__OK) rc = gs__agree_args("tcp ring", dt, op, err, errlen);
   if (rc != GS__OK) return rc;
-  if (n == 0 || r->size == 1) return GS__OK;
+  if (count == 0 || r->size == 1) return GS__OK;
   if (!buf) {
-    snprintf(err, errlen, "tcp ring: agree: buf is NULL with n %zu", n);
+    snprintf(err, errlen, "tcp ring: agree: buf is NULL with count %zu", count);
     return GS__ERR_INVALID_ARG;
   }
-  if (n > SIZE_MAX / 8) {
-    snprintf(err, errlen, "tcp ring: agree: n %zu is too large", n);
+  if (count > SIZE_MAX / 8) {
+    snprintf(err, errlen, "tcp ring: agree: count %zu is too large", count);
     return GS__ERR_INVALID_ARG;
   }
-  return ring_allreduce(r, "agree", (char *)buf, GS__UINT8, (char *)buf, GS__UINT8, n, GS__MIN,
+  return ring_allreduce(r, "agree", (char *)buf, dt, (char *)buf, dt, count, op,
                         (finishing){1, 1.0}, 1, err, errlen);
 }
 

@@ -458,6 +458,10 @@ typedef struct gs_stats {
   uint64_t fast_rounds;
   uint64_t fast_tensors;
   uint64_t fast_escalations;
+  /* Of fast_tensors, the small float32 allreduces that rode in the
+   * round's agreement (completed by that one exchange; see
+   * docs/design-notes.md). */
+  uint64_t fast_ride_tensors;
 } gs_stats;
 
 /* Sets struct_size and zeroes the counters. */
