@@ -2,7 +2,7 @@
  * the coordinator (the "data plane alone" rows of bench/transport.sh).
  *
  *   gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] [--reps R]
- *                      [--chunk B] [--one-shot B] [--op sum|average|agree] [--tag T]
+ *                      [--chunk B] [--one-shot B] [--op sum|average|agree|agree-f32] [--tag T]
  *
  * Forks N ranks on this host. shm: the shared-memory transport of one host
  * (gs__shm_create). tcp: the TCP ring on 127.0.0.1, its rendezvous through
@@ -12,7 +12,9 @@
  * the median over calls of the slowest rank's time as
  *   RESULT impl=gs-<transport>-direct np=N bytes=B median_us=T busbw_gbs=G
  * --op agree times the fast round's agreement (backend agree: a MIN over
- * B bytes) instead, as impl=gs-<transport>-agree.
+ * B bytes) instead, as impl=gs-<transport>-agree; --op agree-f32 its
+ * float32 SUM form (B / 4 floats: flags and riding data), as
+ * impl=gs-<transport>-agree-f32.
  * --chunk and --one-shot set the shm transport's slot size and one-
  * rendezvous limit (gs__shm_opts; 0 = the library's defaults); --tag T
  * appends "-T" to impl.
@@ -120,11 +122,15 @@ int main(int argc, char **argv) {
       tag = argv[++i];
     else if (!strcmp(argv[i], "--op") && i + 1 < argc && !strcmp(argv[i + 1], "agree"))
       agree = 1, i++;
+    else if (!strcmp(argv[i], "--op") && i + 1 < argc && !strcmp(argv[i + 1], "agree-f32"))
+      agree = 2, i++;
     else if (!strcmp(argv[i], "--op") && i + 1 < argc)
       op = !strcmp(argv[++i], "average") ? GS__AVERAGE : GS__SUM;
     else {
-      fprintf(stderr, "usage: gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] "
-                      "[--reps R] [--chunk B] [--one-shot B] [--op sum|average|agree] [--tag T]\n");
+      fprintf(
+          stderr,
+          "usage: gs-transport-bench --transport shm|tcp --np N [--sizes B,B,...] "
+          "[--reps R] [--chunk B] [--one-shot B] [--op sum|average|agree|agree-f32] [--tag T]\n");
       return 2;
     }
   }
@@ -236,7 +242,10 @@ int main(int argc, char **argv) {
     qsort(med, (size_t)reps, sizeof med[0], cmp_double);
     double m = reps % 2 ? med[reps / 2] : (med[reps / 2 - 1] + med[reps / 2]) / 2;
     printf("RESULT impl=gs-%s-%s%s%s np=%d bytes=%zu median_us=%.1f busbw_gbs=%.2f\n", transport,
-           agree ? "agree" : "direct", tag ? "-" : "", tag ? tag : "", np, sizes[k], m,
+           agree == 2 ? "agree-f32"
+           : agree    ? "agree"
+                      : "direct",
+           tag ? "-" : "", tag ? tag : "", np, sizes[k], m,
            m > 0 ? 2.0 * (np - 1) / np * (double)sizes[k] / m / 1e3 : 0);
   }
   return 0;

@@ -538,16 +538,32 @@ static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
  * postscale as the ring finishes a reduction (gs__divide, then gs__scale),
  * into each op's recv buffer. */
 static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
+  /* The finish over runs of riders that lie back to back in the vector
+   * with the same op and postscale (the usual step: every tensor alike),
+   * one call per run rather than per tensor; element-wise, so the same
+   * bits. Riders are in slot order, so their data in vector order. */
+  for (size_t i = 0, j; i < st->nriders; i = j) {
+    const struct gs_handle *a = st->riders[i];
+    size_t end = st->ride_off[a->fast_slot] + a->count;
+    for (j = i + 1; j < st->nriders; j++) {
+      const struct gs_handle *b = st->riders[j];
+      if (st->ride_off[b->fast_slot] != end || b->req.reduce_op != a->req.reduce_op ||
+          b->req.postscale != a->req.postscale)
+        break;
+      end += b->count;
+    }
+    float *res = d + st->ride_off[a->fast_slot];
+    size_t n = end - st->ride_off[a->fast_slot];
+    if (a->req.reduce_op == GS__AVERAGE) gs__divide(res, n, GS__FLOAT32, ctx->size);
+    if (a->req.postscale != 1.0) gs__scale(res, n, GS__FLOAT32, a->req.postscale);
+  }
   for (size_t i = 0; i < st->nriders; i++) {
     struct gs_handle *h = st->riders[i];
     if (atomic_load_explicit(&h->done, memory_order_acquire)) { /* failed with the job */
       st->riders[i] = NULL;
       continue;
     }
-    float *res = d + st->ride_off[h->fast_slot];
-    if (h->req.reduce_op == GS__AVERAGE) gs__divide(res, h->count, GS__FLOAT32, ctx->size);
-    if (h->req.postscale != 1.0) gs__scale(res, h->count, GS__FLOAT32, h->req.postscale);
-    if (h->count) memcpy(h->recv, res, h->count * sizeof(float));
+    if (h->count) memcpy(h->recv, d + st->ride_off[h->fast_slot], h->count * sizeof(float));
     if (h->finish) {
       char err[1024];
       int rc = h->finish(h, err, sizeof err);
