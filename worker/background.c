@@ -225,7 +225,9 @@ void gs__cache_clear(gs_ctx *ctx) {
   gs__wtemplate *t, *ttmp;
   HASH_ITER(hh, ctx->templates, t, ttmp) template_drop(ctx, t);
   free(ctx->live_ids);
+  free(ctx->live_info);
   ctx->live_ids = NULL;
+  ctx->live_info = NULL;
   ctx->nlive = ctx->live_cap = 0;
 }
 
@@ -320,7 +322,8 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
     for (size_t k = 0; k < n->plan.responses[i].ntensors; k++, j++) {
       const gs__plan_tensor *t = &n->plan.responses[i].tensors[k];
       struct gs_handle *h = NULL;
-      if (t->cache_id) gs__live_add_locked(ctx, t->cache_id); /* also when this rank holds none */
+      if (t->cache_id) /* also when this rank holds none */
+        gs__live_add_locked(ctx, t->cache_id, &n->plan.responses[i], t);
       HASH_FIND_STR(ctx->inflight, t->name, h);
       if (!h) continue;
       atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed); /* the node's */

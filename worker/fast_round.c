@@ -45,6 +45,15 @@
 #define RIDE_VECTOR_BYTES 8192u
 #define RIDE_NONE SIZE_MAX
 
+/* A slot's place in the float32 vector's riding data, and its response's
+ * reduction and scales (the same on every rank). */
+typedef struct ride_slot {
+  size_t off; /* first float after the flags; RIDE_NONE: does not ride */
+  size_t n;   /* floats */
+  gs__reduce_op op;
+  double prescale, postscale;
+} ride_slot;
+
 /* The exec thread's buffers for one round, kept between rounds (grown,
  * never shrunk) so that a steady-state round allocates nothing. */
 typedef struct fast_state {
@@ -73,10 +82,9 @@ typedef struct fast_state {
   uint64_t last_bytes, last_threshold;
   int last_valid;
   /* Riding, for the live ids of generation ride_gen (ride_nlive slots):
-   * ride_off[s] is where slot s's data starts after the flags in the
-   * float32 vector (RIDE_NONE: it does not ride), ride_floats the data's
+   * ride[s] for slot s (see ride_slot), ride_floats the riding data's
    * length (0: nothing rides; the round agrees on the byte vector). */
-  size_t *ride_off;
+  ride_slot *ride;
   size_t ridecap, ride_nlive, ride_floats;
   uint64_t ride_gen;
   int ride_valid;
@@ -100,21 +108,41 @@ static size_t live_find(const gs_ctx *ctx, uint32_t id) {
   return lo;
 }
 
-void gs__live_add_locked(gs_ctx *ctx, uint32_t id) {
+/* Whether a response may ride in the agreement: an allreduce whose result
+ * the float32 SUM of every rank's prescaled data gives exactly as the
+ * executor would (the average's division and the postscale applied after
+ * it, with the ring's finishing arithmetic), on host memory (GPU buffers
+ * are never copied into the host vector); its bytes, or UINT32_MAX. */
+static gs__live_info live_info_of(const gs__response *r, const gs__plan_tensor *t) {
+  gs__live_info li = {UINT32_MAX, r->reduce_op, r->prescale, r->postscale};
+  if (r->kind != GS__RESP_COLLECTIVE || r->op != GS__OP_ALLREDUCE || r->dtype != GS__FLOAT32 ||
+      (r->reduce_op != GS__SUM && r->reduce_op != GS__AVERAGE) || r->device != GS__DEVICE_CPU)
+    return li;
+  uint64_t bytes = gs__tensor_bytes(r->dtype, t->shape, t->ndim);
+  if (bytes <= RIDE_OP_BYTES) li.ride_bytes = (uint32_t)bytes;
+  return li;
+}
+
+void gs__live_add_locked(gs_ctx *ctx, uint32_t id, const gs__response *r,
+                         const gs__plan_tensor *t) {
   size_t at = ctx->nlive && ctx->live_ids[ctx->nlive - 1] < id ? ctx->nlive : live_find(ctx, id);
   if (at < ctx->nlive && ctx->live_ids[at] == id) return;
   if (ctx->nlive == ctx->live_cap) {
     size_t cap = ctx->live_cap ? ctx->live_cap * 2 : 256;
     uint32_t *v = realloc(ctx->live_ids, cap * sizeof *v);
-    if (!v) {
+    if (v) ctx->live_ids = v;
+    gs__live_info *li = v ? realloc(ctx->live_info, cap * sizeof *li) : NULL;
+    if (!li) {
       ctx->live_oom = 1;
       return;
     }
-    ctx->live_ids = v;
+    ctx->live_info = li;
     ctx->live_cap = cap;
   }
   memmove(ctx->live_ids + at + 1, ctx->live_ids + at, (ctx->nlive - at) * sizeof *ctx->live_ids);
+  memmove(ctx->live_info + at + 1, ctx->live_info + at, (ctx->nlive - at) * sizeof *ctx->live_info);
   ctx->live_ids[at] = id;
+  ctx->live_info[at] = live_info_of(r, t);
   ctx->nlive++;
   ctx->live_dirty = 1;
 }
@@ -124,6 +152,8 @@ void gs__live_del_locked(gs_ctx *ctx, uint32_t id) {
   if (at == ctx->nlive || ctx->live_ids[at] != id) return;
   memmove(ctx->live_ids + at, ctx->live_ids + at + 1,
           (ctx->nlive - at - 1) * sizeof *ctx->live_ids);
+  memmove(ctx->live_info + at, ctx->live_info + at + 1,
+          (ctx->nlive - at - 1) * sizeof *ctx->live_info);
   ctx->nlive--;
   ctx->live_dirty = 1;
 }
@@ -337,7 +367,7 @@ void gs__fast_state_free(gs_ctx *ctx) {
   free(st->tensors);
   free(st->resps);
   free(st->last_ids);
-  free(st->ride_off);
+  free(st->ride);
   free(st->fv);
   free(st->riders);
   free(st);
@@ -489,42 +519,34 @@ static size_t build_plan(fast_state *st, size_t ncommon, uint64_t threshold, uin
   return nresp;
 }
 
-/* Whether a cached request may ride in the agreement: an allreduce whose
- * result the float32 SUM of every rank's prescaled data gives exactly as
- * the executor would (the average's division and the postscale applied
- * after it, with the ring's finishing arithmetic), on host memory (GPU
- * buffers are never copied into the host vector), no group. */
-static int rides(const gs__tensor_request *q) {
-  return q->op == GS__OP_ALLREDUCE && !q->group_id && q->dtype == GS__FLOAT32 &&
-         (q->reduce_op == GS__SUM || q->reduce_op == GS__AVERAGE) && q->device == GS__DEVICE_CPU;
-}
-
 /* The riding slots of the live ids (caller holds ctx->mu): in slot order
- * (ascending cache id), each that rides() and is at most RIDE_OP_BYTES,
- * while the vector stays within RIDE_VECTOR_BYTES. Computed from the cache
- * and the live ids alone, so identical on every rank; again only when the
- * live ids changed. None in deterministic mode: there every CPU allreduce
- * reduces in rank order 0..n-1 wherever it runs, which the agreement does
- * not promise (the hierarchical transport sums by host first), and a
- * riding tensor's result must not depend on whether it rode (an op that
- * arrives before fast mode or after an escalation runs in a plan). */
+ * (ascending cache id), each whose response may ride (live_info_of: at
+ * most RIDE_OP_BYTES), while the vector stays within RIDE_VECTOR_BYTES.
+ * Computed from the live ids and their responses alone, so identical on
+ * every rank; copied here (the exec thread reads it without the mutex);
+ * again only when the live ids changed. None in deterministic mode:
+ * there every CPU allreduce reduces in rank order 0..n-1 wherever it
+ * runs, which the agreement does not promise (the hierarchical transport
+ * sums by host first), and a riding tensor's result must not depend on
+ * whether it rode (an op that arrives before fast mode or after an
+ * escalation runs in a plan). */
 static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
   if (st->ride_valid && st->ride_gen == ctx->live_gen && st->ride_nlive == nlive) return 0;
-  if (grow((void **)&st->ride_off, &st->ridecap, nlive + 1, sizeof *st->ride_off)) return -1;
+  if (grow((void **)&st->ride, &st->ridecap, nlive + 1, sizeof *st->ride)) return -1;
   size_t flags = 2 + nlive, total = 0;
   for (size_t s = 1; s <= nlive; s++) {
-    st->ride_off[s] = RIDE_NONE;
-    if (ctx->deterministic || (flags + total) * sizeof(float) >= RIDE_VECTOR_BYTES) continue;
-    uint32_t id = ctx->live_ids[s - 1];
-    gs__wcache *c = NULL;
-    HASH_FIND(hh_id, ctx->cache_by_id, &id, sizeof id, c);
-    if (!c || !rides(&c->req)) continue;
-    uint64_t bytes = gs__tensor_bytes(c->req.dtype, c->req.shape, c->req.ndim);
-    if (bytes == UINT64_MAX || bytes > RIDE_OP_BYTES ||
-        (flags + total) * sizeof(float) + bytes > RIDE_VECTOR_BYTES)
+    const gs__live_info *li = &ctx->live_info[s - 1];
+    ride_slot *rs = &st->ride[s];
+    rs->off = RIDE_NONE;
+    if (ctx->deterministic || li->ride_bytes == UINT32_MAX ||
+        (flags + total) * sizeof(float) + li->ride_bytes > RIDE_VECTOR_BYTES)
       continue;
-    st->ride_off[s] = total;
-    total += (size_t)bytes / sizeof(float);
+    rs->off = total;
+    rs->n = li->ride_bytes / sizeof(float);
+    rs->op = li->op;
+    rs->prescale = li->prescale;
+    rs->postscale = li->postscale;
+    total += rs->n;
   }
   st->ride_floats = total;
   st->ride_nlive = nlive;
@@ -543,19 +565,16 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
    * one call per run rather than per tensor; element-wise, so the same
    * bits. Riders are in slot order, so their data in vector order. */
   for (size_t i = 0, j; i < st->nriders; i = j) {
-    const struct gs_handle *a = st->riders[i];
-    size_t end = st->ride_off[a->fast_slot] + a->count;
+    const ride_slot *a = &st->ride[st->riders[i]->fast_slot];
+    size_t end = a->off + a->n;
     for (j = i + 1; j < st->nriders; j++) {
-      const struct gs_handle *b = st->riders[j];
-      if (st->ride_off[b->fast_slot] != end || b->req.reduce_op != a->req.reduce_op ||
-          b->req.postscale != a->req.postscale)
-        break;
-      end += b->count;
+      const ride_slot *b = &st->ride[st->riders[j]->fast_slot];
+      if (b->off != end || b->op != a->op || b->postscale != a->postscale) break;
+      end += b->n;
     }
-    float *res = d + st->ride_off[a->fast_slot];
-    size_t n = end - st->ride_off[a->fast_slot];
-    if (a->req.reduce_op == GS__AVERAGE) gs__divide(res, n, GS__FLOAT32, ctx->size);
-    if (a->req.postscale != 1.0) gs__scale(res, n, GS__FLOAT32, a->req.postscale);
+    float *res = d + a->off;
+    if (a->op == GS__AVERAGE) gs__divide(res, end - a->off, GS__FLOAT32, ctx->size);
+    if (a->postscale != 1.0) gs__scale(res, end - a->off, GS__FLOAT32, a->postscale);
   }
   for (size_t i = 0; i < st->nriders; i++) {
     struct gs_handle *h = st->riders[i];
@@ -563,7 +582,7 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
       st->riders[i] = NULL;
       continue;
     }
-    if (h->count) memcpy(h->recv, d + st->ride_off[h->fast_slot], h->count * sizeof(float));
+    if (h->count) memcpy(h->recv, d + st->ride[h->fast_slot].off, h->count * sizeof(float));
     if (h->finish) {
       char err[1024];
       int rc = h->finish(h, err, sizeof err);
@@ -623,6 +642,11 @@ void gs__fast_round(gs_ctx *ctx) {
       clear = 0;
       continue;
     }
+    if (st->ride_floats && st->ride[h->fast_slot].off != RIDE_NONE &&
+        (h->count != st->ride[h->fast_slot].n || h->compress)) {
+      clear = 0; /* not what its response says (cannot happen): the coordinator decides */
+      continue;
+    }
     v[1 + h->fast_slot] = 1;
     st->by_slot[h->fast_slot] = h;
   }
@@ -647,13 +671,14 @@ void gs__fast_round(gs_ctx *ctx) {
     memset(fv, 0, nf * sizeof *fv);
     for (size_t i = 0; i < n; i++) fv[i] = v[i] ? 1.0f : 0.0f;
     for (size_t sl = 1; sl <= nlive; sl++) {
-      if (!v[1 + sl] || st->ride_off[sl] == RIDE_NONE) continue;
+      const ride_slot *rs = &st->ride[sl];
+      if (!v[1 + sl] || rs->off == RIDE_NONE) continue;
       const struct gs_handle *h = st->by_slot[sl];
-      float *dst = data + st->ride_off[sl];
-      if (h->req.prescale == 1.0) {
-        if (h->count) memcpy(dst, h->send, h->count * sizeof *dst);
+      float *dst = data + rs->off;
+      if (rs->prescale == 1.0) {
+        if (rs->n) memcpy(dst, h->send, rs->n * sizeof *dst);
       } else {
-        gs__copy cp = {h->send, dst, h->count, GS__FLOAT32, GS__FLOAT32, h->req.prescale};
+        gs__copy cp = {h->send, dst, rs->n, GS__FLOAT32, GS__FLOAT32, rs->prescale};
         if ((rc = gs__host_copy(&cp, 1, err, sizeof err))) {
           rc = round_error(ctx, k, h->req.name, 0, rc, err, sizeof err);
           round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
@@ -706,7 +731,7 @@ void gs__fast_round(gs_ctx *ctx) {
   for (size_t sl = 1; sl <= nlive; sl++) {
     if (!v[1 + sl]) continue;
     struct gs_handle *h = st->by_slot[sl]; /* set here: common only if it was */
-    if (nride && st->ride_off[sl] != RIDE_NONE) {
+    if (nride && st->ride[sl].off != RIDE_NONE) {
       st->riders[st->nriders++] = h;
       ride_bytes += h->count * sizeof(float);
     } else {

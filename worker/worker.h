@@ -108,6 +108,17 @@ typedef struct gs__wcache {
   UT_hash_handle hh_name, hh_id;
 } gs__wcache;
 
+/* What a live cache id's response says about riding in a fast round's
+ * agreement (fast_round.c). Taken from the plan that assigned the id, so
+ * the same on every rank whichever tensors it held (the worker's cache
+ * copy is not: it holds only this rank's requests). */
+typedef struct gs__live_info {
+  uint32_t ride_bytes; /* a host float32 SUM/AVERAGE allreduce of these bytes;
+                          UINT32_MAX: cannot ride */
+  gs__reduce_op op;
+  double prescale, postscale;
+} gs__live_info;
+
 /* A plan template the coordinator defined (comm thread). */
 typedef struct gs__wtemplate {
   uint32_t id;
@@ -234,6 +245,7 @@ struct gs_ctx {
    * index here; live_dirty says the wcache slots need recomputing. Written
    * by the comm thread. */
   uint32_t *live_ids;
+  gs__live_info *live_info; /* nlive entries, parallel to live_ids */
   size_t nlive, live_cap;
   int live_dirty;
   uint64_t live_gen; /* bumped each time the slots are recomputed */
@@ -338,7 +350,7 @@ void gs__fast_round(gs_ctx *ctx);
 void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h);
 /* fast_round.c: a plan assigned / evicted cache id id (comm thread, caller
  * holds ctx->mu). Out of memory sets live_oom. */
-void gs__live_add_locked(gs_ctx *ctx, uint32_t id);
+void gs__live_add_locked(gs_ctx *ctx, uint32_t id, const gs__response *r, const gs__plan_tensor *t);
 void gs__live_del_locked(gs_ctx *ctx, uint32_t id);
 /* Frees the exec thread's round buffers (after the exec thread ended). */
 void gs__fast_state_free(gs_ctx *ctx);

@@ -25,6 +25,10 @@
  *                      (submitted last) is queued on rank 0 alone until
  *                      the others have finished the rest of the step and
  *                      slept 100 ms
+ *   join N             rank 1 calls gs_join while the others allreduce
+ *                      'ride/j' 3 times (checked: rank 1 adds zeros), then
+ *                      they join too, then N steps as ride (no late op):
+ *                      rank 1 never held 'ride/j', whose id is live
  *   barrier N          each step: a mark file, gs_barrier, then every rank's
  *                      mark of the step must exist (in $GS_TEST_DIR); rank r
  *                      sleeps r * 30 ms before the barrier
@@ -387,7 +391,7 @@ static void expect_failure(op *o, gs_status want) {
 
 static void usage(void) {
   fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
-                  "                      reorder N K | gather N K | ride N K |\n"
+                  "                      reorder N K | gather N K | ride N K | join N |\n"
                   "                      barrier N | deadlock K | leave K | shutdown K | hang K\n");
   exit(2);
 }
@@ -416,6 +420,36 @@ int main(int argc, char **argv) {
     if (argc != 4 || k < 1 || k > n) usage();
     for (size_t i = 0; i < NRIDE; i++) g_rops[i].buf = wu_xcalloc(g_rops[i].count, 4);
     for (int s = 1; s <= n; s++) ride_step(ctx, s, k);
+    for (size_t i = 0; i < NRIDE; i++) free(g_rops[i].buf);
+  } else if (!strcmp(mode, "join")) {
+    /* Rank 1 is in gs_join while the others negotiate 'ride/j' (it
+     * contributes zeros): its cache copy never holds that entry, though
+     * the id is live on every rank. Then the ride steps: every rank must
+     * lay out the same riding vector all the same. */
+    if (argc != 3) usage();
+    for (size_t i = 0; i < NRIDE; i++) g_rops[i].buf = wu_xcalloc(g_rops[i].count, 4);
+    int last = -1;
+    if (g_rank != 1) {
+      rop j = {"ride/j", GS_FLOAT32, GS_SUM, 0, 0, 3, wu_xcalloc(3, 4), NULL};
+      for (int s = 1; s <= 3; s++) {
+        for (size_t e = 0; e < j.count; e++) ((float *)j.buf)[e] = (float)((e + 1) * (g_rank + 1));
+        rsubmit(ctx, &j);
+        rwait(&j, s);
+        for (size_t e = 0; e < j.count; e++) {
+          float want = (float)((e + 1) * (size_t)(g_size * (g_size + 1) / 2 - 2));
+          if (((float *)j.buf)[e] != want)
+            wu_die("tensor 'ride/j' (step %d, rank 1 in gs_join): element %zu: got %g, expected "
+                   "%g",
+                   s, e, (double)((float *)j.buf)[e], (double)want);
+        }
+        gs_handle_free(j.h);
+      }
+      free(j.buf);
+    }
+    gs_status st = gs_join(ctx, &last);
+    if (st != GS_OK) wu_die("gs_join: %s: %s", wu_status_name(st), gs_last_error(ctx));
+    printf("fast: rank %d joined (last %d)\n", g_rank, last);
+    for (int s = 1; s <= n; s++) ride_step(ctx, s, 0);
     for (size_t i = 0; i < NRIDE; i++) free(g_rops[i].buf);
   } else if (!strcmp(mode, "newtensor") || !strcmp(mode, "reorder")) {
     if (argc != 4 || k < 1 || k > n) usage();

@@ -11,7 +11,8 @@
  * - small float32 allreduces riding in the round's agreement: exact sums,
  *   averages, pre- and postscale beside ops that do not ride, an op queued
  *   on one rank only (it stays queued and completes right), shm and tcp,
- *   np 2 to 4; nothing rides in deterministic mode;
+ *   np 2 to 4, and after a rank was in gs_join while a riding tensor was
+ *   first negotiated; nothing rides in deterministic mode;
  * - a response cache smaller than the step's tensors;
  * - gs_barrier in fast mode still waits for every rank;
  * - gs_unregister_local in fast mode, gs_barrier, then the name submitted:
@@ -231,6 +232,30 @@ static void test_ride_tcp_np3(void **state) {
 static void test_ride_tcp_np2(void **state) {
   (void)state;
   ride_world(2, "GRADSYNC_BACKEND=tcp", RIDE_RIDERS);
+}
+
+/* Rank 1 was in gs_join when 'ride/j' was negotiated: its own cache copy
+ * lacks the entry, but the id is live on every rank, and the riding
+ * layout (from the plans' responses, not the cache copy) is the same on
+ * every rank: the ride steps are fast with the right values. */
+static void test_ride_after_join_np3(void **state) {
+  (void)state;
+  char *args[] = {"join", "5", NULL};
+  job w;
+  start_world(&w, 3, NULL, args);
+  expect_passed(&w);
+  for (int r = 0; r < 3; r++) job_expect_output(w.ranks[r], "joined (last ");
+  for (int s = 3; s <= 5; s++)
+    for (int r = 0; r < 3; r++) {
+      step_stats st = stats_of(w.ranks[r], r, s);
+      if (st.tensors != RIDE_OPS || st.fast_tensors != RIDE_OPS || st.requests != 0 ||
+          (s < 5 && st.escalations != 0) || st.rides != RIDE_RIDERS)
+        job_fail("after gs_join: rank %d step %d: %llu tensors, %llu by fast rounds, %llu riding, "
+                 "%llu requests, %llu escalations; expected %d, all fast, %d riding, no request",
+                 r, s, st.tensors, st.fast_tensors, st.rides, st.requests, st.escalations, RIDE_OPS,
+                 RIDE_RIDERS);
+    }
+  job_stop_coordinator(&w);
 }
 
 /* Deterministic mode: nothing rides (every CPU allreduce reduces in rank
@@ -536,6 +561,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ride_tcp_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_tcp_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_deterministic_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_ride_after_join_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
