@@ -76,11 +76,10 @@ int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_reque
 
 int64_t gs__shape_elements(const int64_t *shape, int ndim) {
   int64_t n = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0) return -1;
-    if (shape[i] != 0 && n > INT64_MAX / shape[i]) return -1;
-    n *= shape[i];
-  }
+  /* No division: this runs for every op at submission and in every
+   * round (gs__tensor_bytes). */
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0 || __builtin_mul_overflow(n, shape[i], &n)) return -1;
   return n;
 }
 

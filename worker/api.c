@@ -805,7 +805,9 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   /* In fast mode the ops go to the fast queue, for the exec thread's next
    * round (fast_round.c); otherwise to the comm thread. */
   int fast = !st && ctx->fast;
-  uint64_t now = fast ? gs__now_ms() : 0;
+  /* fast_since_ms only tells ops pending for over a second (fast_pending):
+   * the tick's resolution is plenty, at a fifth of a full clock read. */
+  uint64_t now = fast ? gs__now_ms_coarse() : 0;
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
     HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, h->hh.keylen, h->hh.hashv, h);

@@ -137,8 +137,11 @@ void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n)
   pthread_mutex_lock(&ctx->mu);
   for (size_t i = 0; i < n; i++)
     if (hs[i]) complete_quiet_locked(ctx, hs[i], GS_OK, NULL, 0);
-  pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
+  /* After unlocking: a waiter woken while mu is still held would only
+   * block again on mu (one more sleep and wake-up on its way out). Every
+   * waiter checks done under mu or by an acquire load, so none misses it. */
+  pthread_cond_broadcast(&ctx->cv);
 }
 
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
