@@ -55,6 +55,10 @@ void gs__plan_msg_free(gs__plan_msg *m) {
 
 void gs__tensor_request_init(gs__tensor_request *r) {
   memset(r, 0, sizeof *r);
+  gs__tensor_request_defaults(r);
+}
+
+void gs__tensor_request_defaults(gs__tensor_request *r) {
   r->op = GS__OP_ALLREDUCE;
   r->dtype = GS__FLOAT32;
   r->reduce_op = GS__SUM;

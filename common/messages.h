@@ -210,6 +210,9 @@ int gs__plan_responses_equal(const gs__plan *a, const gs__plan *b);
 int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b);
 /* A request initialised to "allreduce, float32, sum, no scaling, CPU". */
 void gs__tensor_request_init(gs__tensor_request *r);
+/* gs__tensor_request_init for a request already all zeros (calloc'd):
+ * writes only the fields whose default is not zero. */
+void gs__tensor_request_defaults(gs__tensor_request *r);
 /* Number of elements of a shape (1 for ndim 0); -1 when negative or the
  * product overflows int64. */
 int64_t gs__shape_elements(const int64_t *shape, int ndim);

@@ -24,6 +24,16 @@
 #include <stdint.h>
 
 #include <uthash.h>
+/* Tables start with 256 buckets, not uthash's 32 (it expands only once a
+ * bucket holds 10): a step of a few hundred ops in flight, and the cache
+ * of their names, are then found in about one look instead of a walk
+ * along a chain of handles (a cache miss each) at every submission. The
+ * macros are read where a table is made, so redefining them here holds
+ * for every worker table. */
+#undef HASH_INITIAL_NUM_BUCKETS
+#undef HASH_INITIAL_NUM_BUCKETS_LOG2
+#define HASH_INITIAL_NUM_BUCKETS 256U
+#define HASH_INITIAL_NUM_BUCKETS_LOG2 8U
 
 #include "backend.h"
 #include "client.h"
