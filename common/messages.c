@@ -68,7 +68,11 @@ void gs__tensor_request_defaults(gs__tensor_request *r) {
 }
 
 int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b) {
-  if (strcmp(a->name, b->name) || a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
+  return !strcmp(a->name, b->name) && gs__tensor_request_equal_but_name(a, b);
+}
+
+int gs__tensor_request_equal_but_name(const gs__tensor_request *a, const gs__tensor_request *b) {
+  if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
       a->reduce_op != b->reduce_op || a->prescale != b->prescale || a->postscale != b->postscale ||
       a->root_rank != b->root_rank || a->device != b->device || a->group_id != b->group_id ||
       a->group_size != b->group_size)

@@ -208,6 +208,9 @@ int gs__plan_responses_equal(const gs__plan *a, const gs__plan *b);
 
 /* 1 when a and b are the same request in every field (name included). */
 int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b);
+/* gs__tensor_request_equal for requests whose names are known to be equal
+ * (found by name in a table): every other field. */
+int gs__tensor_request_equal_but_name(const gs__tensor_request *a, const gs__tensor_request *b);
 /* A request initialised to "allreduce, float32, sum, no scaling, CPU". */
 void gs__tensor_request_init(gs__tensor_request *r);
 /* gs__tensor_request_init for a request already all zeros (calloc'd):

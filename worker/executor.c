@@ -108,7 +108,10 @@ static int run_segments(gs__backend *b, const gs__response *r, struct gs_handle 
   if (r->prescale != 1.0) return GS__ERR_UNSUPPORTED;
   for (size_t i = 0; i < n; i++)
     if (hs[i] && hs[i]->compress) return GS__ERR_UNSUPPORTED;
-  gs__seg *sg = calloc(2 * n + 1, sizeof *sg);
+  /* Not zeroed: only the nseg entries written below are read (a round of
+   * a few hundred small tensors would zero kilobytes on its critical
+   * path for nothing). */
+  gs__seg *sg = n < SIZE_MAX / (2 * sizeof *sg) ? malloc((2 * n + 1) * sizeof *sg) : NULL;
   if (!sg) {
     snprintf(err, errlen, "out of memory running a collective of %zu tensors", n);
     return GS__ERR_NO_MEMORY;
@@ -141,7 +144,8 @@ static int run_allreduce(gs_ctx *ctx, const gs__response *r, struct gs_handle *c
   size_t n = r->ntensors, esize = gs__dtype_size(r->dtype);
   struct gs_handle **hs = calloc(n, sizeof *hs);
   uint64_t *offs = calloc(n, sizeof *offs);
-  gs__copy *cp = calloc(2 * n + 1, sizeof *cp); /* tensors and the gaps before them */
+  /* tensors and the gaps before them; not zeroed (as run_segments' sg) */
+  gs__copy *cp = n < SIZE_MAX / (2 * sizeof *cp) ? malloc((2 * n + 1) * sizeof *cp) : NULL;
   int rc = GS__OK;
   if (!hs || !offs || !cp) {
     snprintf(err, errlen, "out of memory running a collective of %zu tensors", n);

@@ -171,7 +171,8 @@ void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h) {
     return;
   gs__wcache *c = NULL;
   HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, r->name, h->hh.keylen, h->hh.hashv, c);
-  if (!c || !gs__tensor_request_equal(&c->req, r)) return;
+  /* the find compared the names */
+  if (!c || !gs__tensor_request_equal_but_name(&c->req, r)) return;
   h->fast_id = c->id;
   h->fast_slot = c->slot;
 }
