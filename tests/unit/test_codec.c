@@ -1562,6 +1562,91 @@ static void test_kv_limits(void **state) {
   assert_null(buf);
 }
 
+/* ---- requests ----------------------------------------------------------------------- */
+
+/* The worker's fast path classifies a submission as a cache hit with
+ * gs__tensor_request_equal_but_name after finding the cached request by
+ * name: every other field must still tell a changed request apart, or a
+ * round would reduce a tensor with another's settings. */
+static void test_request_equal_but_name(void **state) {
+  (void)state;
+  gs__tensor_request a, b;
+  gs__tensor_request_init(&a);
+  snprintf(a.name, sizeof a.name, "layer1/weight_grad");
+  a.ndim = 2;
+  a.shape[0] = 3;
+  a.shape[1] = 4;
+  b = a;
+  assert_true(gs__tensor_request_equal(&a, &b));
+  assert_true(gs__tensor_request_equal_but_name(&a, &b));
+  snprintf(b.name, sizeof b.name, "layer2/weight_grad");
+  assert_false(gs__tensor_request_equal(&a, &b));
+  assert_true(gs__tensor_request_equal_but_name(&a, &b)); /* names are the caller's */
+  for (int field = 0; field < 12; field++) {
+    b = a;
+    switch (field) {
+    case 0:
+      b.op = GS__OP_BROADCAST;
+      break;
+    case 1:
+      b.dtype = GS__FLOAT64;
+      break;
+    case 2:
+      b.ndim = 1;
+      break;
+    case 3:
+      b.reduce_op = GS__MAX;
+      break;
+    case 4:
+      b.prescale = 0.5;
+      break;
+    case 5:
+      b.postscale = 2.0;
+      break;
+    case 6:
+      b.root_rank = 1;
+      break;
+    case 7:
+      b.device = GS__DEVICE_GPU;
+      break;
+    case 8:
+      b.group_id = 7;
+      break;
+    case 9:
+      b.group_size = 2;
+      break;
+    case 10:
+      b.shape[0] = 4;
+      break;
+    default:
+      b.shape[1] = 5;
+      break;
+    }
+    assert_false(gs__tensor_request_equal_but_name(&a, &b));
+    assert_false(gs__tensor_request_equal(&a, &b));
+  }
+  /* a dimension past ndim is not part of the request */
+  b = a;
+  b.shape[2] = 99;
+  assert_true(gs__tensor_request_equal_but_name(&a, &b));
+}
+
+/* gs__tensor_request_defaults on zeros (the worker's calloc'd handles) is
+ * gs__tensor_request_init. */
+static void test_request_defaults(void **state) {
+  (void)state;
+  gs__tensor_request a, b;
+  gs__tensor_request_init(&a);
+  memset(&b, 0, sizeof b);
+  gs__tensor_request_defaults(&b);
+  assert_memory_equal(&a, &b, sizeof a);
+  assert_int_equal(b.op, GS__OP_ALLREDUCE);
+  assert_int_equal(b.dtype, GS__FLOAT32);
+  assert_int_equal(b.reduce_op, GS__SUM);
+  assert_true(b.prescale == 1.0 && b.postscale == 1.0);
+  assert_int_equal(b.device, GS__DEVICE_CPU);
+}
+
 /* ---- shapes ----------------------------------------------------------------------- */
 
 static void test_shape_elements(void **state) {
@@ -1806,6 +1891,8 @@ int main(void) {
       cmocka_unit_test(test_truncated_messages),
       cmocka_unit_test(test_kv_round_trip),
       cmocka_unit_test(test_kv_limits),
+      cmocka_unit_test(test_request_equal_but_name),
+      cmocka_unit_test(test_request_defaults),
       cmocka_unit_test(test_shape_elements),
       cmocka_unit_test(test_shape_format),
       cmocka_unit_test(test_diag_status_fast_backoff),
