@@ -877,13 +877,12 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
     if (shape[i] < 0)
       return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': dimension %d is negative (%lld)", name,
                            i, (long long)shape[i]);
-  struct gs_handle *h = calloc(1, sizeof *h);
+  struct gs_handle *h = gs__handle_mem(); /* zeroed */
   if (!h) return gs__set_error(GS_ERR_NO_MEMORY, "tensor '%s': out of memory", name);
-  gs__tensor_request_defaults(&h->req); /* on calloc's zeros */
-  /* The copies go through small_copy: copied inline here (the compiler
-   * knows calloc's alignment), a name or a shape became a "rep movsq"
-   * string copy, whose start-up alone (12-15 ns here) cost more than the
-   * rest of the copy, twice per submission. */
+  gs__tensor_request_defaults(&h->req);
+  /* The copies go through small_copy: copied inline here, a name or a
+   * shape became a "rep movsq" string copy, whose start-up alone (12-15 ns
+   * here) cost more than the rest of the copy, twice per submission. */
   small_copy(h->req.name, name, nlen + 1);
   h->req.op = op;
   h->req.dtype = (gs__dtype)dtype;

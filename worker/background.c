@@ -41,7 +41,7 @@ void gs__handle_unref(struct gs_handle *h) {
     free(h->rank_dims);
     free(h->splits);
     if (h->free_data) h->free_data(h->data);
-    free(h);
+    gs__handle_mem_free(h);
   }
 }
 

@@ -425,5 +425,10 @@ gs_status gs__opts_copy(void *dst, const void *src, const char *type);
 
 /* Releases one reference of h. */
 void gs__handle_unref(struct gs_handle *h);
+/* handle_cache.c: a zeroed block for a handle (NULL when out of memory),
+ * and giving one back when its handle is freed (NULL is a no-op); a block
+ * may also be given back with free(). Any thread. */
+void *gs__handle_mem(void);
+void gs__handle_mem_free(void *p);
 
 #endif

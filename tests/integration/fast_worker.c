@@ -55,11 +55,19 @@
  *                      (float32 [1, 3], rank r sends r*10 + 0..2; checked),
  *                      which a fast round cannot run, then the usual ops;
  *                      steps K+1..N are the usual ops only, 20 ms apart
- * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded. */
+ *   threads N          TH application threads per rank, each its own
+ *                      TH_OPS float32 averages ('fast/th<t>.<k>'), N steps
+ *                      each (submit all, wait all, check, free), with no
+ *                      order between the threads: every value must be
+ *                      right whatever rounds or escalations that makes
+ *                      (handles made and freed on several threads at once)
+ * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded
+ * except the threads mode. */
 #include "gradsync.h"
 #include "worker_util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -389,10 +397,65 @@ static void expect_failure(op *o, gs_status want) {
   o->h = NULL;
 }
 
+/* ---- threads mode ---- */
+
+#define TH 4
+#define TH_OPS 6
+
+typedef struct th_arg {
+  gs_ctx *ctx;
+  int t, steps;
+} th_arg;
+
+static void *th_main(void *p) {
+  th_arg *a = p;
+  op ops[TH_OPS];
+  memset(ops, 0, sizeof ops);
+  for (size_t k = 0; k < TH_OPS; k++) {
+    snprintf(ops[k].name, sizeof ops[k].name, "fast/th%d.%zu", a->t, k);
+    ops[k].kind = 0;
+    ops[k].count = 1 + (size_t)(a->t * 5 + (int)k * 3);
+    ops[k].buf = wu_xcalloc(ops[k].count, sizeof(float));
+  }
+  for (int s = 1; s <= a->steps; s++) {
+    for (size_t k = 0; k < TH_OPS; k++) {
+      fill(&ops[k], 100 + (size_t)a->t * 10 + k, s);
+      submit(a->ctx, &ops[k]);
+    }
+    for (size_t k = 0; k < TH_OPS; k++) {
+      gs_status st = gs_wait(ops[k].h, WAIT_MS);
+      if (st != GS_OK)
+        wu_die("tensor '%s' (thread %d, step %d): %s: %s", ops[k].name, a->t, s, wu_status_name(st),
+               gs_handle_error(ops[k].h));
+      check(&ops[k], 100 + (size_t)a->t * 10 + k, s);
+      gs_handle_free(ops[k].h);
+      ops[k].h = NULL;
+    }
+  }
+  for (size_t k = 0; k < TH_OPS; k++) free(ops[k].buf);
+  return NULL;
+}
+
+static void run_threads(gs_ctx *ctx, int steps) {
+  pthread_t th[TH];
+  th_arg args[TH];
+  for (int t = 0; t < TH; t++) {
+    args[t] = (th_arg){ctx, t, steps};
+    if (pthread_create(&th[t], NULL, th_main, &args[t]) != 0)
+      wu_die("pthread_create: %s", strerror(errno));
+  }
+  for (int t = 0; t < TH; t++) pthread_join(th[t], NULL);
+  gs_stats st = stats_now(ctx);
+  printf("fast: rank %d threads: tensors=%llu fast_tensors=%llu escalations=%llu\n", g_rank,
+         (unsigned long long)st.tensors, (unsigned long long)st.fast_tensors,
+         (unsigned long long)st.fast_escalations);
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
                   "                      reorder N K | gather N K | ride N K | join N |\n"
-                  "                      barrier N | deadlock K | leave K | shutdown K | hang K\n");
+                  "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
+                  "                      threads N\n");
   exit(2);
 }
 
@@ -539,6 +602,9 @@ int main(int argc, char **argv) {
     }
     gs_handle_free(h);
     step(ctx, n + 1, WAIT_BLOCK, 0, NULL);
+  } else if (!strcmp(mode, "threads")) {
+    if (argc != 3) usage();
+    run_threads(ctx, n);
   } else if (!strcmp(mode, "shutdown")) {
     if (argc != 3) usage();
     steps = n - 1;

@@ -162,6 +162,25 @@ static void test_polling_np3(void **state) {
   steps_world(3, "poll");
 }
 
+/* Four application threads per rank submit and wait on their own tensors
+ * concurrently, in no order between threads (so rounds may differ per
+ * rank and escalate): every value is right, on every rank (handles are
+ * made and freed on several threads at once; their memory is recycled per
+ * thread, worker/handle_cache.c). */
+static void test_threads_np2(void **state) {
+  (void)state;
+  char *args[] = {"threads", "40", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "fast: rank %d threads: tensors=960 ", r); /* 4 x 6 x 40 */
+    job_expect_output(w.ranks[r], want);
+  }
+  job_stop_coordinator(&w);
+}
+
 /* gradsyncd --fast-path off: no marker, so every op of every step is a
  * request to the coordinator (cached ids from step 2), none a fast round. */
 static void test_fast_path_off(void **state) {
@@ -562,6 +581,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ride_tcp_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_deterministic_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_after_join_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_threads_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
