@@ -24,12 +24,15 @@ enum {
       5, /* gradsyncd: a rank message reached the coordinator (a = rank, b = requests) */
   GS__TR_CO_PLAN =
       6, /* gradsyncd: a plan's writes were started on every stream (a = seq, b = op) */
-  GS__TR_PLAN_RECV = 7,  /* comm thread decoded a plan (a = seq, b = op of its first response) */
-  GS__TR_EXEC_WAKE = 8,  /* exec thread took the plan (a = seq) */
-  GS__TR_COMPLETE = 9,   /* an op completed (a = op type) */
-  GS__TR_PLAN_DONE = 10, /* exec thread finished the plan (a = seq) */
-  GS__TR_APP_WAKE = 11,  /* an application thread's wait saw its op done */
-  GS__TR_RANK = 12,      /* gs_init joined (a = rank, b = size) */
+  GS__TR_PLAN_RECV = 7,    /* comm thread decoded a plan (a = seq, b = op of its first response) */
+  GS__TR_EXEC_WAKE = 8,    /* exec thread took the plan (a = seq) */
+  GS__TR_COMPLETE = 9,     /* an op completed (a = op type) */
+  GS__TR_PLAN_DONE = 10,   /* exec thread finished the plan (a = seq) */
+  GS__TR_APP_WAKE = 11,    /* an application thread's wait saw its op done */
+  GS__TR_RANK = 12,        /* gs_init joined (a = rank, b = size) */
+  GS__TR_FAST_START = 13,  /* exec thread took a fast round's snapshot (a = round, b = ops) */
+  GS__TR_FAST_AGREED = 14, /* that round's agreement returned (a = round, b = common ops) */
+  GS__TR_FAST_END = 15,    /* that round's ops completed (a = round) */
 };
 
 #ifdef GS_HANDOFF_TRACE

@@ -25,6 +25,7 @@
 #include "clock.h"
 #include "dtype.h"
 #include "fusion_layout.h"
+#include "handoff_trace.h"
 #include "log.h"
 #include "status.h"
 #include "worker.h"
@@ -659,6 +660,7 @@ void gs__fast_round(gs_ctx *ctx) {
   size_t nsnap = st->nheld;
   ctx->fast_in_round = 1;
   pthread_mutex_unlock(&ctx->mu);
+  GS_TRACE(GS__TR_FAST_START, k, nsnap);
 
   /* One exchange: with riding slots, the flags go as 1.0/0.0 in a float32
    * SUM (set on every rank iff the sum is the job's size: exact, far below
@@ -702,6 +704,7 @@ void gs__fast_round(gs_ctx *ctx) {
   size_t nall = 0;
   if (v[0])
     for (size_t sl = 1; sl <= nlive; sl++) nall += v[1 + sl];
+  GS_TRACE(GS__TR_FAST_AGREED, k, nall + v[1]);
   if (!v[0] || (!nall && !v[1])) {
     pthread_mutex_lock(&ctx->mu);
     ctx->fast_in_round = 0;
@@ -806,6 +809,7 @@ void gs__fast_round(gs_ctx *ctx) {
   }
   /* The oldest barrier: every rank had one pending. */
   if (v[1]) gs__handle_complete(ctx, barrier, GS_OK, NULL);
+  GS_TRACE(GS__TR_FAST_END, k, 0);
   pthread_mutex_lock(&ctx->mu);
   ctx->fast_in_round = 0;
   pthread_mutex_unlock(&ctx->mu);
