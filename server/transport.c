@@ -58,13 +58,17 @@
  * OPEN_READ_QUOTA_SHARE bytes of the gRPC memory quota (each may be up to
  * GS__MAX_MESSAGE while gRPC reads it, before its length can be judged), at
  * least 1 and at most MAX_OPEN_READS. The rest wait, unread, at most
- * MAX_OPEN_QUEUED calls in all, in one FIFO per connection, the connections
- * served in rounds (open_next_waiting): a probe on its own connection waits
- * for at most one read of each other connection, however many calls one of
- * them queued.
- * When the queue is full, a call from a connection with fewer waiting calls
- * than the one with most takes the place of that one's newest call (which
- * is refused); otherwise it is refused itself. A waiting call's message
+ * MAX_OPEN_QUEUED calls in all, in one FIFO per connection; the peer hosts
+ * (the connection's address without its port) are served in rounds, and
+ * the connections of one host in rounds of their own (open_next_waiting):
+ * a probe from another host waits for at most one read of each other host,
+ * however many connections and calls one of them opened, and a probe on its
+ * own connection from a flooder's host for one read of each connection of
+ * that host between its host's turns.
+ * When the queue is full, a call from a host with fewer waiting calls than
+ * the one with most takes the place of that one's newest call (of its
+ * connection with most; that call is refused); otherwise it is refused
+ * itself. A waiting call's message
  * stays in the peer but for the HTTP/2 stream window (64 KiB: the BDP
  * probe, which grows every stream's window, is off). */
 #define MAX_OPEN_READS 16
@@ -155,14 +159,26 @@ struct gs__call {
   struct gs__call *open_prev, *open_next;
 };
 
+/* A peer host (gRPC's peer string without the port) with calls waiting
+ * for a read slot. Owned by the server; freed when its last call leaves. */
+typedef struct open_host {
+  char *host;
+  size_t n;            /* its waiting calls, all its connections */
+  size_t conns;        /* its connections with waiting calls */
+  uint64_t round;      /* the round in which it is served next (srv's open_round) */
+  uint64_t conn_round; /* the round of its connection served last */
+  struct open_host *prev, *next;
+} open_host;
+
 /* The open calls of one connection (gRPC's peer string: address and port)
  * that wait for a read slot, oldest first. Owned by the server; freed when
  * its last call leaves. */
 typedef struct open_peer {
   char *peer;
+  open_host *host;
   struct gs__call *head, *tail;
   size_t n;
-  uint64_t round; /* the round in which it is served next (srv's open_round) */
+  uint64_t round; /* the round in which it is served next among its host's (host's conn_round) */
   struct open_peer *prev, *next;
 } open_peer;
 
@@ -189,7 +205,8 @@ struct gs__server {
   size_t open_reading, open_waiting, max_open_reads;
   gs__call *open_readers[MAX_OPEN_READS];
   open_peer *open_peers;
-  uint64_t open_round; /* the round of the connection served last */
+  open_host *open_hosts;
+  uint64_t open_round; /* the round of the host served last */
   /* refusal warnings: the current one-second window */
   uint64_t warn_window_ms;
   unsigned warn_count, warn_suppressed;
@@ -564,12 +581,39 @@ static open_peer *open_peer_find(gs__server *s, const char *peer) {
   return NULL;
 }
 
-/* The connection with the most waiting calls (at most MAX_OPEN_QUEUED of
- * them: the scan is bounded). */
-static open_peer *open_peer_largest(gs__server *s) {
+/* "ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1", "ipv6:[::1]:5000" ->
+ * "ipv6:[::1]" (also %5B..%5D): the peer without a trailing ":PORT";
+ * anything else (unix:PATH) whole. At most outlen - 1 bytes. */
+static void peer_host(const char *peer, char *out, size_t outlen) {
+  size_t n = strlen(peer);
+  const char *colon = strrchr(peer, ':');
+  if ((strncmp(peer, "ipv4:", 5) == 0 || strncmp(peer, "ipv6:", 5) == 0) && colon &&
+      colon > peer + 4 && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1))
+    n = (size_t)(colon - peer);
+  if (n >= outlen) n = outlen - 1;
+  memcpy(out, peer, n);
+  out[n] = 0;
+}
+
+static open_host *open_host_find(gs__server *s, const char *host) {
+  for (open_host *h = s->open_hosts; h; h = h->next)
+    if (strcmp(h->host, host) == 0) return h;
+  return NULL;
+}
+
+/* The host with the most waiting calls; the connection of host h with
+ * most (at most MAX_OPEN_QUEUED of them: the scans are bounded). */
+static open_host *open_host_largest(gs__server *s) {
+  open_host *big = NULL;
+  for (open_host *h = s->open_hosts; h; h = h->next)
+    if (!big || h->n > big->n) big = h;
+  return big;
+}
+
+static open_peer *open_peer_largest(gs__server *s, const open_host *h) {
   open_peer *big = NULL;
   for (open_peer *p = s->open_peers; p; p = p->next)
-    if (!big || p->n > big->n) big = p;
+    if (p->host == h && (!big || p->n > big->n)) big = p;
   return big;
 }
 
@@ -588,6 +632,8 @@ static void open_unlink(gs__call *c) {
   c->open_group = NULL;
   c->open_waiting = 0;
   s->open_waiting--;
+  open_host *h = p->host;
+  h->n--;
   if (--p->n) return;
   /* its last call left: the connection leaves the rounds */
   if (p->prev)
@@ -597,20 +643,35 @@ static void open_unlink(gs__call *c) {
   if (p->next) p->next->prev = p->prev;
   free(p->peer);
   free(p);
+  if (--h->conns) return;
+  /* ... and its host's last connection: the host leaves them */
+  if (h->prev)
+    h->prev->next = h->next;
+  else
+    s->open_hosts = h->next;
+  if (h->next) h->next->prev = h->prev;
+  free(h->host);
+  free(h);
 }
 
-/* The call read next: the oldest waiting one of the connection with the
- * earliest round (the one that joined first of those), which then waits
- * for the next round. A connection that joins takes the current round: it
+/* The call read next: of the host with the earliest round (the one that
+ * joined first of those), of its connection with the earliest round among
+ * its own (likewise), the oldest waiting call; host and connection then
+ * wait for their next rounds. A host that joins takes the current round: it
  * is served after the others of that round, before those served in it
- * already, so a probe waits for at most one read of each other connection,
- * also when a flooder opens new ones. A scan of at most MAX_OPEN_QUEUED. */
+ * already, so a probe from another host waits for at most one read of each
+ * other host, also when a flooder opens new connections; a connection
+ * joins its host's rounds alike. Scans of at most MAX_OPEN_QUEUED. */
 static gs__call *open_next_waiting(gs__server *s) {
+  open_host *h = NULL;
+  for (open_host *q = s->open_hosts; q; q = q->next)
+    if (!h || q->round < h->round) h = q;
+  if (!h) return NULL;
   open_peer *p = NULL;
   for (open_peer *q = s->open_peers; q; q = q->next)
-    if (!p || q->round < p->round) p = q;
-  if (!p) return NULL;
-  s->open_round = p->round++;
+    if (q->host == h && (!p || q->round < p->round)) p = q;
+  s->open_round = h->round++;
+  h->conn_round = p->round++;
   gs__call *c = p->head;
   open_unlink(c);
   return c;
@@ -632,17 +693,47 @@ static void open_refuse(gs__call *c) {
     gs__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
 }
 
-/* Queues c at the end of its connection's FIFO; a new connection joins the
- * current round, after the connections already in the list
- * (open_next_waiting). Returns -1 (nothing queued) when out of memory. */
+/* Queues c at the end of its connection's FIFO; a new host joins the
+ * current round, after the hosts already in the list, a new connection its
+ * host's current round likewise (open_next_waiting). Returns -1 (nothing
+ * queued) when out of memory. */
 static int open_enqueue(gs__call *c, open_peer *p) {
   gs__server *s = c->srv;
   if (!p) {
+    char name[256];
+    peer_host(gs__call_peer(c), name, sizeof name);
+    open_host *h = open_host_find(s, name);
+    if (!h) {
+      h = calloc(1, sizeof *h);
+      if (!h || !(h->host = strdup(name))) {
+        free(h);
+        return -1;
+      }
+      open_host *lasth = s->open_hosts;
+      while (lasth && lasth->next) lasth = lasth->next;
+      h->prev = lasth;
+      if (lasth)
+        lasth->next = h;
+      else
+        s->open_hosts = h;
+      h->round = s->open_round;
+    }
     p = calloc(1, sizeof *p);
     if (!p || !(p->peer = strdup(gs__call_peer(c)))) {
       free(p);
+      if (!h->conns) { /* it came for this connection only */
+        if (h->prev)
+          h->prev->next = h->next;
+        else
+          s->open_hosts = h->next;
+        free(h->host);
+        free(h);
+      }
       return -1;
     }
+    p->host = h;
+    h->conns++;
+    p->round = h->conn_round;
     open_peer *last = s->open_peers;
     while (last && last->next) last = last->next;
     p->prev = last;
@@ -650,7 +741,6 @@ static int open_enqueue(gs__call *c, open_peer *p) {
       last->next = p;
     else
       s->open_peers = p;
-    p->round = s->open_round;
   }
   c->open_group = p;
   c->open_prev = p->tail;
@@ -660,6 +750,7 @@ static int open_enqueue(gs__call *c, open_peer *p) {
     p->head = c;
   p->tail = c;
   p->n++;
+  p->host->n++;
   c->open_waiting = 1;
   s->open_waiting++;
   return 0;
@@ -688,17 +779,27 @@ static void read_request(gs__call *c) {
   }
   open_peer *p = open_peer_find(s, gs__call_peer(c));
   if (s->open_waiting >= MAX_OPEN_QUEUED) {
-    /* Full: the connection with most waiting calls pays, unless it is
-     * this one (or no larger than it). */
-    open_peer *big = open_peer_largest(s);
-    size_t mine = p ? p->n : 0;
-    if (!big || big->n <= mine + 1) {
+    /* Full: the host with most waiting calls pays (its connection with
+     * most), unless it is this one's (or no larger than it); then this
+     * host's connection with most, unless it is this one (or no larger). */
+    char name[256];
+    peer_host(gs__call_peer(c), name, sizeof name);
+    const open_host *mh = p ? p->host : open_host_find(s, name);
+    const open_host *bigh = open_host_largest(s);
+    open_peer *big = NULL;
+    if (bigh && bigh != mh && bigh->n > (mh ? mh->n : 0) + 1)
+      big = open_peer_largest(s, bigh);
+    else if (mh && (big = open_peer_largest(s, mh)) && big->n <= (p ? p->n : 0) + 1)
+      big = NULL;
+    if (!big) {
       open_refuse(c);
       return;
     }
     gs__call *victim = big->tail;
     open_unlink(victim);
-    open_refuse(victim); /* big keeps calls (it had more than mine + 1): p stays valid */
+    /* big keeps calls (it had more than this connection + 1: p is not big)
+     * and so does its host: p and its host stay valid */
+    open_refuse(victim);
   }
   if (!c->close_armed) {
     /* the cancel signal, so that a call that gives up leaves the queue */

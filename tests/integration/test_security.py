@@ -19,6 +19,7 @@ killed at the end; every wait has a bound.
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -906,6 +907,146 @@ def test_open_streams_flood():
                               len(done) - n_refused, n_yielded), flush=True)
 
 
+class SourceProxy:
+    """Connections to its 127.0.0.1 port forwarded to ADDR from the source
+    address SRC (loopback holds the whole of 127/8), so that gradsyncd sees
+    them coming from SRC, another host to it."""
+
+    def __init__(self, addr, src):
+        host, port = addr.rsplit(":", 1)
+        self.target, self.src, self.socks = (host, int(port)), src, []
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.addr = "127.0.0.1:%d" % self.ls.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+                u = socket.socket()
+                u.bind((self.src, 0))
+                u.settimeout(10)
+                u.connect(self.target)
+                u.settimeout(None)
+            except OSError:
+                return
+            self.socks += [c, u]
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self):
+        try:
+            self.ls.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        except OSError:
+            pass
+        self.ls.close()
+        for s in self.socks:
+            s.close()
+
+
+def test_open_calls_fair_per_host():
+    """Open-call fairness is per peer host, not per connection: with one
+    open read at a time (--grpc-memory-max-bytes 128 MiB), one address
+    (127.0.0.1) floods Health/Check with 288 calls that never send, on 32
+    connections of 9 calls (one is read, 256 wait, the rest are refused,
+    about 31); probes from another address (127.0.0.2, through a forwarding
+    proxy) are answered SERVING after at most one read of the flooding host
+    (the call being read, cut off to let the probe in): of the flooder's
+    calls, at most 4 are cut off while a probe waits (that one, and reads
+    ending on their own meanwhile), not one of each of its 32 connections
+    (before: 31 to 33). The flooder's calls end only with the cap's texts."""
+    token = secrets.token_hex(16)
+    d, addr = start_gradsyncd(["--world-size", "2", "--serve-forever",
+                               "--grpc-memory-max-bytes", str(128 << 20)],
+                              {"GRADSYNC_JOB_TOKEN": token})
+    hold = threading.Event()
+
+    def never():
+        hold.wait(120)
+        return
+        yield
+
+    chans = [grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(32)]
+    futs = [ch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
+            for ch in chans for _ in range(9)]
+    # the flood is under way once the queue was full and the first of its
+    # reads was cut off
+    deadline = time.time() + 60
+    while time.time() < deadline and sum(f.done() for f in futs) < 2:
+        time.sleep(0.05)
+    expect(sum(f.done() for f in futs) >= 2, "none of the flood's calls ended in 60 s", d)
+    proxy = SourceProxy(addr, "127.0.0.2")
+    ended = []
+
+    def n_cut():  # the flooder's reads cut off (refusals are the queue's, not reads)
+        return sum(f.done() and f.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                   for f in futs)
+
+    for i in range(3):
+        pch = grpc.insecure_channel(proxy.addr, options=[("grpc.use_local_subchannel_pool", 1)])
+        before = n_cut()
+        try:
+            r = pch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=60)
+            res = parse(r).get(1)
+        except grpc.RpcError as e:
+            res = (e.code(), e.details())
+        ended.append(n_cut() - before)
+        pch.close()
+        expect(res == [1], "probe %d from 127.0.0.2 during the flood from 127.0.0.1: %r" %
+               (i, res), d)
+    expect(all(n <= 4 for n in ended), "the flooding host's calls cut off while each probe "
+           "from another host waited: %s (at most 4: one read of that host, not one of each of "
+           "its 32 connections)" % ended, d)
+    cut = ("the request of this /grpc.health.v1.Health/Check call did not arrive within 2000 ms; "
+           "gradsyncd reads only 1 requests of open calls (health checks) at once and cut "
+           "this one off")
+    refused = ("gradsyncd reads at most 1 requests of open calls (health checks) at once and "
+               "queues 256 more; this /grpc.health.v1.Health/Check call was refused unread; "
+               "try again")
+    outcomes = [(f.exception().code(), f.exception().details()) for f in futs if f.done()]
+    n_refused = outcomes.count((grpc.StatusCode.RESOURCE_EXHAUSTED, refused))
+    expect(set(outcomes) <= {(grpc.StatusCode.RESOURCE_EXHAUSTED, refused),
+                             (grpc.StatusCode.DEADLINE_EXCEEDED, cut),
+                             (grpc.StatusCode.DEADLINE_EXCEEDED,
+                              yielded("/grpc.health.v1.Health/Check"))}
+           and n_refused >= 1,
+           "the flooder's calls: %d refused unread, ended with %s" % (n_refused, set(outcomes)), d)
+    for f in futs:
+        f.cancel()
+    hold.set()
+    for ch in chans:
+        ch.close()
+    proxy.close()
+    expect(d.poll() is None, "gradsyncd died", d)
+    # and it shuts down cleanly after it (under ASan: no leak of the
+    # waiting calls' hosts and connections)
+    d.send_signal(signal.SIGTERM)
+    try:
+        d.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    expect(d.returncode == 0 and "Sanitizer" not in output(d),
+           "gradsyncd after SIGTERM: exit %s" % d.returncode, d)
+    print("fair per host: 3 probes from 127.0.0.2 during a 288-call flood on 32 connections from "
+          "127.0.0.1: all SERVING; the flooder's calls cut off while each waited: %s; %d of "
+          "them refused unread" % (" ".join(map(str, ended)), n_refused), flush=True)
+
+
 def make_certs():
     """A CA, a server certificate for 127.0.0.1 and a client certificate."""
     make_ca(TMP, "ca", "/CN=gradsync test CA", 1)
@@ -981,7 +1122,7 @@ TESTS = [test_token_required_everywhere, test_gradsync_run_token, test_listen_re
          test_malformed_bytes_every_method, test_identity_and_kv_ownership,
          test_session_hijack_during_job, test_kv_limits_and_waiters, test_kv_waiter_cap,
          test_first_message_flood, test_unauthenticated_flood, test_open_streams_flood,
-         test_tls_and_mtls]
+         test_open_calls_fair_per_host, test_tls_and_mtls]
 
 
 def main():
