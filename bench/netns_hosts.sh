@@ -5,6 +5,8 @@
 #   bench/netns_hosts.sh [--build DIR] [--rounds R] [--hosts H] [--np "2 4"]
 #                        [--sizes B,B,...] [--iters I] [--out FILE] [--markdown FILE]
 #                        [--workload FILE] [--step-np N] [--steps S] [--no-step]
+#   bench/netns_hosts.sh --escalating [--delay-us "0 100 1000"] [--rounds R]
+#                        [--hosts H] [--np "2 4"] [--out FILE]
 #
 # Builds the network of tests/integration/netns.sh: a hub namespace with a
 # bridge, one namespace for the coordinator (192.0.2.1) and one per host
@@ -56,6 +58,21 @@
 # a markdown table of medians over rounds (also to --markdown FILE) with
 # ratio = OpenMPI time / gradsync time (>= 1: gradsync as fast or faster).
 # Needs root, ip(8), openmpi-bin and libopenmpi-dev (mpicc); not a test.
+#
+# With --escalating, only this instead (no OpenMPI): bench/fastpath.sh
+# --escalating's job across the hosts, a job whose every step goes back to
+# gradsyncd (gradsync-bench --allgather first --barrier off: the ResNet-50
+# control-only step, 161 x 4 B, and a step of 4 x 4 B), with gradsyncd's
+# fast path on (every step escalates after one fast round), on with
+# --fast-path-backoff 64, and off, per np and per link delay, interleaved in
+# every round; medians over rounds of each run's median step (rank 0).
+# --delay-us LIST (default "0"): every host's link to the hub waits US
+# microseconds each way (the coordinator's link none), so a host reaches
+# gradsyncd in US and another host in 2 US one way. This kernel has no
+# netem qdisc, so the hub is then bench/delay_hub.c (built with cc into
+# the build's bin/delay-hub), a user-space hub forwarding between the
+# hub's veth ends after the delay, instead of the bridge (also at 0: the
+# same path for every delay).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -71,6 +88,8 @@ md=""
 workload=$root/bench/workloads/resnet50.txt
 step_np=""
 steps=8
+escalating=0
+delays=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
@@ -85,7 +104,9 @@ while [ $# -gt 0 ]; do
   --step-np) step_np=$2; shift 2 ;;
   --steps) steps=$2; shift 2 ;;
   --no-step) step_np=0; shift ;;
-  -h | --help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --escalating) escalating=1; shift ;;
+  --delay-us) delays=$2; shift 2 ;;
+  -h | --help) sed -n '2,75p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "netns_hosts.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -100,23 +121,39 @@ for np in $nps; do
     { echo "netns_hosts.sh: np=$np is not a multiple of --hosts $hosts" >&2; exit 2; }
 done
 [ -n "$step_np" ] || step_np=$((2 * hosts))
+if [ "$escalating" = 1 ]; then
+  step_np=0
+  for d in $delays; do
+    case $d in '' | *[!0-9]*) echo "netns_hosts.sh: --delay-us: '$d' is not a number of microseconds" >&2; exit 2 ;; esac
+  done
+  hub=$bin/delay-hub
+  if [ ! -x "$hub" ] || [ "$here/delay_hub.c" -nt "$hub" ]; then
+    cc -O2 -o "$hub" "$here/delay_hub.c" || exit 1
+  fi
+elif [ "$delays" != 0 ]; then
+  echo "netns_hosts.sh: --delay-us needs --escalating (the allreduce runs have no delay)" >&2
+  exit 2
+fi
 if [ "$step_np" != 0 ]; then
   [ $((step_np % hosts)) = 0 ] ||
     { echo "netns_hosts.sh: --step-np $step_np is not a multiple of --hosts $hosts" >&2; exit 2; }
   [ -r "$workload" ] || { echo "netns_hosts.sh: workload $workload not found (--workload FILE)" >&2; exit 1; }
 fi
 mpi=$bin/mpi-allreduce
-if [ ! -x "$mpi" ] || [ "$here/mpi_allreduce.c" -nt "$mpi" ]; then
+if [ "$escalating" = 1 ]; then
+  :
+elif [ ! -x "$mpi" ] || [ "$here/mpi_allreduce.c" -nt "$mpi" ]; then
   command -v mpicc >/dev/null || { echo "netns_hosts.sh: mpicc not found (apt-get install libopenmpi-dev)" >&2; exit 1; }
   mpicc -O2 -o "$mpi" "$here/mpi_allreduce.c" || exit 1
 fi
 
 P="gsb-$$"
 HUB="$P-hub" COORD_NS="$P-c" COORD_IP=192.0.2.1
-NSS=() TMP="" SHM_BASE=/dev/shm/$P
+NSS=() TMP="" SHM_BASE=/dev/shm/$P HUB_PID=""
 cleanup() {
   local ns pids
   trap - EXIT INT TERM HUP
+  [ -n "$HUB_PID" ] && kill "$HUB_PID" 2>/dev/null && wait "$HUB_PID" 2>/dev/null
   for ns in "${NSS[@]}"; do
     pids=$(ip netns pids "$ns" 2>/dev/null)
     [ -n "$pids" ] && kill -9 $pids 2>/dev/null
@@ -205,8 +242,11 @@ gs_job() { # NP PROGRAM ARGS...: gradsyncd in its namespace, rank i of NP in
   # $TMP/rank$i.out. Returns 1 when gradsyncd did not start.
   local np=$1 per=$(($1 / hosts)) coord addr="" i pids=() p
   shift
+  # emptied here, not by the background job's redirection: the loop below
+  # must not read the previous job's address
+  : >"$TMP/coord.out"
   ip netns exec "$COORD_NS" timeout -k 5 300 "$bin/gradsyncd" --listen "$COORD_IP:0" \
-    --world-size "$np" --token-file "$TMP/token" >"$TMP/coord.out" 2>&1 &
+    --world-size "$np" --token-file "$TMP/token" "${COORD_ARGS[@]}" >"$TMP/coord.out" 2>&1 &
   coord=$!
   for _ in $(seq 1 300); do
     addr=$(sed -n 's/^gradsyncd listening on \([^[:space:]]*\)[[:space:]]*$/\1/p' "$TMP/coord.out" | head -n1)
@@ -257,6 +297,89 @@ gs_lo() { # ROUND NP
     --mode e2e --op sum --sizes "${sizes//,/ }" --iters "$iters" >"$TMP/lo.out" 2>&1
   keep "$1" gs-tcp-lo "$2" "$TMP/lo.out"
 }
+
+COORD_ARGS=()
+
+if [ "$escalating" = 1 ]; then
+  # shellcheck source=bench/lib.sh
+  . "$here/lib.sh"
+  ports=(p-c p-h$(seq -s ' p-h' 0 $((hosts - 1))))
+  for p in "${ports[@]}"; do ip -n "$HUB" link set "$p" nomaster || exit 1; done
+  hub_start() { # US: the hosts' links wait US each way
+    local a=(p-c=0) h
+    for h in $(seq 0 $((hosts - 1))); do a+=("p-h$h=$1"); done
+    ip netns exec "$HUB" "$hub" "${a[@]}" 2>>"$TMP/hub.err" &
+    HUB_PID=$!
+    sleep 0.3
+    kill -0 "$HUB_PID" 2>/dev/null || { echo "netns_hosts.sh: delay-hub did not start:" >&2; cat "$TMP/hub.err" >&2; exit 1; }
+  }
+  hub_stop() {
+    kill "$HUB_PID" 2>/dev/null
+    wait "$HUB_PID" 2>/dev/null
+    HUB_PID=""
+  }
+  esc() { # CASE ROUND US NP FP BENCH-ARGS...
+    local c=$1 r=$2 d=$3 np=$4 fp=$5 line
+    shift 5
+    case $fp in
+    on) COORD_ARGS=(--fast-path on) ;;
+    backoff) COORD_ARGS=(--fast-path on --fast-path-backoff 64) ;;
+    off) COORD_ARGS=(--fast-path off) ;;
+    esac
+    gs_job "$np" "$bin/gradsync-bench" "$@" || return
+    line=$(sed -n 's/^RESULT //p' "$TMP/rank0.out" | head -1)
+    if [ -z "$line" ]; then
+      echo "netns_hosts.sh: $c np=$np delay ${d} us fast path $fp (round $r) failed; rank 0's output:" >&2
+      tail -n 5 "$TMP/rank0.out" >&2
+      return
+    fi
+    echo "CASE $c.$fp.$d round=$r np=$np $line" >>"$out"
+  }
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  echo "netns_hosts.sh --escalating: $(date -u +%FT%TZ), commit $commit, $hosts hosts, np \"$nps\"," \
+    "delays \"$delays\" us, load average before: $load0"
+  start=$(date +%s)
+  for r in $(seq 1 "$rounds"); do
+    for d in $delays; do
+      echo "netns_hosts.sh: round $r/$rounds delay $d us ($(($(date +%s) - start)) s so far)" >&2
+      hub_start "$d"
+      for np in $nps; do
+        for fp in on backoff off; do
+          esc esc "$r" "$d" "$np" "$fp" --workload "$workload" --scale 1e9 --steps 100 --warmup 5 \
+            --allgather first --barrier off
+          esc esc4 "$r" "$d" "$np" "$fp" --uniform 4x4 --steps 300 --warmup 5 --allgather first \
+            --barrier off
+        done
+      done
+      hub_stop
+    done
+  done
+  us() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.0f", a * 1000 }'; }
+  echo
+  echo "Every step goes back to gradsyncd across $hosts hosts (network namespaces, bench/delay_hub.c between" \
+    "them), $(nproc) CPUs, rounds=$rounds, $(($(date +%s) - start)) s, commit $commit, load average $load0 before," \
+    "$(cut -d' ' -f1-3 /proc/loadavg) after; raw lines: $out"
+  grep -h 'frames sent' "$TMP/hub.err" | awk '{ s += $2; d += $5; e += $9 } END { printf "delay-hub: %d frames sent, %d dropped, %d send errors in all\n", s, d, e }'
+  echo
+  echo "Median µs step (each a median over rounds of rank 0's median step); escalations per step on / backoff 64:"
+  echo
+  echo "| delay per host link | np (per host) | step | fast path on | on, --fast-path-backoff 64 | off | escalations/step |"
+  echo "|---|---|---|---|---|---|---|"
+  for d in $delays; do
+    for np in $nps; do
+      for c in "esc ResNet-50 (161 x 4 B)" "esc4 4 x 4 B"; do
+        set -- $c
+        k=$1
+        shift
+        echo "| $d us | $np ($((np / hosts))) | $* | $(us "$(med $k.on.$d step_ms "$np")") |" \
+          "$(us "$(med $k.backoff.$d step_ms "$np")") | $(us "$(med $k.off.$d step_ms "$np")") |" \
+          "$(med $k.on.$d fast_escalations "$np") / $(med $k.backoff.$d fast_escalations "$np") |"
+      done
+    done
+  done
+  exit 0
+fi
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
