@@ -19,9 +19,9 @@
 # gradsyncd (the ResNet-50 control-only step, and a step of 4 tensors of
 # 4 B, each with one allgather first in each step and no barrier between
 # steps: gradsync-bench --allgather first --barrier off), with the fast
-# path on (the default: every step escalates after one fast round), on
-# with gradsyncd --fast-path-backoff 64 (it holds the fast path back after
-# such steps) and off.
+# path on and --fast-path-backoff 0 (every step escalates after one fast
+# round), on with gradsyncd --fast-path-backoff 64 (the default: it holds
+# the fast path back after such steps) and off.
 # Raw RESULT lines go to --out (default: a temporary file, printed); the
 # table to stdout, with the load average. Timings are never pass/fail.
 set -u -o pipefail
@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
   --np) nps=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --escalating) escalating=1; shift ;;
-  -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "fastpath.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,11 +57,13 @@ resnet=$root/bench/workloads/resnet50.txt
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # rec CASE ROUND NP FP BENCH-ARGS...: one gradsync-bench run, its RESULT line kept.
-# FP: on, off, or backoff (on with --fast-path-backoff 64).
+# FP: on (with --fast-path-backoff 0), off, or backoff (on with
+# --fast-path-backoff 64).
 rec() {
   local c=$1 r=$2 np=$3 fp=$4
   shift 4
   local line coord=(--coord-arg --fast-path --coord-arg "$fp")
+  [ "$fp" = on ] && coord+=(--coord-arg --fast-path-backoff --coord-arg 0)
   [ "$fp" = backoff ] && coord=(--coord-arg --fast-path-backoff --coord-arg 64)
   line=$("$bin/gradsync-run" -np "$np" --timeout 150 "${coord[@]}" \
     "$bin/gradsync-bench" "$@" 2>"$out.err" | sed -n 's/^\(\[0\] \)\{0,1\}RESULT //p' | head -1)

@@ -63,9 +63,10 @@
 # --escalating's job across the hosts, a job whose every step goes back to
 # gradsyncd (gradsync-bench --allgather first --barrier off: the ResNet-50
 # control-only step, 161 x 4 B, and a step of 4 x 4 B), with gradsyncd's
-# fast path on (every step escalates after one fast round), on with
-# --fast-path-backoff 64, and off, per np and per link delay, interleaved in
-# every round; medians over rounds of each run's median step (rank 0).
+# fast path on and --fast-path-backoff 0 (every step escalates after one
+# fast round), on with --fast-path-backoff 64 (the default), and off, per
+# np and per link delay, interleaved in every round; medians over rounds of
+# each run's median step (rank 0).
 # --delay-us LIST (default "0"): every host's link to the hub waits US
 # microseconds each way (the coordinator's link none), so a host reaches
 # gradsyncd in US and another host in 2 US one way. This kernel has no
@@ -106,7 +107,7 @@ while [ $# -gt 0 ]; do
   --no-step) step_np=0; shift ;;
   --escalating) escalating=1; shift ;;
   --delay-us) delays=$2; shift 2 ;;
-  -h | --help) sed -n '2,75p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,76p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "netns_hosts.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -322,7 +323,7 @@ if [ "$escalating" = 1 ]; then
     local c=$1 r=$2 d=$3 np=$4 fp=$5 line
     shift 5
     case $fp in
-    on) COORD_ARGS=(--fast-path on) ;;
+    on) COORD_ARGS=(--fast-path on --fast-path-backoff 0) ;;
     backoff) COORD_ARGS=(--fast-path on --fast-path-backoff 64) ;;
     off) COORD_ARGS=(--fast-path off) ;;
     esac

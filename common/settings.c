@@ -198,17 +198,17 @@ static const gs__setting table[GS__S_COUNT] = {
          "tensor, a mismatch, a reordering, a deadlock, a departure, a timeline). off: every "
          "request goes through gradsyncd, step after step."},
     [GS__S_FAST_PATH_BACKOFF] =
-        {"fast_path_backoff", "--fast-path-backoff", "GRADSYNC_FAST_PATH_BACKOFF", NULL, GS__T_INT,
-         "0", NULL, 0, 1048576, NULL, GS__FOR_SERVER, "N",
+        {"fast_path_backoff", "--fast-path-backoff", "GRADSYNC_FAST_PATH_BACKOFF", NULL,
+         GS__T_INT, "64", NULL, 0, 1048576, NULL, GS__FOR_SERVER, "N",
          "When the ranks come back from the fast path at their first fast round, for an op a "
          "fast round cannot run (uncached, or an allgather, alltoall, join, sparse or grouped "
          "op), that round was wasted. With N > 0, from the second such time in a row gradsyncd "
          "holds the fast path back for the next 1, 2, 4 .. N plans that empty its table (about "
          "one per step), so that a job whose every step has such an op runs as with "
          "--fast-path off; once the ranks run a fast round again it starts over. 0: never hold "
-         "it back (on one host at np 2 and 4 such a job is faster on the fast path than off: "
-         "docs/benchmarks.md). Try 64 when the ranks' data-plane round costs more than a round "
-         "trip to gradsyncd (many ranks, distant hosts)."},
+         "it back, for jobs on one host (there such a job is up to 1.3x faster without the "
+         "backoff; across hosts 0.1 ms or more apart one way it is up to 1.5x "
+         "slower: docs/benchmarks.md)."},
     [GS__S_COORDINATOR] = {"coordinator", NULL, "GRADSYNC_COORDINATOR", NULL, GS__T_ADDRESS, NULL,
                            "required", 1, 65535, NULL, GS__FOR_WORKER, "HOST:PORT",
                            "Address of gradsyncd: a host name, an IPv4 address or [IPv6]:PORT."},

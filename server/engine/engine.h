@@ -64,8 +64,7 @@ typedef struct gs__engine_config {
 
 #define GS__MAX_PENDING_DEFAULT 65536
 /* A longest backoff of the fast path's marker, in plans that empty the
- * table (see above), that the docs suggest for --fast-path-backoff (its
- * default is 0: no backoff). */
+ * table (see above): --fast-path-backoff's default (common/settings.c). */
 #define GS__FAST_BACKOFF_MAX 64
 
 typedef enum gs__out_kind {

@@ -28,8 +28,8 @@
 
 /* ---- fixture ----------------------------------------------------------------- */
 
-/* gradsyncd --fast-path-backoff of the engines start_raw makes (64, the
- * value the docs suggest: gradsyncd's default is 0). */
+/* gradsyncd --fast-path-backoff of the engines start_raw makes (64,
+ * gradsyncd's default). */
 static uint32_t backoff_max = GS__FAST_BACKOFF_MAX;
 
 /* An engine of n ranks, every rank joined (as host-<r>, pid 1000 + r) and
