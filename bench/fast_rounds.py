@@ -27,17 +27,9 @@ import glob
 import statistics
 import sys
 
-SUBMIT, APP_WAKE, RANK, FAST_START, FAST_AGREED, FAST_END = 1, 11, 12, 13, 14, 15
+from handoffs import APP_WAKE, RANK, SUBMIT, load  # the same trace files (bench/handoffs.py)
 
-
-def load(path):
-    ev = []
-    with open(path) as f:
-        for line in f:
-            ns, p, a, b = line.split()
-            ev.append((int(ns), int(p), int(a), int(b)))
-    ev.sort()
-    return ev
+FAST_START, FAST_AGREED, FAST_END = 13, 14, 15
 
 
 def main():
