@@ -17,7 +17,6 @@
  * virtio-net header (PACKET_VNET_HDR). Stops on SIGTERM/SIGINT and prints
  * its counts to stderr. Needs CAP_NET_RAW; not a test.
  */
-#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/if_ether.h>

@@ -70,8 +70,8 @@
 # --delay-us LIST (default "0"): every host's link to the hub waits US
 # microseconds each way (the coordinator's link none), so a host reaches
 # gradsyncd in US and another host in 2 US one way. This kernel has no
-# netem qdisc, so the hub is then bench/delay_hub.c (built with cc into
-# the build's bin/delay-hub), a user-space hub forwarding between the
+# netem qdisc, so the hub is then bench/delay_hub.c (the build's
+# bin/delay-hub), a user-space hub forwarding between the
 # hub's veth ends after the delay, instead of the bridge (also at 0: the
 # same path for every delay).
 set -u -o pipefail
@@ -128,9 +128,7 @@ if [ "$escalating" = 1 ]; then
     case $d in '' | *[!0-9]*) echo "netns_hosts.sh: --delay-us: '$d' is not a number of microseconds" >&2; exit 2 ;; esac
   done
   hub=$bin/delay-hub
-  if [ ! -x "$hub" ] || [ "$here/delay_hub.c" -nt "$hub" ]; then
-    cc -O2 -o "$hub" "$here/delay_hub.c" || exit 1
-  fi
+  [ -x "$hub" ] || { echo "netns_hosts.sh: $hub not found; build the tree first (cmake --build $build)" >&2; exit 1; }
 elif [ "$delays" != 0 ]; then
   echo "netns_hosts.sh: --delay-us needs --escalating (the allreduce runs have no delay)" >&2
   exit 2
