@@ -32,7 +32,11 @@
 #define BLOCKED_RECENT_MS 2000
 
 void gs__handle_unref(struct gs_handle *h) {
-  if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) == 1) {
+  gs__handle_unref_n(h, 1);
+}
+
+void gs__handle_unref_n(struct gs_handle *h, int n) {
+  if (atomic_fetch_sub_explicit(&h->refs, n, memory_order_acq_rel) == n) {
     free(h->error);
     if (h->result_free)
       h->result_free(h->result);
@@ -89,10 +93,15 @@ int gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
   return kick;
 }
 
-/* Caller holds ctx->mu; wakes the waiting threads when wake is set. */
+/* Caller holds ctx->mu; wakes the waiting threads when wake is set.
+ * Releases the table's reference and `extra` more of the caller's (in
+ * one atomic), also when h was already complete (then only those). */
 static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status,
-                                  const char *msg, int wake) {
-  if (atomic_load_explicit(&h->done, memory_order_relaxed)) return;
+                                  const char *msg, int wake, int extra) {
+  if (atomic_load_explicit(&h->done, memory_order_relaxed)) {
+    if (extra) gs__handle_unref_n(h, extra);
+    return;
+  }
   if (h->wait_since_ms) {
     if (h->wprev)
       h->wprev->wnext = h->wnext;
@@ -123,20 +132,24 @@ static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status st
   HASH_DEL(ctx->inflight, h);
   atomic_store_explicit(&h->done, 1, memory_order_release);
   if (wake) pthread_cond_broadcast(&ctx->cv);
-  gs__handle_unref(h);
+  gs__handle_unref_n(h, 1 + extra);
 }
 
 /* Caller holds ctx->mu. */
 static void complete_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
-  complete_quiet_locked(ctx, h, status, msg, 1);
+  complete_quiet_locked(ctx, h, status, msg, 1, 0);
 }
 
 void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n) {
+  gs__handles_complete_ok_unref(ctx, hs, n, 0);
+}
+
+void gs__handles_complete_ok_unref(gs_ctx *ctx, struct gs_handle *const *hs, size_t n, int extra) {
   /* One lock and one wake-up for all: a thread waiting on them one after
    * another (gs_wait in a loop) then runs once, not once per handle. */
   pthread_mutex_lock(&ctx->mu);
   for (size_t i = 0; i < n; i++)
-    if (hs[i]) complete_quiet_locked(ctx, hs[i], GS_OK, NULL, 0);
+    if (hs[i]) complete_quiet_locked(ctx, hs[i], GS_OK, NULL, 0, extra);
   pthread_mutex_unlock(&ctx->mu);
   /* After unlocking: a waiter woken while mu is still held would only
    * block again on mu (one more sleep and wake-up on its way out). Every

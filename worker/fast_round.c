@@ -62,7 +62,10 @@ typedef struct fast_state {
   size_t vcap;
   struct gs_handle **by_slot; /* this rank's queued op of each slot (1..nlive) */
   size_t slotcap;
-  struct gs_handle **held; /* the snapshot's ops, each with a reference */
+  size_t *held_at; /* where by_slot[s] is in held */
+  size_t heldatcap;
+  struct gs_handle **held; /* the snapshot's ops, each with a reference (NULL: a
+                            * rider's, handed to complete_riders) */
   size_t nheld, heldcap;
   /* the common set and the plan built from it */
   const gs__tensor_request **reqs;
@@ -359,6 +362,7 @@ void gs__fast_state_free(gs_ctx *ctx) {
   if (!st) return;
   free(st->v);
   free(st->by_slot);
+  free(st->held_at);
   free(st->held);
   free(st->reqs);
   free(st->common);
@@ -403,7 +407,8 @@ static int common_room(fast_state *st, size_t n) {
 }
 
 static void release_held(fast_state *st) {
-  for (size_t i = 0; i < st->nheld; i++) gs__handle_unref(st->held[i]);
+  for (size_t i = 0; i < st->nheld; i++)
+    if (st->held[i]) gs__handle_unref(st->held[i]);
   st->nheld = 0;
 }
 
@@ -560,7 +565,8 @@ static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
 /* Completes the round's common riding ops (st->riders) from the summed
  * vector d (the data after the flags): the average's division and the
  * postscale as the ring finishes a reduction (gs__divide, then gs__scale),
- * into each op's recv buffer. */
+ * into each op's recv buffer. Releases each rider's snapshot reference
+ * (taken off st->held) with the table's, in one atomic. */
 static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
   /* The finish over runs of riders that lie back to back in the vector
    * with the same op and postscale (the usual step: every tensor alike),
@@ -581,6 +587,7 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
   for (size_t i = 0; i < st->nriders; i++) {
     struct gs_handle *h = st->riders[i];
     if (atomic_load_explicit(&h->done, memory_order_acquire)) { /* failed with the job */
+      gs__handle_unref(h);
       st->riders[i] = NULL;
       continue;
     }
@@ -589,10 +596,11 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
       char err[1024];
       int rc = h->finish(h, err, sizeof err);
       gs__handle_complete(ctx, h, (gs_status)rc, rc ? err : NULL);
+      gs__handle_unref(h);
       st->riders[i] = NULL;
     }
   }
-  gs__handles_complete_ok(ctx, st->riders, st->nriders);
+  gs__handles_complete_ok_unref(ctx, st->riders, st->nriders, 1);
 }
 
 void gs__fast_round(gs_ctx *ctx) {
@@ -614,6 +622,7 @@ void gs__fast_round(gs_ctx *ctx) {
   size_t nlive = ctx->nlive, n = 2 + nlive;
   if (!st || grow((void **)&st->v, &st->vcap, n, 1) ||
       grow((void **)&st->by_slot, &st->slotcap, nlive + 1, sizeof *st->by_slot) ||
+      grow((void **)&st->held_at, &st->heldatcap, nlive + 1, sizeof *st->held_at) ||
       grow((void **)&st->held, &st->heldcap, ctx->nfast, sizeof *st->held) ||
       ride_layout_locked(ctx, st, nlive) ||
       grow((void **)&st->fv, &st->fvcap, st->ride_floats ? n + st->ride_floats : 1,
@@ -651,6 +660,7 @@ void gs__fast_round(gs_ctx *ctx) {
     }
     v[1 + h->fast_slot] = 1;
     st->by_slot[h->fast_slot] = h;
+    st->held_at[h->fast_slot] = st->nheld - 1;
   }
   v[0] = (uint8_t)clear;
   v[1] = barrier != NULL;
@@ -737,6 +747,7 @@ void gs__fast_round(gs_ctx *ctx) {
     struct gs_handle *h = st->by_slot[sl]; /* set here: common only if it was */
     if (nride && st->ride[sl].off != RIDE_NONE) {
       st->riders[st->nriders++] = h;
+      st->held[st->held_at[sl]] = NULL; /* its reference goes to complete_riders */
       ride_bytes += h->count * sizeof(float);
     } else {
       st->common[c] = h;

@@ -388,6 +388,10 @@ void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, con
  * one lock and one wake-up of the waiting threads; takes ctx->mu. The
  * handles may be freed by the time it returns. */
 void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n);
+/* The same, and releases `extra` references of the caller's to each
+ * handle (also to one already complete) in the atomic that releases the
+ * table's: a fast round's snapshot hands its references over this way. */
+void gs__handles_complete_ok_unref(gs_ctx *ctx, struct gs_handle *const *hs, size_t n, int extra);
 /* Completes every op in flight and every later submission with status and
  * msg (the first call wins); takes ctx->mu. */
 void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);
@@ -423,8 +427,9 @@ gs_status gs__host_only(gs_ctx *ctx, const void *p, const char *what, const char
  * caller's struct_size. */
 gs_status gs__opts_copy(void *dst, const void *src, const char *type);
 
-/* Releases one reference of h. */
+/* Releases one reference of h; _n: n of them at once. */
 void gs__handle_unref(struct gs_handle *h);
+void gs__handle_unref_n(struct gs_handle *h, int n);
 /* handle_cache.c: a zeroed block for a handle (NULL when out of memory),
  * and giving one back when its handle is freed (NULL is a no-op); a block
  * may also be given back with free(). Any thread. */
