@@ -900,9 +900,12 @@ static int agree(shm *s, void *buf, size_t count, gs__dtype dt, gs__reduce_op op
                  size_t errlen) {
   int rc;
   if (count == 0 || s->size == 1) return GS__OK;
-  if (!buf || count > SIZE_MAX / 8) {
-    snprintf(err, errlen, "shm: agree: buf %s with count %zu", buf ? "too small" : "is NULL",
-             count);
+  if (!buf) {
+    snprintf(err, errlen, "shm: agree: buf is NULL with count %zu", count);
+    return GS__ERR_INVALID_ARG;
+  }
+  if (count > SIZE_MAX / 8) {
+    snprintf(err, errlen, "shm: agree: count %zu is too large", count);
     return GS__ERR_INVALID_ARG;
   }
   size_t n = count * gs__dtype_size(dt);
