@@ -201,8 +201,8 @@ static const gs__setting table[GS__S_COUNT] = {
         {"fast_path_backoff", "--fast-path-backoff", "GRADSYNC_FAST_PATH_BACKOFF", NULL,
          GS__T_INT, "64", NULL, 0, 1048576, NULL, GS__FOR_SERVER, "N",
          "When the ranks come back from the fast path at their first fast round, for an op a "
-         "fast round cannot run (uncached, or an allgather, alltoall, join, sparse or grouped "
-         "op), that round was wasted. With N > 0, from the second such time in a row gradsyncd "
+         "fast round cannot run (uncached, or an allgather, alltoall, join or sparse op), "
+         "that round was wasted. With N > 0, from the second such time in a row gradsyncd "
          "holds the fast path back for the next 1, 2, 4 .. N plans that empty its table (about "
          "one per step), so that a job whose every step has such an op runs as with "
          "--fast-path off; once the ranks run a fast round again it starts over. 0: never hold "

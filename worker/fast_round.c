@@ -168,10 +168,15 @@ void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h) {
   const gs__tensor_request *r = &h->req;
   h->fast_slot = h->fast_id = 0;
   /* Only these run in a round; anything else (allgather, alltoall, join,
-   * sparse as allgather, a group member) is for the coordinator. A barrier
-   * has its own place in the vector (V[1]). */
-  if ((r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BROADCAST && r->op != GS__OP_REDUCESCATTER) ||
-      r->group_id)
+   * sparse as allgather) is for the coordinator. A barrier has its own
+   * place in the vector (V[1]). A group member runs too: its cache entry
+   * holds the group's id and size (a hash of the members' names in order,
+   * the same every step), so it is a hit only when this call grouped the
+   * same names in the same order; and a group is submitted in one call
+   * (submit_many, under mu), so every snapshot holds all of a group or
+   * none of it, and the MIN over ranks keeps it whole: all of its members
+   * are in a round's common set or none. */
+  if (r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BROADCAST && r->op != GS__OP_REDUCESCATTER)
     return;
   gs__wcache *c = NULL;
   HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, r->name, h->hh.keylen, h->hh.hashv, c);

@@ -23,7 +23,7 @@
  * reports and fast-pending ops feed GetStatus, ListPending and the stall
  * inspector. An episode that ended at its first fast round because a rank
  * brought an op the fast path cannot run (uncached, or not an allreduce,
- * broadcast, reducescatter or barrier, or grouped) or a request sent before
+ * broadcast, reducescatter or barrier) or a request sent before
  * the marker was a wasted round: from the second in a row the marker skips
  * the next 1, 2, 4 .. cfg.fast_backoff_max plans that empty the table, and
  * the count resets once an episode runs a round. */

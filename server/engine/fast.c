@@ -46,12 +46,10 @@ int gs__eng_fast_on_plan(gs__engine *e) {
 }
 
 /* Ops a fast round can run (as the worker's classification): a cached
- * allreduce, broadcast or reducescatter that is not grouped, or a barrier. */
+ * allreduce, broadcast or reducescatter, grouped or not, or a barrier. */
 static int runs_fast(const gs__tensor_request *r) {
-  if (r->op == GS__OP_BARRIER) return 1;
-  return (r->op == GS__OP_ALLREDUCE || r->op == GS__OP_BROADCAST ||
-          r->op == GS__OP_REDUCESCATTER) &&
-         !r->group_id;
+  return r->op == GS__OP_BARRIER || r->op == GS__OP_ALLREDUCE || r->op == GS__OP_BROADCAST ||
+         r->op == GS__OP_REDUCESCATTER;
 }
 
 static void note_op(gs__engine *e, const char *name) {
@@ -112,7 +110,7 @@ static void episode_ended(gs__engine *e, uint64_t round, gs__outbox *box) {
   gs__eng_out_log(box, reached_max ? GS__LOG_INFO : GS__LOG_DEBUG,
                   "the fast path backs off for %llu plan%s: the ranks came back at their first "
                   "fast round with '%s', an op a fast round cannot run (uncached, or an "
-                  "allgather, alltoall, join, sparse or grouped op); the marker waits for the "
+                  "allgather, alltoall, join or sparse op); the marker waits for the "
                   "next plan that empties the table after these (gradsyncd "
                   "--fast-path-backoff: the longest backoff, 0 = none)",
                   (unsigned long long)skip, skip == 1 ? "" : "s", e->fast_op_name);

@@ -51,6 +51,14 @@
  *                      barrier: requests=Q escalations=E"; then every rank
  *                      allreduces (sum) 'fast/tower', checked, and runs one
  *                      more step
+ *   group N K          N steps of the same ops, some grouped: fast/t00..t05
+ *                      as one gs_grouped_allreduce_async, t06 alone,
+ *                      t07..t09 as another group, t10, t11, the int32 sum
+ *                      and the broadcast alone; in step K (0: none) rank 1
+ *                      groups t00..t05 in the reverse order: they must fail
+ *                      on every rank, which prints "fast: rank R step K
+ *                      group failed: STATUS: TEXT" (t00's), and the rest of
+ *                      the step completes right
  *   gather N K         steps 1..K each begin with an allgather 'fast/gather'
  *                      (float32 [1, 3], rank r sends r*10 + 0..2; checked),
  *                      which a fast round cannot run, then the usual ops;
@@ -341,6 +349,68 @@ static void step(gs_ctx *ctx, int s, wait_style style, int reverse, op *extra) {
   print_step(s, &a, &b);
 }
 
+/* group mode: fast/t00..t05 as one gs_grouped_allreduce_async (average:
+ * all small enough to ride in the agreement), t06 alone, t07..t09 as a
+ * second group (t09 rides, t07 and t08 do not), t10 and t11 alone, then
+ * the int32 sum and the broadcast. In step `bad` rank 1 groups t00..t05 in the reverse order
+ * (another group id): every rank's t00..t05 must fail, and each prints
+ * "fast: rank R step S group failed: STATUS: TEXT" (t00's); the rest of
+ * the step completes with the right values. */
+static void group_submit(gs_ctx *ctx, op *const *m, size_t n) {
+  const char *names[NT];
+  const void *sends[NT];
+  void *recvs[NT];
+  size_t counts[NT];
+  gs_handle *hs[NT];
+  for (size_t i = 0; i < n; i++) {
+    names[i] = m[i]->name;
+    sends[i] = m[i]->buf;
+    recvs[i] = m[i]->buf;
+    counts[i] = m[i]->count;
+  }
+  gs_status st = gs_grouped_allreduce_async(ctx, n, names, sends, recvs, counts, GS_FLOAT32,
+                                            GS_AVERAGE, NULL, hs);
+  if (st != GS_OK)
+    wu_die("group of '%s': submitting: %s: %s", names[0], wu_status_name(st), gs_last_error(ctx));
+  for (size_t i = 0; i < n; i++) m[i]->h = hs[i];
+}
+
+static void group_step(gs_ctx *ctx, int s, int bad) {
+  gs_stats a = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) fill(&g_ops[i], i, s);
+  op *ga[6], *gb[3];
+  for (size_t i = 0; i < 6; i++) ga[i] = &g_ops[bad && g_rank == 1 ? 5 - i : i];
+  for (size_t i = 0; i < 3; i++) gb[i] = &g_ops[7 + i];
+  group_submit(ctx, ga, 6);
+  submit(ctx, &g_ops[6]);
+  group_submit(ctx, gb, 3);
+  submit(ctx, &g_ops[10]);
+  submit(ctx, &g_ops[11]);
+  submit(ctx, &g_ops[NT]);
+  submit(ctx, &g_ops[NT + 1]);
+  for (size_t i = 0; i < g_nops; i++) {
+    gs_status st = gs_wait(g_ops[i].h, WAIT_MS);
+    if (bad && i < 6) {
+      if (st == GS_OK)
+        wu_die("tensor '%s' (step %d): completed, though rank 1 grouped it otherwise",
+               g_ops[i].name, s);
+      if (i == 0)
+        printf("fast: rank %d step %d group failed: %s: %s\n", g_rank, s, wu_status_name(st),
+               gs_handle_error(g_ops[i].h));
+    } else if (st != GS_OK) {
+      wu_die("tensor '%s' (step %d): %s: %s", g_ops[i].name, s, wu_status_name(st),
+             gs_handle_error(g_ops[i].h));
+    }
+  }
+  gs_stats b = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) {
+    if (!bad || i >= 6) check(&g_ops[i], i, s);
+    gs_handle_free(g_ops[i].h);
+    g_ops[i].h = NULL;
+  }
+  print_step(s, &a, &b);
+}
+
 /* gather mode: submits the step's allgather (before the step's ops). */
 static gs_handle *gather_submit(gs_ctx *ctx, float *send) {
   for (int j = 0; j < 3; j++) send[j] = (float)(g_rank * 10 + j);
@@ -452,10 +522,11 @@ static void run_threads(gs_ctx *ctx, int steps) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
-                  "                      reorder N K | gather N K | ride N K | join N |\n"
-                  "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
-                  "                      threads N\n");
+  fprintf(stderr,
+          "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
+          "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
+          "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
+          "                      threads N\n");
   exit(2);
 }
 
@@ -524,6 +595,9 @@ int main(int argc, char **argv) {
       step(ctx, s, WAIT_BLOCK, reorder && s == k && g_rank == 1,
            !reorder && s == k ? &extra : NULL);
     free(extra.buf);
+  } else if (!strcmp(mode, "group")) {
+    if (argc != 4 || k < 0 || k > n) usage();
+    for (int s = 1; s <= n; s++) group_step(ctx, s, s == k);
   } else if (!strcmp(mode, "gather")) {
     if (argc != 4 || k < 1 || k > n) usage();
     for (int s = 1; s <= n; s++) {

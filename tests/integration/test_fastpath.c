@@ -13,6 +13,10 @@
  *   on one rank only (it stays queued and completes right), shm and tcp,
  *   np 2 to 4, and after a rank was in gs_join while a riding tensor was
  *   first negotiated; nothing rides in deterministic mode;
+ * - grouped allreduces (gs_grouped_allreduce_async) beside single ops, np 2
+ *   and 3: values exact, every step fast after the first ones; a group
+ *   that rank 1 orders otherwise fails on every rank with the same text as
+ *   with --fast-path off;
  * - a response cache smaller than the step's tensors;
  * - gs_barrier in fast mode still waits for every rank;
  * - gs_unregister_local in fast mode, gs_barrier, then the name submitted:
@@ -282,6 +286,105 @@ static void test_ride_after_join_np3(void **state) {
 static void test_ride_deterministic_np3(void **state) {
   (void)state;
   ride_world(3, "GRADSYNC_DETERMINISTIC=1", 0);
+}
+
+/* ---- grouped allreduces ------------------------------------------------------- */
+
+#define GROUP_RIDERS 10 /* gs-fast-worker group: t00..t06, t09..t11 (float32, <= 1 KiB) */
+
+/* gs-fast-worker group 8 0: two groups (6 and 3 members) among single ops
+ * every step. Values exact (the worker checks); from step 3 on every op,
+ * grouped or not, completes in fast rounds, with no request and no
+ * escalation, the small ones riding: the first group whole, one member of
+ * the second (its other two run in the round's plan). */
+static void group_world(int size) {
+  char *args[] = {"group", "8", "0", NULL};
+  job w;
+  start_world(&w, size, NULL, args);
+  expect_passed(&w);
+  for (int s = 3; s <= 8; s++) {
+    expect_fast_step_ex(&w, s, STEP_OPS, s == 8);
+    for (int r = 0; r < size; r++) {
+      step_stats st = stats_of(w.ranks[r], r, s);
+      if (st.rides != GROUP_RIDERS)
+        job_fail("grouped np %d rank %d step %d: %llu ops rode in the agreement, expected %d", size,
+                 r, s, st.rides, GROUP_RIDERS);
+    }
+  }
+  job_stop_coordinator(&w);
+}
+
+static void test_group_values_np2(void **state) {
+  (void)state;
+  group_world(2);
+}
+
+static void test_group_values_np3(void **state) {
+  (void)state;
+  group_world(3);
+}
+
+/* The rest of the line of p's output that follows prefix (malloc'd). */
+static char *line_after(const proc *p, const char *prefix) {
+  char *out = proc_output(p);
+  char *at = strstr(out, prefix);
+  if (!at) {
+    free(out);
+    job_fail("%s: no line \"%s...\"", p->label, prefix);
+  }
+  at += strlen(prefix);
+  size_t n = strcspn(at, "\n");
+  char *line = malloc(n + 1);
+  if (!line) job_fail("out of memory");
+  memcpy(line, at, n);
+  line[n] = '\0';
+  free(out);
+  return line;
+}
+
+/* In step 4 rank 1 groups fast/t00..t05 in the reverse order (another
+ * group): with the fast path on, the ranks go back to the coordinator,
+ * which fails the group on every rank with the same text as with
+ * --fast-path off; the rest of that step completes right (the worker
+ * checks), and the job is fast again afterwards. */
+static void test_group_order_differs_np2(void **state) {
+  (void)state;
+  char *args[] = {"group", "8", "4", NULL};
+  char *off[] = {"--fast-path", "off", NULL};
+  char *texts[2][2];
+  for (int pass = 0; pass < 2; pass++) {
+    job w;
+    start_world(&w, 2, pass ? off : NULL, args);
+    expect_passed(&w);
+    for (int r = 0; r < 2; r++) {
+      char prefix[64];
+      snprintf(prefix, sizeof prefix, "fast: rank %d step 4 group failed: ", r);
+      texts[pass][r] = line_after(w.ranks[r], prefix);
+    }
+    if (!pass) {
+      for (int r = 0; r < 2; r++) {
+        step_stats st = stats_of(w.ranks[r], r, 4);
+        if (st.escalations < 1 || st.requests < 1)
+          job_fail("rank %d step 4 (a group ordered otherwise on rank 1): %llu escalations, %llu "
+                   "requests; expected the step to go back to the coordinator",
+                   r, st.escalations, st.requests);
+      }
+      expect_fast_step(&w, 7, STEP_OPS);
+      expect_fast_step_ex(&w, 8, STEP_OPS, 1);
+    }
+    job_stop_coordinator(&w);
+  }
+  for (int r = 0; r < 2; r++) {
+    if (strcmp(texts[0][r], texts[1][r]) != 0)
+      job_fail("rank %d: a group ordered otherwise failed with\n  \"%s\" (fast path on), but\n  "
+               "\"%s\" with --fast-path off",
+               r, texts[0][r], texts[1][r]);
+    if (!strstr(texts[0][r], "fast/t00") || !strstr(texts[0][r], "group"))
+      job_fail("rank %d: the error does not name fast/t00 and its group: \"%s\"", r, texts[0][r]);
+    printf("rank %d: %s\n", r, texts[0][r]);
+  }
+  for (int pass = 0; pass < 2; pass++)
+    for (int r = 0; r < 2; r++) free(texts[pass][r]);
 }
 
 /* ---- back to the coordinator and fast again ----------------------------------- */
@@ -581,6 +684,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ride_tcp_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_deterministic_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_after_join_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_group_values_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_group_values_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_group_order_differs_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_threads_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),

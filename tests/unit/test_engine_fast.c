@@ -1069,7 +1069,7 @@ static void test_backoff_when_every_step_escalates(void **state) {
       assert_string_equal(logged(f, "backs off"),
                           "the fast path backs off for 1 plan: the ranks came back at their "
                           "first fast round with 'g', an op a fast round cannot run (uncached, "
-                          "or an allgather, alltoall, join, sparse or grouped op); the marker "
+                          "or an allgather, alltoall, join or sparse op); the marker "
                           "waits for the next plan that empties the table after these "
                           "(gradsyncd --fast-path-backoff: the longest backoff, 0 = none)");
     gs__engine_stats st = stats(f);
@@ -1138,8 +1138,9 @@ static void test_backoff_setting(void **state) {
 
 /* What counts: an op a fast round cannot run at the first round. A
  * reordering (only cached allreduces, nothing in common), a barrier and an
- * unregistration, or an episode a timeline ended do not back off; a grouped cached
- * allreduce and a request sent before the marker do. */
+ * unregistration, an episode a timeline ended, or a cached grouped allreduce
+ * (fast rounds run it) do not back off; a new tensor and a request sent
+ * before the marker do. */
 static void test_backoff_counts_only_ops_the_fast_path_cannot_run(void **state) {
   fx *f = *state;
   start(f, 2);
@@ -1184,7 +1185,9 @@ static void test_backoff_counts_only_ops_the_fast_path_cannot_run(void **state) 
   assert_int_equal(stats(f).fast_backoffs, 0);
   gs__outbox_clear(&f->box);
 
-  /* A grouped allreduce, cached, sent by id at the first round. */
+  /* A grouped allreduce, new (in full) at the first round: wasted, the
+   * first in a row free. Then cached, sent by id at the first round (a
+   * reordering: fast rounds run cached groups): not wasted. */
   gs__tensor_request gr = ar("grp");
   gr.group_id = 7;
   gs__rank_msg m;
@@ -1202,22 +1205,33 @@ static void test_backoff_counts_only_ops_the_fast_path_cannot_run(void **state) 
   gs__outbox_clear(&f->box);
   send_ids(f, 0, &gid, 1, 5);
   send_ids(f, 1, &gid, 1, 5);
-  assert_int_equal(only_plan(f)->fast_after, 0); /* the second: backed off */
+  assert_int_equal(only_plan(f)->fast_after, 1);
+  assert_int_equal(stats(f).fast_backoffs, 0);
+  gs__outbox_clear(&f->box);
+  /* A new tensor at the next first round: the second wasted in a row. */
+  gs__tensor_request u = ar("new.6");
+  m.requests = &u;
+  m.escalate_round = 6;
+  send_msg(f, 0, &m);
+  send_msg(f, 1, &m);
+  assert_int_equal(only_plan(f)->fast_after, 0); /* backed off */
   assert_int_equal(stats(f).fast_backoffs, 1);
   gs__outbox_clear(&f->box);
   send_ids(f, 0, &gid, 1, 0);
   send_ids(f, 1, &gid, 1, 0);
   assert_int_equal(only_plan(f)->fast_after, 1);
   gs__outbox_clear(&f->box);
-  send_ids(f, 0, &gid, 1, 6);
-  send_ids(f, 1, &gid, 1, 6);
+  u = ar("new.7");
+  m.escalate_round = 7;
+  send_msg(f, 0, &m);
+  send_msg(f, 1, &m);
   assert_int_equal(only_plan(f)->fast_after, 0);
   gs__engine_stats st = stats(f);
   assert_int_equal(st.fast_backoffs, 2);
   assert_int_equal(st.fast_backoff_left, 1);
   gs__diag_status ds;
   assert_int_equal(gs__engine_status(f->e, f->now, &ds), GS__OK);
-  assert_string_equal(ds.fast_backoff_tensor, "grp");
+  assert_string_equal(ds.fast_backoff_tensor, "new.7");
   gs__diag_status_free(&ds);
   gs__outbox_clear(&f->box);
   for (int i = 0; i < 2; i++) {
@@ -1232,8 +1246,8 @@ static void test_backoff_counts_only_ops_the_fast_path_cannot_run(void **state) 
   send_ids(f, 0, &id, 1, 0);
   assert_int_equal(msg_at(f, 0)->msg.kind, GS__MSG_FAST_STOP);
   gs__outbox_clear(&f->box);
-  escalate(f, 0, 7);
-  send_ids(f, 1, &id, 1, 7);
+  escalate(f, 0, 8);
+  send_ids(f, 1, &id, 1, 8);
   assert_int_equal(only_plan(f)->fast_after, 0);
   st = stats(f);
   assert_int_equal(st.fast_backoffs, 3);

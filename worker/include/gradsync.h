@@ -305,7 +305,11 @@ GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *s
  * together and emits them in one plan (and fuses them when compatible), so
  * either none or all of them are in flight on the data plane. Arrays hold
  * one entry per tensor; every rank must group the same names in the same
- * order of calls. handles receives n new handles (all or none). */
+ * order of calls. handles receives n new handles (all or none). A group
+ * repeated with the same names in the same order is cached like single
+ * allreduces and runs on the fast path (docs/design-notes.md), whole: all
+ * members in the same fast round; grouped otherwise on any rank, the step
+ * goes to the coordinator, which reports the mismatch. */
 GS_API gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
                                             const void *const *sends, void *const *recvs,
                                             const size_t *counts, gs_dtype dtype, gs_reduce_op op,
