@@ -3,7 +3,7 @@
  *
  *   gradsync-run -np 2 [--coord-arg ...] gradsync-bench --workload FILE
  *       [--steps N] [--warmup W] [--scale F] [--gap-us G] [--jitter-us J] [--tag TEXT]
- *       [--allgather first|last] [--barrier on|off]
+ *       [--allgather first|last] [--barrier on|off] [--grouped on|off]
  *   gradsync-run -np 2 gradsync-bench --raw-allreduce BYTES [...]
  *   gradsync-run -np 2 gradsync-bench --uniform COUNTxBYTES [...]
  *
@@ -14,8 +14,11 @@
  * it with --allgather last: an op the fast path cannot run), as backward produces
  * them, with gs_allreduce_async (GS_AVERAGE, in place), optionally sleeping
  * --gap-us between submissions to stand in for backward compute, and wait
- * for all. --raw-allreduce runs one allreduce of BYTES instead (the "one raw
- * allreduce of the same bytes" baseline); --uniform COUNTxBYTES submits COUNT
+ * for all; --grouped on submits them as one gs_grouped_allreduce_async
+ * instead (same order, one call: Horovod's grouped_allreduce; every
+ * tensor must have the same dtype, and --gap-us must be 0). --raw-allreduce
+ * runs one allreduce of BYTES instead (the "one raw allreduce of the same
+ * bytes" baseline); --uniform COUNTxBYTES submits COUNT
  * float32 tensors of BYTES each.
  *
  * Per step and rank it records: step time (first submission to last
@@ -80,6 +83,7 @@ typedef struct options {
   const char *tag;
   int allgather;  /* --allgather: 0 none, 1 first, 2 last in each step */
   int no_barrier; /* --barrier off: steps back to back */
+  int grouped;    /* --grouped on: one gs_grouped_allreduce_async per step */
 } options;
 
 /* Per-step metrics, one row per measured step. */
@@ -304,6 +308,12 @@ typedef struct job {
   tensor *t;
   size_t n;
   gs_handle **h;
+  /* --grouped on: the call's arrays, in submission (reverse list) order */
+  const char **g_names;
+  const void **g_sends;
+  void **g_recvs;
+  size_t *g_counts;
+  gs_handle **g_h;
   float ag_send[4]; /* --allgather: this rank's block (rank + 1) */
   gs_handle *ag;
 } job;
@@ -392,7 +402,14 @@ static int run_step(job *j, long step, const options *o, double *row) {
   gs_get_stats(j->ctx, &before);
   double t0 = now_ms(), t_last = t0;
   if (o->allgather == 1 && submit_allgather(j)) return -1;
-  for (size_t k = j->n; k-- > 0;) {
+  if (o->grouped) {
+    t_last = now_ms();
+    st = gs_grouped_allreduce_async(j->ctx, j->n, j->g_names, j->g_sends, j->g_recvs, j->g_counts,
+                                    j->t[0].dtype, GS_AVERAGE, NULL, j->g_h);
+    if (st != GS_OK) return fail(j, NULL, "grouped allreduce submission", j->g_names[0], st);
+    for (size_t i = 0; i < j->n; i++) j->h[j->n - 1 - i] = j->g_h[i];
+  }
+  for (size_t k = o->grouped ? 0 : j->n; k-- > 0;) {
     tensor *x = &j->t[k];
     if (k + 1 < j->n) sleep_us(gap_us);
     /* Only the last submission's time is kept: no clock read before the
@@ -465,7 +482,7 @@ static void report(const options *o, const char *label, int size, uint64_t total
     snprintf(crit_last, sizeof crit_last,
              "crit_last_ms=%.3f crit_last_q1=%.3f crit_last_q3=%.3f skew_ms=%.3f", med[M_CRIT_LAST],
              q1[M_CRIT_LAST], q3[M_CRIT_LAST], med[M_SKEW]);
-  printf("RESULT workload=%s np=%d%s%s%s%s tensors=%zu bytes=%" PRIu64
+  printf("RESULT workload=%s np=%d%s%s%s%s%s tensors=%zu bytes=%" PRIu64
          " steps=%ld gap_us=%ld step_ms=%.3f step_q1=%.3f step_q3=%.3f submit_ms=%.3f "
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
@@ -475,10 +492,10 @@ static void report(const options *o, const char *label, int size, uint64_t total
          o->allgather == 1   ? " allgather=first"
          : o->allgather == 2 ? " allgather=last"
                              : "",
-         o->no_barrier ? " barrier=off" : "", o->tag ? " " : "", o->tag ? o->tag : "", ntensors,
-         total_bytes, steps, o->gap_us, med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT],
-         med[M_CRIT], q1[M_CRIT], q3[M_CRIT], med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED],
-         per_op, med[M_REQS], med[M_HITS], hit_rate, med[M_REPLAYED],
+         o->no_barrier ? " barrier=off" : "", o->grouped ? " grouped=on" : "", o->tag ? " " : "",
+         o->tag ? o->tag : "", ntensors, total_bytes, steps, o->gap_us, med[M_STEP], q1[M_STEP],
+         q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT], q3[M_CRIT], med[M_TAIL], med[M_PLANS],
+         med[M_COLL], med[M_FUSED], per_op, med[M_REQS], med[M_HITS], hit_rate, med[M_REPLAYED],
          plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS], med[M_BARRIER], busbw,
          med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC], crit_last);
   fflush(stdout);
@@ -508,6 +525,9 @@ static void usage(FILE *f) {
         "                         cannot run: every step goes back to gradsyncd)\n"
         "  --barrier on|off       off: no gs_barrier before each step; steps run back to\n"
         "                         back (default on)\n"
+        "  --grouped on|off       on: submit the step's tensors as one grouped allreduce\n"
+        "                         (gs_grouped_allreduce_async; one dtype, no --gap-us)\n"
+        "                         (default off)\n"
         "  --tag TEXT             copied into the RESULT line (e.g. 'fusion=0 policy=window')\n",
         f);
 }
@@ -553,7 +573,7 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     static const char *const keys[] = {"--workload", "--raw-allreduce", "--uniform", "--steps",
                                        "--warmup",   "--scale",         "--gap-us",  "--jitter-us",
-                                       "--tag",      "--allgather",     "--barrier"};
+                                       "--tag",      "--allgather",     "--barrier", "--grouped"};
     int known = 0;
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(a, keys[k]);
     if (!known) {
@@ -576,6 +596,12 @@ static int parse_args(int argc, char **argv, options *o) {
         return -1;
       }
       o->no_barrier = !strcmp(v, "off");
+    } else if (!strcmp(a, "--grouped")) {
+      if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "gradsync-bench: --grouped needs 'on' or 'off', got '%s'\n", v);
+        return -1;
+      }
+      o->grouped = !strcmp(v, "on");
     } else if (!strcmp(a, "--allgather")) {
       if (strcmp(v, "first") && strcmp(v, "last")) {
         fprintf(stderr, "gradsync-bench: --allgather needs 'first' or 'last', got '%s'\n", v);
@@ -619,6 +645,11 @@ static int parse_args(int argc, char **argv, options *o) {
     fprintf(stderr, "gradsync-bench: give exactly one of --workload, --raw-allreduce, "
                     "--uniform\n");
     usage(stderr);
+    return -1;
+  }
+  if (o->grouped && o->gap_us) {
+    fprintf(stderr, "gradsync-bench: --grouped on submits every tensor in one call: it takes no "
+                    "--gap-us\n");
     return -1;
   }
   return 0;
@@ -695,6 +726,25 @@ int main(int argc, char **argv) {
     fprintf(stderr, "rank %d: out of memory\n", j.rank);
     goto out_free_rows;
   }
+  if (o.grouped) {
+    for (size_t i = 1; i < j.n; i++)
+      if (j.t[i].dtype != j.t[0].dtype) {
+        fprintf(stderr,
+                "gradsync-bench: --grouped on: '%s' and '%s' have different dtypes; a "
+                "grouped allreduce takes one\n",
+                j.t[0].name, j.t[i].name);
+        goto out_free_rows;
+      }
+    j.g_names = calloc(j.n, sizeof *j.g_names);
+    j.g_sends = calloc(j.n, sizeof *j.g_sends);
+    j.g_recvs = calloc(j.n, sizeof *j.g_recvs);
+    j.g_counts = calloc(j.n, sizeof *j.g_counts);
+    j.g_h = calloc(j.n, sizeof *j.g_h);
+    if (!j.g_names || !j.g_sends || !j.g_recvs || !j.g_counts || !j.g_h) {
+      fprintf(stderr, "rank %d: out of memory\n", j.rank);
+      goto out_free_rows;
+    }
+  }
   for (size_t i = 0; i < j.n; i++) {
     j.t[i].buf = malloc(j.t[i].count * gs_dtype_size(j.t[i].dtype));
     if (!j.t[i].buf) {
@@ -703,6 +753,13 @@ int main(int argc, char **argv) {
       goto out_free_rows;
     }
     fill(&j.t[i], j.rank);
+  }
+  for (size_t i = 0; o.grouped && i < j.n; i++) {
+    tensor *x = &j.t[j.n - 1 - i]; /* reverse list order, as the single calls */
+    j.g_names[i] = x->name;
+    j.g_sends[i] = x->buf;
+    j.g_recvs[i] = x->buf;
+    j.g_counts[i] = x->count;
   }
 
   for (long s = 0; s < total_steps; s++) {
@@ -745,6 +802,11 @@ out_free_rows:
   gs_handle_free(j.ag);
   free(rows);
   free(j.h);
+  free(j.g_names);
+  free(j.g_sends);
+  free(j.g_recvs);
+  free(j.g_counts);
+  free(j.g_h);
 out_free_tensors:
   free_tensors(j.t, j.n);
   return rc;
