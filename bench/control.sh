@@ -14,7 +14,8 @@
 # - the ResNet-50 control-only step: its 161 tensors at 4 B each (--scale
 #   1e9), cache warm, the 161 submission calls included, vs the Horovod-style
 #   negotiation over OpenMPI (bench/mpi_negotiation.c) on the same list,
-#   and beside gradsync with gradsyncd --fast-path off (K runs of each per
+#   and beside gradsync with gradsyncd --fast-path off and with the 161
+#   tensors as one gs_grouped_allreduce_async per step (K runs of each per
 #   round, --inner K, default 3: the case swings most between runs),
 #   cache on (bit-vector allreduce) and off (gather + bcast), negotiation
 #   only and with the fused tiny allreduces executed;
@@ -63,7 +64,7 @@ while [ $# -gt 0 ]; do
   --plots) plots=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
   --quick) quick=1; rounds=1; inner=1; simn="8 64"; shift ;;
-  -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -142,6 +143,9 @@ for r in $(seq 1 "$rounds"); do
     for _ in $(seq 1 "$inner"); do
       rec ctl.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
       rec ctl.gs.off "$r" "$np" gs_off "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
+      # the same 161 tensors as one gs_grouped_allreduce_async per step
+      rec ctl.gs.grouped "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5 \
+        --grouped on
     done
     if [ "$mpi" = 1 ]; then
       rec ctl.mpi.cached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5
@@ -198,13 +202,14 @@ done
 echo
 echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"
 echo
-echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | gradsync step, one grouped call | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for np in $nps; do
+  grp=$(med ctl.gs.grouped step_ms "$np")
   g=$(med ctl.gs step_ms "$np") bar=$(med ctl.gs barrier_ms "$np") off=$(med ctl.gs.off step_ms "$np")
   mc=$(med ctl.mpi.cached step_ms "$np") me=$(med ctl.mpi.cached.exec step_ms "$np")
   mu=$(med ctl.mpi.uncached step_ms "$np")
-  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$off") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
+  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$off") | $(us "$grp") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
 done
 echo
 echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"
