@@ -174,6 +174,13 @@ char *gs__eng_mismatch_message(const gs__engine *e, const entry *en) {
     gs__eng_append(msg, GS__MAX_TEXT, "%sranks %s sent %s", first_group ? "" : ", ", rs, val);
     first_group = 0;
   }
+  /* A group id is a hash of the members' names in call order: say what
+   * makes two differ, which the numbers alone do not. */
+  if (at == ATTR_GROUP)
+    gs__eng_append(msg, GS__MAX_TEXT,
+                   "; every rank must group the same tensor names in the same order in one call "
+                   "(gs_grouped_allreduce_async; grouped_allreduce in Python), or all submit "
+                   "it alone");
   free(ranks);
   free(done);
   return msg;

@@ -1697,7 +1697,9 @@ static void test_group_size_mismatch_is_an_error(void **state) {
   assert_int_equal(p->responses[0].kind, GS__RESP_ERROR);
   assert_string_equal(p->responses[0].error_message,
                       "tensor 'g/x': mismatched groups: ranks [0] sent group 9 of 2 tensors, "
-                      "ranks [1] sent group 9 of 3 tensors");
+                      "ranks [1] sent group 9 of 3 tensors; every rank must group the same "
+                      "tensor names in the same order in one call (gs_grouped_allreduce_async; "
+                      "grouped_allreduce in Python), or all submit it alone");
 }
 
 static void test_join_completes_allreduces_and_reports_last(void **state) {
