@@ -818,16 +818,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
     if (fast) {
-      h->fast = 1;
-      h->fast_seq = ++ctx->fast_seq;
-      h->fast_since_ms = now;
-      gs__fast_classify_locked(ctx, h);
-      if (ctx->fast_tail)
-        ctx->fast_tail->next_submit = h;
-      else
-        ctx->fast_head = h;
-      ctx->fast_tail = h;
-      ctx->nfast++;
+      gs__fast_queue_locked(ctx, h, now);
       continue;
     }
     ctx->nunplanned++;

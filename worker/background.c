@@ -240,10 +240,8 @@ void gs__cache_clear(gs_ctx *ctx) {
   HASH_ITER(hh_id, ctx->cache_by_id, c, tmp) cache_drop(ctx, c);
   gs__wtemplate *t, *ttmp;
   HASH_ITER(hh, ctx->templates, t, ttmp) template_drop(ctx, t);
-  free(ctx->live_ids);
-  free(ctx->live_info);
-  ctx->live_ids = NULL;
-  ctx->live_info = NULL;
+  free(ctx->live);
+  ctx->live = NULL;
   ctx->nlive = ctx->live_cap = 0;
 }
 

@@ -104,7 +104,7 @@ static size_t live_find(const gs_ctx *ctx, uint32_t id) {
   size_t lo = 0, hi = ctx->nlive;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (ctx->live_ids[mid] < id)
+    if (ctx->live[mid].id < id)
       lo = mid + 1;
     else
       hi = mid;
@@ -118,7 +118,7 @@ static size_t live_find(const gs_ctx *ctx, uint32_t id) {
  * it, with the ring's finishing arithmetic), on host memory (GPU buffers
  * are never copied into the host vector); its bytes, or UINT32_MAX. */
 static gs__live_info live_info_of(const gs__response *r, const gs__plan_tensor *t) {
-  gs__live_info li = {UINT32_MAX, r->reduce_op, r->prescale, r->postscale};
+  gs__live_info li = {0, UINT32_MAX, r->reduce_op, r->prescale, r->postscale};
   if (r->kind != GS__RESP_COLLECTIVE || r->op != GS__OP_ALLREDUCE || r->dtype != GS__FLOAT32 ||
       (r->reduce_op != GS__SUM && r->reduce_op != GS__AVERAGE) || r->device != GS__DEVICE_CPU)
     return li;
@@ -129,42 +129,36 @@ static gs__live_info live_info_of(const gs__response *r, const gs__plan_tensor *
 
 void gs__live_add_locked(gs_ctx *ctx, uint32_t id, const gs__response *r,
                          const gs__plan_tensor *t) {
-  size_t at = ctx->nlive && ctx->live_ids[ctx->nlive - 1] < id ? ctx->nlive : live_find(ctx, id);
-  if (at < ctx->nlive && ctx->live_ids[at] == id) return;
+  size_t at = ctx->nlive && ctx->live[ctx->nlive - 1].id < id ? ctx->nlive : live_find(ctx, id);
+  if (at < ctx->nlive && ctx->live[at].id == id) return;
   if (ctx->nlive == ctx->live_cap) {
     size_t cap = ctx->live_cap ? ctx->live_cap * 2 : 256;
-    uint32_t *v = realloc(ctx->live_ids, cap * sizeof *v);
-    if (v) ctx->live_ids = v;
-    gs__live_info *li = v ? realloc(ctx->live_info, cap * sizeof *li) : NULL;
-    if (!li) {
+    gs__live_info *v = realloc(ctx->live, cap * sizeof *v);
+    if (!v) {
       ctx->live_oom = 1;
       return;
     }
-    ctx->live_info = li;
+    ctx->live = v;
     ctx->live_cap = cap;
   }
-  memmove(ctx->live_ids + at + 1, ctx->live_ids + at, (ctx->nlive - at) * sizeof *ctx->live_ids);
-  memmove(ctx->live_info + at + 1, ctx->live_info + at, (ctx->nlive - at) * sizeof *ctx->live_info);
-  ctx->live_ids[at] = id;
-  ctx->live_info[at] = live_info_of(r, t);
+  memmove(ctx->live + at + 1, ctx->live + at, (ctx->nlive - at) * sizeof *ctx->live);
+  ctx->live[at] = live_info_of(r, t);
+  ctx->live[at].id = id;
   ctx->nlive++;
   ctx->live_dirty = 1;
 }
 
 void gs__live_del_locked(gs_ctx *ctx, uint32_t id) {
   size_t at = live_find(ctx, id);
-  if (at == ctx->nlive || ctx->live_ids[at] != id) return;
-  memmove(ctx->live_ids + at, ctx->live_ids + at + 1,
-          (ctx->nlive - at - 1) * sizeof *ctx->live_ids);
-  memmove(ctx->live_info + at, ctx->live_info + at + 1,
-          (ctx->nlive - at - 1) * sizeof *ctx->live_info);
+  if (at == ctx->nlive || ctx->live[at].id != id) return;
+  memmove(ctx->live + at, ctx->live + at + 1, (ctx->nlive - at - 1) * sizeof *ctx->live);
   ctx->nlive--;
   ctx->live_dirty = 1;
 }
 
 /* ---- entering fast mode, submissions, FastStop ---------------------------- */
 
-void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h) {
+static void classify_locked(gs_ctx *ctx, struct gs_handle *h) {
   const gs__tensor_request *r = &h->req;
   h->fast_slot = h->fast_id = 0;
   /* Only these run in a round; anything else (allgather, alltoall, join,
@@ -186,6 +180,19 @@ void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h) {
   h->fast_slot = c->slot;
 }
 
+void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms) {
+  h->fast = 1;
+  h->fast_seq = ++ctx->fast_seq;
+  h->fast_since_ms = now_ms;
+  classify_locked(ctx, h);
+  if (ctx->fast_tail)
+    ctx->fast_tail->next_submit = h;
+  else
+    ctx->fast_head = h;
+  ctx->fast_tail = h;
+  ctx->nfast++;
+}
+
 void gs__fast_enter_locked(gs_ctx *ctx) {
   if (ctx->live_dirty) {
     /* The slots follow the live ids, which only plans change: once per
@@ -193,7 +200,7 @@ void gs__fast_enter_locked(gs_ctx *ctx) {
     gs__wcache *c, *tmp;
     HASH_ITER(hh_id, ctx->cache_by_id, c, tmp) {
       size_t at = live_find(ctx, c->id);
-      c->slot = at < ctx->nlive && ctx->live_ids[at] == c->id ? (uint32_t)at + 1 : 0;
+      c->slot = at < ctx->nlive && ctx->live[at].id == c->id ? (uint32_t)at + 1 : 0;
     }
     ctx->live_dirty = 0;
     ctx->live_gen++;
@@ -206,17 +213,8 @@ void gs__fast_enter_locked(gs_ctx *ctx) {
     next = h->next_submit;
     h->next_submit = NULL;
     h->queued = 0;
-    h->fast = 1;
-    h->fast_seq = ++ctx->fast_seq;
-    h->fast_since_ms = now;
     ctx->nunplanned--;
-    gs__fast_classify_locked(ctx, h);
-    if (ctx->fast_tail)
-      ctx->fast_tail->next_submit = h;
-    else
-      ctx->fast_head = h;
-    ctx->fast_tail = h;
-    ctx->nfast++;
+    gs__fast_queue_locked(ctx, h, now);
   }
   ctx->sub_head = ctx->sub_tail = NULL;
   /* Requests sent before the marker and not in any plan: the coordinator
@@ -547,7 +545,7 @@ static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
   if (grow((void **)&st->ride, &st->ridecap, nlive + 1, sizeof *st->ride)) return -1;
   size_t flags = 2 + nlive, total = 0;
   for (size_t s = 1; s <= nlive; s++) {
-    const gs__live_info *li = &ctx->live_info[s - 1];
+    const gs__live_info *li = &ctx->live[s - 1];
     ride_slot *rs = &st->ride[s];
     rs->off = RIDE_NONE;
     if (ctx->deterministic || li->ride_bytes == UINT32_MAX ||

@@ -113,16 +113,17 @@ void gs__plan_node_free(plan_node *n);
  * thread, read by whichever thread sends requests; under ctx->mu). */
 typedef struct gs__wcache {
   uint32_t id;
-  uint32_t slot; /* 1 + its index among the live ids (ctx->live_ids); 0 = none */
+  uint32_t slot; /* 1 + its index among the live ids (ctx->live); 0 = none */
   gs__tensor_request req;
   UT_hash_handle hh_name, hh_id;
 } gs__wcache;
 
-/* What a live cache id's response says about riding in a fast round's
- * agreement (fast_round.c). Taken from the plan that assigned the id, so
- * the same on every rank whichever tensors it held (the worker's cache
- * copy is not: it holds only this rank's requests). */
+/* A live cache id and what its response says about riding in a fast
+ * round's agreement (fast_round.c). Taken from the plan that assigned the
+ * id, so the same on every rank whichever tensors it held (the worker's
+ * cache copy is not: it holds only this rank's requests). */
 typedef struct gs__live_info {
+  uint32_t id;
   uint32_t ride_bytes; /* a host float32 SUM/AVERAGE allreduce of these bytes;
                           UINT32_MAX: cannot ride */
   gs__reduce_op op;
@@ -254,8 +255,7 @@ struct gs_ctx {
    * rank receives alike). A tensor's place in the fast vector is 1 + its
    * index here; live_dirty says the wcache slots need recomputing. Written
    * by the comm thread. */
-  uint32_t *live_ids;
-  gs__live_info *live_info; /* nlive entries, parallel to live_ids */
+  gs__live_info *live; /* nlive entries */
   size_t nlive, live_cap;
   int live_dirty;
   uint64_t live_gen; /* bumped each time the slots are recomputed */
@@ -355,9 +355,10 @@ void gs__fast_enter_locked(gs_ctx *ctx);
 int gs__fast_work_locked(const gs_ctx *ctx);
 /* Runs one fast round, or escalates (exec thread, without ctx->mu). */
 void gs__fast_round(gs_ctx *ctx);
-/* The slot and cache id of an op submitted in fast mode (caller holds
- * ctx->mu; h is in ctx->inflight, so hh.hashv and hh.keylen are its name's hash and length). */
-void gs__fast_classify_locked(gs_ctx *ctx, struct gs_handle *h);
+/* Puts h at the end of the fast queue, stamped now_ms, with its slot and
+ * cache id (caller holds ctx->mu; h is in ctx->inflight, so hh.hashv and
+ * hh.keylen are its name's hash and length). */
+void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms);
 /* fast_round.c: a plan assigned / evicted cache id id (comm thread, caller
  * holds ctx->mu). Out of memory sets live_oom. */
 void gs__live_add_locked(gs_ctx *ctx, uint32_t id, const gs__response *r, const gs__plan_tensor *t);
