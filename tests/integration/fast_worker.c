@@ -440,15 +440,6 @@ static void gather_check(gs_handle *h, int s) {
   gs_handle_free(h);
 }
 
-static gs_ctx *join_or_die(void) {
-  gs_ctx *ctx = NULL;
-  gs_status s = gs_init(NULL, &ctx);
-  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
-  g_rank = gs_rank(ctx);
-  g_size = gs_size(ctx);
-  return ctx;
-}
-
 static void mark(int s, int r, char *path, size_t cap) {
   const char *dir = getenv("GS_TEST_DIR");
   if (!dir) wu_die("GS_TEST_DIR is not set");
@@ -537,7 +528,7 @@ int main(int argc, char **argv) {
   g_mode = mode;
   int n = atoi(argv[2]), k = argc > 3 ? atoi(argv[3]) : 0;
   if (n < 1) usage();
-  gs_ctx *ctx = join_or_die();
+  gs_ctx *ctx = wu_join_or_die();
   make_ops();
   int steps = n;
   if (!strcmp(mode, "steps")) {

@@ -49,15 +49,6 @@ static double averaged(gs_dtype d, double v, int size) {
 
 /* ---- common helpers ------------------------------------------------------- */
 
-static gs_ctx *join_or_die(void) {
-  gs_ctx *ctx = NULL;
-  gs_status s = gs_init(NULL, &ctx);
-  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
-  g_rank = gs_rank(ctx);
-  g_size = gs_size(ctx);
-  return ctx;
-}
-
 static void wait_ok(gs_handle *h, const char *name) {
   gs_status s = gs_wait(h, WAIT_MS);
   if (s != GS_OK)
@@ -759,7 +750,7 @@ int main(int argc, char **argv) {
                {"broadcast", mode_broadcast}};
   for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
     if (strcmp(argv[1], modes[m].name) != 0) continue;
-    gs_ctx *ctx = join_or_die();
+    gs_ctx *ctx = wu_join_or_die();
     int rc = modes[m].run(ctx);
     gs_status s = gs_shutdown(ctx);
     if (s != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(s), gs_last_error(NULL));

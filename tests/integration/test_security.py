@@ -186,6 +186,33 @@ def expect_ops_passed(ranks):
 # ---- gRPC helpers ------------------------------------------------------------
 
 
+class SilentCalls:
+    """PER Health/Check calls on each of CONNS connections to ADDR that
+    never send their request (each holds a read slot of open calls, or
+    waits for one, until gradsyncd ends it or close()); futs: their
+    futures, in connection order."""
+
+    def __init__(self, addr, conns, per):
+        self.hold = threading.Event()
+
+        def never():
+            self.hold.wait(120)
+            return
+            yield
+
+        self.chans = [grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+                      for _ in range(conns)]
+        self.futs = [ch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
+                     for ch in self.chans for _ in range(per)]
+
+    def close(self):
+        for f in self.futs:
+            f.cancel()
+        self.hold.set()
+        for ch in self.chans:
+            ch.close()
+
+
 def channel(addr, creds=None):
     opts = [("grpc.max_send_message_length", 64 << 20),
             ("grpc.max_receive_message_length", 64 << 20)]
@@ -709,17 +736,8 @@ def test_unauthenticated_flood():
     # Calls that never send their request hold the read slot (one under
     # this quota) for at most 2 s each; 256 more wait, the rest are refused
     # unread; a health probe behind them is answered once they are gone.
-    hold = threading.Event()
-
-    def never():
-        hold.wait(120)
-        return
-        yield
-
-    chans = [grpc.insecure_channel(qaddr, options=[("grpc.use_local_subchannel_pool", 1)])
-             for _ in range(3)]
-    futs = [ch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
-            for ch in chans for _ in range(90)]
+    silent = SilentCalls(qaddr, 3, 90)
+    futs = silent.futs
     refused = ("gradsyncd reads at most 1 requests of open calls (health checks) at once and "
                "queues 256 more; this /grpc.health.v1.Health/Check call was refused unread; "
                "try again")
@@ -737,15 +755,11 @@ def test_unauthenticated_flood():
            and (grpc.StatusCode.RESOURCE_EXHAUSTED, refused) in outcomes,
            "calls that never send: %d ended: %s" % (len(done), outcomes), q)
     n_refused = sum(1 for f in done if f.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
-    for f in futs:
-        f.cancel()
-    hold.set()
+    silent.close()
     ch = channel(qaddr)
     r = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
     expect(parse(r).get(1) == [1], "Health/Check after the calls that never send: %r" % r, q)
     ch.close()
-    for c in chans:
-        c.close()
     expect(q.poll() is None, "gradsyncd died", q)
     print("open read slots: of 270 calls that never send, %d refused unread, %d cut off; a "
           "probe after them: SERVING" % (n_refused, len(done) - n_refused), flush=True)
@@ -853,16 +867,8 @@ def test_open_streams_flood():
                "reflection flood" % (peak, base), d)
     # One connection floods Health/Check with calls that never send; probes
     # come on connections of their own, one after another, like kubelet's.
-    hold = threading.Event()
-
-    def never():
-        hold.wait(120)
-        return
-        yield
-
-    fch = grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
-    futs = [fch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
-            for _ in range(300)]
+    silent = SilentCalls(addr, 1, 300)
+    futs = silent.futs
     refused = ("gradsyncd reads at most 1 requests of open calls (health checks) at once and "
                "queues 256 more; this /grpc.health.v1.Health/Check call was refused unread; "
                "try again")
@@ -896,10 +902,7 @@ def test_open_streams_flood():
            and n_refused >= 300 - 257 and n_yielded >= 1,
            "the flooder's 300 calls: %d ended, %d refused: %s" %
            (len(done), n_refused, set(outcomes)), d)
-    for f in futs:
-        f.cancel()
-    hold.set()
-    fch.close()
+    silent.close()
     expect(d.poll() is None, "gradsyncd died", d)
     print("fair open reads: 5 probes on their own connections during a 300-call flood from one: "
           "all SERVING, waits %s s; of the flooder's calls %d refused unread, %d cut off (%d to let "
@@ -973,17 +976,8 @@ def test_open_calls_fair_per_host():
     d, addr = start_gradsyncd(["--world-size", "2", "--serve-forever",
                                "--grpc-memory-max-bytes", str(128 << 20)],
                               {"GRADSYNC_JOB_TOKEN": token})
-    hold = threading.Event()
-
-    def never():
-        hold.wait(120)
-        return
-        yield
-
-    chans = [grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
-             for _ in range(32)]
-    futs = [ch.stream_unary("/grpc.health.v1.Health/Check").future(never(), timeout=120)
-            for ch in chans for _ in range(9)]
+    silent = SilentCalls(addr, 32, 9)
+    futs = silent.futs
     # the flood is under way once the queue was full and the first of its
     # reads was cut off
     deadline = time.time() + 60
@@ -1026,11 +1020,7 @@ def test_open_calls_fair_per_host():
                               yielded("/grpc.health.v1.Health/Check"))}
            and n_refused >= 1,
            "the flooder's calls: %d refused unread, ended with %s" % (n_refused, set(outcomes)), d)
-    for f in futs:
-        f.cancel()
-    hold.set()
-    for ch in chans:
-        ch.close()
+    silent.close()
     proxy.close()
     expect(d.poll() is None, "gradsyncd died", d)
     # and it shuts down cleanly after it (under ASan: no leak of the

@@ -213,12 +213,7 @@ static int close_enough(gs_reduce_op op, gs_dtype d, double got, double want) {
 /* ---- common helpers ------------------------------------------------------- */
 
 static gs_ctx *join_or_die(void) {
-  gs_ctx *ctx = NULL;
-  gs_status s = gs_init(NULL, &ctx);
-  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
-  if (ctx == NULL) wu_die("gs_init returned GS_OK and a NULL context");
-  g_rank = gs_rank(ctx);
-  g_size = gs_size(ctx);
+  gs_ctx *ctx = wu_join_or_die();
   const char *env_rank = getenv("GRADSYNC_RANK");
   const char *env_size = getenv("GRADSYNC_SIZE");
   if (env_rank && atoi(env_rank) != g_rank)

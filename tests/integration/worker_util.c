@@ -40,6 +40,16 @@ void *wu_xcalloc(size_t n, size_t size) {
   return p;
 }
 
+gs_ctx *wu_join_or_die(void) {
+  gs_ctx *ctx = NULL;
+  gs_status s = gs_init(NULL, &ctx);
+  if (s != GS_OK) wu_die("gs_init: %s: %s", wu_status_name(s), gs_last_error(NULL));
+  if (ctx == NULL) wu_die("gs_init returned GS_OK and a NULL context");
+  g_rank = gs_rank(ctx);
+  g_size = gs_size(ctx);
+  return ctx;
+}
+
 void wu_must(gs_status s, const char *what, const char *name) {
   if (s != GS_OK)
     wu_die("tensor '%s': %s: %s: %s", name, what, wu_status_name(s), gs_last_error(NULL));

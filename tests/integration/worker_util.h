@@ -32,6 +32,10 @@ void wu_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2))
 void *wu_xmalloc(size_t n);
 void *wu_xcalloc(size_t n, size_t size);
 
+/* gs_init from the environment, or wu_die with the library's message;
+ * sets g_rank and g_size. */
+gs_ctx *wu_join_or_die(void);
+
 /* wu_die naming the tensor, the call and the status when s is not GS_OK. */
 void wu_must(gs_status s, const char *what, const char *name);
 

@@ -15,17 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "assert_contains.h"
 #include "engine.h"
 #include "messages.h"
-
-#define assert_contains(hay, needle)                                                               \
-  do {                                                                                             \
-    const char *hay_ = (hay), *needle_ = (needle);                                                 \
-    if (!hay_ || !strstr(hay_, needle_)) {                                                         \
-      print_error("expected \"%s\" in \"%s\"\n", needle_, hay_ ? hay_ : "(null)");                 \
-      fail();                                                                                      \
-    }                                                                                              \
-  } while (0)
 
 typedef struct fx {
   gs__engine *e;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "assert_contains.h"
 #include "codec.h"
 #include "codec_diag.h"
 #include "diag_messages.h"
@@ -26,15 +27,6 @@
 #include "status.h"
 
 /* ---- helpers -------------------------------------------------------------- */
-
-#define assert_contains(hay, needle)                                                               \
-  do {                                                                                             \
-    const char *hay_ = (hay), *needle_ = (needle);                                                 \
-    if (!hay_ || !strstr(hay_, needle_)) {                                                         \
-      print_error("expected \"%s\" in \"%s\"\n", needle_, hay_ ? hay_ : "(null)");                 \
-      fail();                                                                                      \
-    }                                                                                              \
-  } while (0)
 
 /* Doubles compared bit for bit (cmocka 1.1 has no float assertion). */
 #define assert_double_same(a, b)                                                                   \
