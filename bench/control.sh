@@ -69,10 +69,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 bin=$build/bin
-for f in gradsync-run gradsync-bench gradsyncd gradsync-rank-sim; do
-  [ -x "$bin/$f" ] || { echo "control.sh: $bin/$f not found; build first:" \
-    "cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench" >&2; exit 1; }
-done
+need_bins control.sh "$bin" gradsync-run gradsync-bench gradsyncd gradsync-rank-sim
 resnet=$workloads/resnet50.txt
 [ -r "$resnet" ] || { echo "control.sh: workload $resnet not found (--workloads DIR)" >&2; exit 1; }
 mpi=0

@@ -47,10 +47,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 bin=$build/bin
-for f in gradsync-run gradsync-bench gradsyncd; do
-  [ -x "$bin/$f" ] || { echo "fastpath.sh: $bin/$f not found; build first:" \
-    "cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench" >&2; exit 1; }
-done
+need_bins fastpath.sh "$bin" gradsync-run gradsync-bench gradsyncd
 resnet=$root/bench/workloads/resnet50.txt
 [ -n "$out" ] || out=$(mktemp /tmp/gradsync-fastpath.XXXXXX)
 : >"$out"

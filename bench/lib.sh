@@ -1,5 +1,16 @@
 # Shell functions the benchmark scripts share (sourced, not run).
 
+# need_bins SCRIPT BIN-DIR PROGRAM...: exits 1, saying how to build, unless
+# every PROGRAM is an executable in BIN-DIR.
+need_bins() {
+  local script=$1 dir=$2 f
+  shift 2
+  for f in "$@"; do
+    [ -x "$dir/$f" ] || { echo "$script: $dir/$f not found; build first:" \
+      "cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench" >&2; exit 1; }
+  done
+}
+
 # med CASE KEY NP: the median over rounds of KEY in the "CASE <case> <round>
 # np=<np> key=value ..." lines of the file $out; "nan" when none has KEY,
 # "n/a" when the lines have it only as n/a (gradsync-bench: no shared clock).
