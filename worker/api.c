@@ -770,16 +770,14 @@ int gs_local_size(const gs_ctx *ctx) {
  * (a failed job, shutdown, or a name already in flight). */
 static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   /* The name is hashed here once, before taking the lock: the table of ops
-   * in flight keeps the value and the length (hh.hashv, hh.keylen), and
-   * the response cache, keyed by the same name, is searched with them
-   * (fast_round.c at submission in fast mode, background.c when the
-   * request goes out). */
+   * in flight keeps the value and the length (hh.hashv, and hh.keylen,
+   * which gs__op_new set), and the response cache, keyed by the same
+   * name, is searched with them (fast_round.c at submission in fast mode,
+   * background.c when the request goes out). */
   for (size_t i = 0; i < n; i++) {
-    size_t len = strlen(hs[i]->req.name);
     unsigned hv;
-    HASH_VALUE(hs[i]->req.name, len, hv);
+    HASH_VALUE(hs[i]->req.name, hs[i]->hh.keylen, hv);
     hs[i]->hh.hashv = hv;
-    hs[i]->hh.keylen = (unsigned)len;
   }
   pthread_mutex_lock(&ctx->mu);
   gs_status st = GS_OK;
@@ -893,6 +891,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the element count overflows", name);
   }
   h->count = (size_t)n;
+  h->hh.keylen = (unsigned)nlen; /* submit_many hashes the name with it */
   h->ctx = ctx;
   atomic_init(&h->refs, 2); /* the caller's and the library's */
   atomic_init(&h->done, 0);
@@ -973,9 +972,9 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
                                 const gs_allreduce_opts *given, struct gs_handle **out) {
   *out = NULL;
   gs_allreduce_opts copy;
-  gs_allreduce_opts_init(&copy);
   const gs_allreduce_opts *opts = NULL;
   if (given) {
+    gs_allreduce_opts_init(&copy);
     gs_status cst = gs__opts_copy(&copy, given, "gs_allreduce_opts");
     if (cst) return cst;
     opts = &copy;
