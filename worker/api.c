@@ -966,19 +966,12 @@ static gs_status op_opts(const gs_op_opts *given, gs_op_opts *o) {
   return given ? gs__opts_copy(o, given, "gs_op_opts") : GS_OK;
 }
 
-/* Checks an allreduce's arguments and builds its handle (not submitted). */
-static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send, void *recv,
-                                size_t count, gs_dtype dtype, gs_reduce_op op,
-                                const gs_allreduce_opts *given, struct gs_handle **out) {
+/* Checks an allreduce's arguments and builds its handle (not submitted);
+ * opts is our own copy of the caller's options, or NULL for defaults. */
+static gs_status build_allreduce(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                                 size_t count, gs_dtype dtype, gs_reduce_op op,
+                                 const gs_allreduce_opts *opts, struct gs_handle **out) {
   *out = NULL;
-  gs_allreduce_opts copy;
-  const gs_allreduce_opts *opts = NULL;
-  if (given) {
-    gs_allreduce_opts_init(&copy);
-    gs_status cst = gs__opts_copy(&copy, given, "gs_allreduce_opts");
-    if (cst) return cst;
-    opts = &copy;
-  }
   if ((int)op < 0 || (int)op >= GS__REDUCE_OP_COUNT)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "tensor '%s': reduce op %d is not a gs_reduce_op (GS_SUM .. GS_ADASUM)",
@@ -1043,6 +1036,19 @@ static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send,
   }
   *out = h;
   return GS_OK;
+}
+
+/* build_allreduce with the caller's options (NULL = defaults). */
+static gs_status make_allreduce(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                                size_t count, gs_dtype dtype, gs_reduce_op op,
+                                const gs_allreduce_opts *given, struct gs_handle **out) {
+  *out = NULL;
+  if (!given) return build_allreduce(ctx, name, send, recv, count, dtype, op, NULL, out);
+  gs_allreduce_opts copy;
+  gs_allreduce_opts_init(&copy);
+  gs_status cst = gs__opts_copy(&copy, given, "gs_allreduce_opts");
+  if (cst) return cst;
+  return build_allreduce(ctx, name, send, recv, count, dtype, op, &copy, out);
 }
 
 gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, void *recv,
@@ -1196,17 +1202,24 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
   if (!hs) return gs__set_error(GS_ERR_NO_MEMORY, "gs_grouped_allreduce_async: out of memory");
   /* The id follows from the members' names: the same on every rank, and
    * the same for every call of a repeated group (so it hits the response
-   * cache); the names cannot be in flight twice, so neither can the id. */
-  uint64_t gid = 1469598103934665603ull;
+   * cache); the names cannot be in flight twice, so neither can the id.
+   * Hashed 8 bytes at a time, each name's length first (so that "ab","c"
+   * and "a","bc" differ): FNV-1a byte by byte, as before, spent 6 us on
+   * ResNet-50's 161 names (a multiply per byte, each waiting for the
+   * last). */
+  uint64_t gid = 0x9e3779b97f4a7c15ull ^ ((uint64_t)n * 0xff51afd7ed558ccdull);
   for (size_t i = 0; i < n; i++) {
-    for (const char *c = names[i] ? names[i] : ""; *c; c++)
-      gid = (gid ^ (unsigned char)*c) * 1099511628211ull;
-    gid = (gid ^ 0xff) * 1099511628211ull;
+    const char *name = names[i] ? names[i] : "";
+    size_t len = strlen(name);
+    gid = gs__hash_bytes((gid ^ len) * 0xff51afd7ed558ccdull, name, len);
   }
+  gid = gs__hash_final(gid);
   if (!gid) gid = 1;
   gs_status st = GS_OK;
+  /* the options are copied once for all members (NULL: defaults) */
+  const gs_allreduce_opts *mo = opts ? &o : NULL;
   for (size_t i = 0; i < n && !st; i++) {
-    st = make_allreduce(ctx, names[i], sends[i], recvs[i], counts[i], dtype, op, &o, &hs[i]);
+    st = build_allreduce(ctx, names[i], sends[i], recvs[i], counts[i], dtype, op, mo, &hs[i]);
     if (!st) {
       hs[i]->req.group_id = gid;
       hs[i]->req.group_size = (uint32_t)n;

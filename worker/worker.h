@@ -35,9 +35,8 @@
  * macros are read where a table is used), so a hash value kept in one
  * table (hh.hashv of an op in flight) finds the name in another (the
  * response cache). */
-static inline unsigned gs__name_hash(const void *key, size_t len) {
+static inline uint64_t gs__hash_bytes(uint64_t h, const void *key, size_t len) {
   const unsigned char *p = (const unsigned char *)key;
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)len * 0xff51afd7ed558ccdull);
   for (; len >= 8; p += 8, len -= 8) {
     uint64_t w;
     memcpy(&w, p, 8);
@@ -65,11 +64,19 @@ static inline unsigned gs__name_hash(const void *key, size_t len) {
     h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
     h ^= h >> 31;
   }
-  /* the low bits pick the bucket: fold every bit into them */
+  return h;
+}
+/* Every bit of h into every bit of the result (a table's low bits pick
+ * the bucket). */
+static inline uint64_t gs__hash_final(uint64_t h) {
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
-  return (unsigned)h;
+  return h;
+}
+static inline unsigned gs__name_hash(const void *key, size_t len) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)len * 0xff51afd7ed558ccdull);
+  return (unsigned)gs__hash_final(gs__hash_bytes(h, key, len));
 }
 /* 0 when the n bytes of a and b are equal (uthash tests == 0 only). */
 static inline int gs__key_differs(const void *a, const void *b, size_t n) {
