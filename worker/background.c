@@ -36,14 +36,22 @@ void gs__handle_unref(struct gs_handle *h) {
 }
 
 void gs__handle_unref_n(struct gs_handle *h, int n) {
-  if (atomic_fetch_sub_explicit(&h->refs, n, memory_order_acq_rel) == n) {
-    free(h->error);
+  /* Holding every reference left (refs == n, read with acquire order: the
+   * other holders' writes, released by their own unrefs, are visible),
+   * the caller frees without a locked read-modify-write: no one else
+   * holds a reference, so no one can change refs (a reference is only
+   * ever taken from one already held: the library's, while the op is in
+   * a table or queue). The usual case of gs_handle_free, once per op. */
+  if (atomic_load_explicit(&h->refs, memory_order_acquire) == n ||
+      atomic_fetch_sub_explicit(&h->refs, n, memory_order_acq_rel) == n) {
+    /* Mostly all NULL (a successful allreduce): no call for those. */
+    if (h->error) free(h->error);
     if (h->result_free)
       h->result_free(h->result);
-    else
+    else if (h->result)
       free(h->result);
-    free(h->rank_dims);
-    free(h->splits);
+    if (h->rank_dims) free(h->rank_dims);
+    if (h->splits) free(h->splits);
     if (h->free_data) h->free_data(h->data);
     gs__handle_mem_free(h);
   }
