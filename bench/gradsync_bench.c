@@ -4,6 +4,7 @@
  *   gradsync-run -np 2 [--coord-arg ...] gradsync-bench --workload FILE
  *       [--steps N] [--warmup W] [--scale F] [--gap-us G] [--jitter-us J] [--tag TEXT]
  *       [--allgather first|last] [--barrier on|off] [--grouped on|off]
+ *       [--call-times on|off]
  *   gradsync-run -np 2 gradsync-bench --raw-allreduce BYTES [...]
  *   gradsync-run -np 2 gradsync-bench --uniform COUNTxBYTES [...]
  *
@@ -16,7 +17,10 @@
  * --gap-us between submissions to stand in for backward compute, and wait
  * for all; --grouped on submits them as one gs_grouped_allreduce_async
  * instead (same order, one call: Horovod's grouped_allreduce; every
- * tensor must have the same dtype, and --gap-us must be 0). --raw-allreduce
+ * tensor must have the same dtype, and --gap-us must be 0). --call-times on
+ * also reads the clock after the first submission and around the frees
+ * (three more clock reads per step, one inside the timed submissions) and
+ * reports what one submission and one gs_handle_free cost. --raw-allreduce
  * runs one allreduce of BYTES instead (the "one raw allreduce of the same
  * bytes" baseline); --uniform COUNTxBYTES submits COUNT
  * float32 tensors of BYTES each.
@@ -84,6 +88,7 @@ typedef struct options {
   int allgather;  /* --allgather: 0 none, 1 first, 2 last in each step */
   int no_barrier; /* --barrier off: steps back to back */
   int grouped;    /* --grouped on: one gs_grouped_allreduce_async per step */
+  int call_times; /* --call-times on: the per-call costs below */
 } options;
 
 /* Per-step metrics, one row per measured step. */
@@ -105,6 +110,9 @@ enum {
   M_FAST_ROUNDS, /* issue 14: fast rounds, tensors they completed, escalations */
   M_FAST_TENSORS,
   M_FAST_ESC,
+  M_CALL_FIRST, /* --call-times: the first submission (us, the exec thread's wake-up included) */
+  M_CALL_NS,    /* each later one (ns: the rest of the submissions / their number) */
+  M_FREE_NS,    /* one gs_handle_free (ns) */
   M_T_LAST,     /* absolute CLOCK_MONOTONIC ms of the last submission; MAX: the latest */
   M_T_LAST_NEG, /* -(the same); MAX: -(the earliest) */
   M_T_CRIT,     /* absolute ms of the last-submitted op's completion; MAX: the latest */
@@ -400,7 +408,7 @@ static int run_step(job *j, long step, const options *o, double *row) {
   gs_stats_init(&before);
   gs_stats_init(&after);
   gs_get_stats(j->ctx, &before);
-  double t0 = now_ms(), t_last = t0;
+  double t0 = now_ms(), t_last = t0, t_first = t0;
   if (o->allgather == 1 && submit_allgather(j)) return -1;
   if (o->grouped) {
     t_last = now_ms();
@@ -419,6 +427,7 @@ static int run_step(job *j, long step, const options *o, double *row) {
     st = gs_allreduce_async(j->ctx, x->name, x->buf, x->buf, x->count, x->dtype, GS_AVERAGE, NULL,
                             &j->h[k]);
     if (st != GS_OK) return fail(j, NULL, "allreduce submission", x->name, st);
+    if (o->call_times && k + 1 == j->n) t_first = now_ms();
   }
   if (o->allgather == 2) {
     t_last = now_ms();
@@ -435,9 +444,16 @@ static int run_step(job *j, long step, const options *o, double *row) {
   if (j->ag && check_allgather(j)) return -1;
   double t_end = now_ms();
   gs_get_stats(j->ctx, &after);
+  double t_free = o->call_times ? now_ms() : 0;
   for (size_t k = 0; k < j->n; k++) {
     gs_handle_free(j->h[k]);
     j->h[k] = NULL;
+  }
+  if (o->call_times) {
+    size_t later = !o->grouped && j->n > 1 ? j->n - 1 : 0;
+    row[M_CALL_FIRST] = o->grouped ? 0 : (t_first - t0) * 1e3;
+    row[M_CALL_NS] = later ? (t_sub - t_first) * 1e6 / (double)later : 0;
+    row[M_FREE_NS] = (now_ms() - t_free) * 1e6 / (double)j->n;
   }
   row[M_STEP] = t_end - t0;
   row[M_SUBMIT] = t_sub - t0;
@@ -478,6 +494,10 @@ static void report(const options *o, const char *label, int size, uint64_t total
                      ? (double)total_bytes * 2.0 * (size - 1) / size / (med[M_STEP] / 1e3) / 1e9
                      : 0;
   char crit_last[192] = "crit_last_ms=n/a crit_last_q1=n/a crit_last_q3=n/a skew_ms=n/a";
+  char calls[128] = "";
+  if (o->call_times)
+    snprintf(calls, sizeof calls, " submit_first_us=%.3f submit_call_ns=%.1f free_call_ns=%.1f",
+             med[M_CALL_FIRST], med[M_CALL_NS], med[M_FREE_NS]);
   if (one_host)
     snprintf(crit_last, sizeof crit_last,
              "crit_last_ms=%.3f crit_last_q1=%.3f crit_last_q3=%.3f skew_ms=%.3f", med[M_CRIT_LAST],
@@ -487,7 +507,7 @@ static void report(const options *o, const char *label, int size, uint64_t total
          "crit_ms=%.3f crit_q1=%.3f crit_q3=%.3f tail_ms=%.3f plans=%.0f collectives=%.0f "
          "fused=%.0f tensors_per_op=%.2f requests=%.0f cache_hits=%.0f hit_rate=%.3f "
          "plans_replayed=%.0f replay_rate=%.3f up_bytes=%.0f up_msgs=%.0f barrier_ms=%.3f "
-         "busbw_gbs=%.3f fast_rounds=%.0f fast_tensors=%.0f fast_escalations=%.0f %s\n",
+         "busbw_gbs=%.3f fast_rounds=%.0f fast_tensors=%.0f fast_escalations=%.0f %s%s\n",
          label, size,
          o->allgather == 1   ? " allgather=first"
          : o->allgather == 2 ? " allgather=last"
@@ -497,7 +517,7 @@ static void report(const options *o, const char *label, int size, uint64_t total
          q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT], q3[M_CRIT], med[M_TAIL], med[M_PLANS],
          med[M_COLL], med[M_FUSED], per_op, med[M_REQS], med[M_HITS], hit_rate, med[M_REPLAYED],
          plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS], med[M_BARRIER], busbw,
-         med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC], crit_last);
+         med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC], crit_last, calls);
   fflush(stdout);
 }
 
@@ -527,6 +547,11 @@ static void usage(FILE *f) {
         "                         back (default on)\n"
         "  --grouped on|off       on: submit the step's tensors as one grouped allreduce\n"
         "                         (gs_grouped_allreduce_async; one dtype, no --gap-us)\n"
+        "                         (default off)\n"
+        "  --call-times on|off    on: also report the first submission (submit_first_us),\n"
+        "                         each later one (submit_call_ns) and one gs_handle_free\n"
+        "                         (free_call_ns), from 3 more clock reads per step\n"
+        "                         (the submission figures are 0 with --grouped on)\n"
         "                         (default off)\n"
         "  --tag TEXT             copied into the RESULT line (e.g. 'fusion=0 policy=window')\n",
         f);
@@ -571,9 +596,10 @@ static int parse_args(int argc, char **argv, options *o) {
       printf("gradsync-bench %s (libgradsync %s)\n", GS_VERSION_STRING, gs_version());
       exit(0);
     }
-    static const char *const keys[] = {"--workload", "--raw-allreduce", "--uniform", "--steps",
-                                       "--warmup",   "--scale",         "--gap-us",  "--jitter-us",
-                                       "--tag",      "--allgather",     "--barrier", "--grouped"};
+    static const char *const keys[] = {"--workload",  "--raw-allreduce", "--uniform", "--steps",
+                                       "--warmup",    "--scale",         "--gap-us",  "--jitter-us",
+                                       "--tag",       "--allgather",     "--barrier", "--grouped",
+                                       "--call-times"};
     int known = 0;
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(a, keys[k]);
     if (!known) {
@@ -602,6 +628,12 @@ static int parse_args(int argc, char **argv, options *o) {
         return -1;
       }
       o->grouped = !strcmp(v, "on");
+    } else if (!strcmp(a, "--call-times")) {
+      if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "gradsync-bench: --call-times needs 'on' or 'off', got '%s'\n", v);
+        return -1;
+      }
+      o->call_times = !strcmp(v, "on");
     } else if (!strcmp(a, "--allgather")) {
       if (strcmp(v, "first") && strcmp(v, "last")) {
         fprintf(stderr, "gradsync-bench: --allgather needs 'first' or 'last', got '%s'\n", v);
