@@ -7,10 +7,18 @@
  * nothing refers to a context, so a handle freed after gs_shutdown
  * recycles like any other. Only threads that allocate handles keep a list
  * (the library's own threads free plainly), at most CACHE_MAX blocks; a
- * thread's list is freed when it exits.
+ * thread's list is freed when it exits (the main thread's stays until the
+ * process ends, reachable).
  *
- * Built without the list under AddressSanitizer: a recycled block would
- * hide a use of a freed handle from it. Any thread; no locks. */
+ * The memory checkers see a block on a list as freed: under
+ * AddressSanitizer it is poisoned, under valgrind memcheck it is no-access
+ * (a client request, a few instructions when not under valgrind), from the
+ * moment it goes on the list until it is handed out again, so reading or
+ * writing a handle after its last gs_handle_free is a report
+ * ("use-after-poison", "Invalid read") although the memory is not free()d.
+ * The lists hold pointers to the blocks, never links inside them.
+ * tests/unit/test_handle_cache.c checks both checkers.
+ * Any thread; no locks. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,25 +26,49 @@
 #include "worker.h"
 
 /* Blocks a thread keeps: a step's ops of most models (ResNet-50 161,
- * BERT-large ~400), 368 KB at most per submitting thread. */
+ * BERT-large ~400), 368 KB at most per submitting thread, plus 4 KB of
+ * pointers. */
 #define CACHE_MAX 512
 
 #if defined(__SANITIZE_ADDRESS__)
-#define CACHE_ON 0
+#define GS_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define CACHE_ON 0
+#define GS_ASAN 1
 #endif
-#endif
-#ifndef CACHE_ON
-#define CACHE_ON 1
 #endif
 
-typedef struct block {
-  struct block *next;
-} block;
+#ifdef GS_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
-static __thread block *tl_head;
+/* valgrind: the header comes with the valgrind package (a build without it
+ * only loses the client requests). */
+#if defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define GS_VALGRIND 1
+#endif
+#endif
+#ifdef GS_VALGRIND
+#define VG_NOACCESS(p, n) VALGRIND_MAKE_MEM_NOACCESS((p), (n))
+#define VG_DEFINED(p, n) VALGRIND_MAKE_MEM_DEFINED((p), (n))
+#else
+#define VG_NOACCESS(p, n) ((void)(p), (void)(n))
+#define VG_DEFINED(p, n) ((void)(p), (void)(n))
+#endif
+
+/* A thread's cached blocks: a stack of pointers outside the blocks, so that
+ * a cached block is poisoned whole and the leak checkers still see it
+ * (LeakSanitizer skips pointers stored in poisoned memory: a list linked
+ * through the blocks read as leaked at exit). Allocated at its first
+ * cached block. */
+static __thread void **tl_blocks;
 static __thread unsigned tl_n;
 static __thread int tl_allocates; /* this thread allocated a handle */
 static __thread int tl_registered;
@@ -50,12 +82,14 @@ static int key_ok;
 static void thread_exit(void *unused) {
   (void)unused;
   tl_allocates = 0;
-  while (tl_head) {
-    block *b = tl_head;
-    tl_head = b->next;
+  while (tl_n) {
+    void *b = tl_blocks[--tl_n];
+    UNPOISON(b, sizeof(struct gs_handle));
+    VG_DEFINED(b, sizeof(struct gs_handle));
     free(b);
   }
-  tl_n = 0;
+  free(tl_blocks);
+  tl_blocks = NULL;
 }
 
 static void key_make(void) {
@@ -70,32 +104,31 @@ __attribute__((destructor)) static void unload(void) {
 }
 
 void *gs__handle_mem(void) {
-  _Static_assert(sizeof(struct gs_handle) >= sizeof(block), "a handle holds a list link");
-  if (CACHE_ON) {
-    if (!tl_registered) {
-      /* A thread without the destructor never keeps blocks. */
-      tl_registered = 1;
-      pthread_once(&key_once, key_make);
-      tl_allocates = key_ok && pthread_setspecific(key, &tl_registered) == 0;
-    }
-    block *b = tl_head;
-    if (b) {
-      tl_head = b->next;
-      tl_n--;
-      memset(b, 0, sizeof(struct gs_handle));
-      return b;
-    }
+  if (!tl_registered) {
+    /* A thread without the destructor never keeps blocks. */
+    tl_registered = 1;
+    pthread_once(&key_once, key_make);
+    tl_allocates = key_ok && pthread_setspecific(key, &tl_registered) == 0;
+  }
+  if (tl_n) {
+    void *b = tl_blocks[--tl_n];
+    UNPOISON(b, sizeof(struct gs_handle));
+    VG_DEFINED(b, sizeof(struct gs_handle)); /* zeroed next: defined, as calloc's */
+    memset(b, 0, sizeof(struct gs_handle));
+    return b;
   }
   return calloc(1, sizeof(struct gs_handle));
 }
 
 void gs__handle_mem_free(void *p) {
-  if (CACHE_ON && p && tl_allocates && tl_n < CACHE_MAX) {
-    block *b = p;
-    b->next = tl_head;
-    tl_head = b;
-    tl_n++;
-    return;
+  if (p && tl_allocates && tl_n < CACHE_MAX) {
+    if (!tl_blocks) tl_blocks = malloc(CACHE_MAX * sizeof *tl_blocks);
+    if (tl_blocks) {
+      tl_blocks[tl_n++] = p;
+      POISON(p, sizeof(struct gs_handle));
+      VG_NOACCESS(p, sizeof(struct gs_handle));
+      return;
+    }
   }
   free(p);
 }
