@@ -2,8 +2,10 @@
 # Sets up everything on a fresh Debian 12 machine and runs the whole test
 # suite: the normal build's tests (unit, integration, fault), the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, valgrind over the
-# unit tests, and a bounded libFuzzer run of the codec and engine targets
-# (scripts/fuzz.sh). Exits non-zero on the first failing stage.
+# unit tests and over real worker processes (tests/valgrind.sh: np=2 jobs of
+# gs-fast-worker, every rank under valgrind), and a bounded libFuzzer run of
+# the codec and engine targets (scripts/fuzz.sh). Exits non-zero on the
+# first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -29,7 +31,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd build-asan && ctest --output-on-failure --repeat until-pass:2 -j "$jobs")
 unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
 
-echo "== unit tests under valgrind =="
+echo "== unit tests and worker processes (np 2) under valgrind =="
 bash tests/valgrind.sh build
 
 echo "== fuzzing (libFuzzer: codec, codec + engine; 30 s each) =="
