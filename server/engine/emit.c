@@ -58,7 +58,8 @@ static char *gather_overflow_message(const gs__engine *e, const entry *en) {
 }
 
 /* Turns one ready entry into a response (collective or error). */
-static int entry_response(const gs__engine *e, const entry *en, gs__response *resp) {
+static int entry_response(const gs__engine *e, const entry *en, gs__response *resp,
+                          gs__eng_groups **groups) {
   const gs__tensor_request *r = &en->variants[0];
   memset(resp, 0, sizeof *resp);
   resp->op = r->op;
@@ -102,7 +103,7 @@ static int entry_response(const gs__engine *e, const entry *en, gs__response *re
   if (en->nvariants > 1) {
     resp->kind = GS__RESP_ERROR;
     resp->error_status = GS__ERR_MISMATCH;
-    resp->error_message = gs__eng_mismatch_message(e, en);
+    resp->error_message = gs__eng_mismatch_message(e, en, groups);
     return resp->error_message ? GS__OK : GS__ERR_NO_MEMORY;
   }
   if (gather_overflows(e, en)) {
@@ -192,12 +193,13 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
   msg.kind = GS__MSG_PLAN;
   msg.plan.seq = e->next_plan_seq++;
   msg.plan.responses = resps;
+  gs__eng_groups *groups = NULL; /* built by the first mismatched group's error */
   for (size_t i = 0; i < e->nready; i++) {
     if (taken[i]) continue;
     taken[i] = 1;
     entry *en = e->ready[i];
     gs__response *rp = &resps[msg.plan.nresponses];
-    if (entry_response(e, en, rp) != GS__OK) {
+    if (entry_response(e, en, rp, &groups) != GS__OK) {
       gs__response_free(rp);
       continue;
     }
@@ -225,6 +227,7 @@ static void emit_ready(gs__engine *e, gs__outbox *box) {
       if (skipped > threshold) break;
     }
   }
+  gs__eng_groups_free(groups);
   for (size_t i = 0; i < msg.plan.nresponses; i++) {
     gs__response *rp = &resps[i];
     if (rp->kind != GS__RESP_COLLECTIVE) continue;

@@ -56,6 +56,9 @@ typedef struct entry {
   gs__tensor_request *variants;
   int32_t nvariants;
   int32_t *variant_of;
+  /* When each variant arrived (e->next_order, as order): which of a group's
+   * members a rank submitted first (groups_of in table.c). */
+  uint64_t *variant_seq;
   int64_t *first_dims; /* allgather: each rank's first dimension */
   int32_t count;
   uint64_t first_ms;
@@ -227,8 +230,13 @@ void gs__eng_entry_drop(gs__engine *e, entry *en);
 uint32_t gs__eng_max_pending(const gs__engine *e);
 void gs__eng_rank_error(gs__outbox *box, int32_t rank, const char *name, int status,
                         const char *text);
+/* The pending tensors of each group, built (into *groups, once per
+ * emission: gs__eng_groups_free after it) when a mismatch error needs to
+ * name a group's tensors. */
+typedef struct gs__eng_groups gs__eng_groups;
+void gs__eng_groups_free(gs__eng_groups *groups);
 /* The one-line mismatch error of en (malloc'd; NULL when out of memory). */
-char *gs__eng_mismatch_message(const gs__engine *e, const entry *en);
+char *gs__eng_mismatch_message(const gs__engine *e, const entry *en, gs__eng_groups **groups);
 int gs__eng_mark_ready(gs__engine *e, entry *en);
 /* Once a rank left nothing can complete: releases every group and queues
  * every pending entry (emitted as errors). */

@@ -15,6 +15,7 @@ void gs__eng_entry_free(entry *en) {
   if (!en) return;
   free(en->variants);
   free(en->variant_of);
+  free(en->variant_seq);
   free(en->first_dims);
   free(en);
 }
@@ -123,21 +124,155 @@ static void attr_format(attr at, const gs__tensor_request *r, char *buf, size_t 
   case ATTR_DEVICE:
     snprintf(buf, cap, "%s", gs__device_name(r->device));
     break;
-  case ATTR_GROUP:
-    if (r->group_size > 1)
-      snprintf(buf, cap, "group %llu of %u tensors", (unsigned long long)r->group_id,
-               r->group_size);
-    else
-      snprintf(buf, cap, "no group");
-    break;
   default:
     buf[0] = 0;
   }
 }
 
+/* ---- naming a group's tensors ------------------------------------------------ */
+
+/* A group id is a hash of its members' names in call order, which tells a
+ * user nothing: a mismatched group is described by its tensors instead,
+ * those still in the table, in the order its ranks submitted them. Each
+ * rank's requests arrive in its call order, and a member's stamp is the
+ * earliest arrival among the ranks that sent it in that group (the
+ * earliest variant carrying the group: variant_seq); for two members a
+ * and b, every such rank sent a before b, so stamp(a) < stamp(b). */
+typedef struct group_member {
+  uint64_t seq;
+  const entry *en;
+} group_member;
+
+typedef struct group_list {
+  uint64_t key[2]; /* group id, group size */
+  group_member *m;
+  size_t n, cap;
+  /* the common prefix with another list, computed once per pair */
+  const struct group_list *prefix_of;
+  size_t prefix;
+  UT_hash_handle hh;
+} group_list;
+
+struct gs__eng_groups {
+  group_list *lists;
+};
+
+void gs__eng_groups_free(gs__eng_groups *groups) {
+  if (!groups) return;
+  group_list *l, *tmp;
+  HASH_ITER(hh, groups->lists, l, tmp) {
+    HASH_DEL(groups->lists, l);
+    free(l->m);
+    free(l);
+  }
+  free(groups);
+}
+
+static int member_cmp(const void *a, const void *b) {
+  uint64_t x = ((const group_member *)a)->seq, y = ((const group_member *)b)->seq;
+  return x < y ? -1 : x > y;
+}
+
+/* Every group's members in the table, in call order; NULL when out of
+ * memory. One pass over the table per emission that needs it. */
+static gs__eng_groups *groups_build(const gs__engine *e) {
+  gs__eng_groups *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  const entry *c, *tmp;
+  HASH_ITER(hh, e->table, c, tmp) {
+    for (int32_t v = 0; v < c->nvariants; v++) {
+      const gs__tensor_request *r = &c->variants[v];
+      if (r->group_size <= 1) continue;
+      uint64_t key[2] = {r->group_id, r->group_size};
+      group_list *l = NULL;
+      HASH_FIND(hh, g->lists, key, sizeof key, l);
+      if (!l) {
+        l = calloc(1, sizeof *l);
+        if (!l) goto oom;
+        memcpy(l->key, key, sizeof key);
+        HASH_ADD(hh, g->lists, key, sizeof l->key, l);
+      }
+      if (l->n && l->m[l->n - 1].en == c) continue; /* an earlier variant of c: earlier too */
+      if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 8;
+        group_member *m = realloc(l->m, cap * sizeof *m);
+        if (!m) goto oom;
+        l->m = m;
+        l->cap = cap;
+      }
+      l->m[l->n].seq = c->variant_seq[v];
+      l->m[l->n].en = c;
+      l->n++;
+    }
+  }
+  group_list *l, *ltmp;
+  HASH_ITER(hh, g->lists, l, ltmp) qsort(l->m, l->n, sizeof *l->m, member_cmp);
+  return g;
+oom:
+  gs__eng_groups_free(g);
+  return NULL;
+}
+
+static group_list *group_find(gs__eng_groups *g, const gs__tensor_request *r) {
+  if (!g || r->group_size <= 1) return NULL;
+  uint64_t key[2] = {r->group_id, r->group_size};
+  group_list *l = NULL;
+  HASH_FIND(hh, g->lists, key, sizeof key, l);
+  return l;
+}
+
+/* Members in the same places at the start of l and of other. */
+static size_t group_prefix(group_list *l, const group_list *other) {
+  if (l->prefix_of != other) {
+    size_t n = 0;
+    while (n < l->n && n < other->n && l->m[n].en == other->m[n].en) n++;
+    l->prefix_of = other;
+    l->prefix = n;
+  }
+  return l->prefix;
+}
+
+/* Names shown per group: enough to see a reordering or an extra tensor at
+ * the place where the groups part, bounded whatever the group's size. */
+#define GROUP_NAMES 4
+
+/* "a group of 6 tensors: a, b, c, d and 2 more"; from > 0: "a group of
+ * 600 tensors: the same first 496 tensors as the other ranks (x to y), then
+ * a, b, c, d and 100 more". */
+static void group_describe(const group_list *l, const gs__tensor_request *r, size_t from, char *buf,
+                           size_t cap) {
+  snprintf(buf, cap, "a group of %u tensors", r->group_size);
+  if (!l || !l->n) return; /* out of memory while listing them */
+  size_t total = l->n > r->group_size ? l->n : r->group_size, more = 0;
+  if (from > l->n) from = l->n;
+  if (from)
+    gs__eng_append(buf, cap, ": the same first %zu tensors as the other ranks (%s to %s), then ",
+                   from, l->m[0].en->name, l->m[from - 1].en->name);
+  else
+    gs__eng_append(buf, cap, ": ");
+  char names[GS__MAX_TEXT / 4];
+  names[0] = 0;
+  size_t shown = 0;
+  for (size_t i = from; i < l->n && shown < GROUP_NAMES; i++, shown++)
+    gs__eng_append_name(names, sizeof names, l->m[i].en->name, &more);
+  more += total - from - shown;
+  if (!shown && !more) {
+    gs__eng_append(buf, cap, "no more");
+    return;
+  }
+  gs__eng_append_more(names, sizeof names, more);
+  gs__eng_append(buf, cap, "%s", names);
+}
+
+/* What every rank must do about mismatched groups. */
+static const char k_group_advice[] =
+    "; every rank must submit the same tensors in the same order in one "
+    "gs_grouped_allreduce_async call (grouped_allreduce in Python), or all submit it alone";
+
 /* The one-line mismatch error of en: the first attribute on which the
- * variants differ, with the ranks that sent each value. */
-char *gs__eng_mismatch_message(const gs__engine *e, const entry *en) {
+ * variants differ, with the ranks that sent each value. Groups are named
+ * by their tensors (group_describe), the rest by value. */
+char *gs__eng_mismatch_message(const gs__engine *e, const entry *en, gs__eng_groups **groups) {
   attr at = ATTR_COUNT;
   for (int a = 0; a < ATTR_COUNT && at == ATTR_COUNT; a++)
     for (int32_t v = 1; v < en->nvariants; v++)
@@ -153,7 +288,34 @@ char *gs__eng_mismatch_message(const gs__engine *e, const entry *en) {
     free(done);
     return msg ? strcpy(msg, "mismatched requests (out of memory while describing them)") : NULL;
   }
-  snprintf(msg, GS__MAX_TEXT, "tensor '%s': mismatched %s: ", en->name,
+  /* Groups: the lists of their tensors, and how far they all agree. */
+  size_t prefix = 0;
+  if (at == ATTR_GROUP) {
+    if (!*groups) *groups = groups_build(e);
+    /* Compared with the group of the lowest rank that grouped it: the
+     * same for every member, so each pair's prefix is computed once. */
+    group_list *first = NULL;
+    int ngrouped = 0;
+    prefix = SIZE_MAX;
+    for (int32_t r = 0; r < e->world; r++) {
+      if (en->variant_of[r] < 0) continue;
+      group_list *l = group_find(*groups, &en->variants[en->variant_of[r]]);
+      if (!l || l == first) continue;
+      if (!first) {
+        first = l;
+        ngrouped = 1;
+        continue;
+      }
+      ngrouped = 2;
+      size_t p = group_prefix(l, first);
+      if (p < prefix) prefix = p;
+    }
+    /* Named from where they part, unless that is among the first names. */
+    if (ngrouped < 2 || prefix < GROUP_NAMES) prefix = 0;
+  }
+  /* The group texts stop short of the advice, which always fits. */
+  size_t body_cap = at == ATTR_GROUP ? GS__MAX_TEXT - sizeof k_group_advice + 1 : GS__MAX_TEXT;
+  snprintf(msg, body_cap, "tensor '%s': mismatched %s: ", en->name,
            at < ATTR_COUNT ? k_attr_names[at] : "requests");
   /* Group ranks by the value of the differing attribute, lowest rank first. */
   int first_group = 1;
@@ -168,19 +330,22 @@ char *gs__eng_mismatch_message(const gs__engine *e, const entry *en) {
       done[q] = 1;
       ranks[n++] = q;
     }
-    char rs[1024], val[512];
+    char rs[1024], val[GS__MAX_TEXT / 2];
     gs__eng_format_ranks(ranks, n, rs, sizeof rs);
-    attr_format(at < ATTR_COUNT ? at : ATTR_SHAPE, ref, val, sizeof val);
-    gs__eng_append(msg, GS__MAX_TEXT, "%sranks %s sent %s", first_group ? "" : ", ", rs, val);
+    if (at == ATTR_GROUP) {
+      if (ref->group_size > 1)
+        group_describe(group_find(*groups, ref), ref, prefix, val, sizeof val);
+      else
+        snprintf(val, sizeof val, "alone (in no group)");
+      gs__eng_append(msg, body_cap, "%sranks %s sent it %s%s", first_group ? "" : "; ", rs,
+                     ref->group_size > 1 ? "in " : "", val);
+    } else {
+      attr_format(at < ATTR_COUNT ? at : ATTR_SHAPE, ref, val, sizeof val);
+      gs__eng_append(msg, body_cap, "%sranks %s sent %s", first_group ? "" : ", ", rs, val);
+    }
     first_group = 0;
   }
-  /* A group id is a hash of the members' names in call order: say what
-   * makes two differ, which the numbers alone do not. */
-  if (at == ATTR_GROUP)
-    gs__eng_append(msg, GS__MAX_TEXT,
-                   "; every rank must group the same tensor names in the same order in one call "
-                   "(gs_grouped_allreduce_async; grouped_allreduce in Python), or all submit "
-                   "it alone");
+  if (at == ATTR_GROUP) gs__eng_append(msg, GS__MAX_TEXT, "%s", k_group_advice);
   free(ranks);
   free(done);
   return msg;
@@ -455,9 +620,10 @@ void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *
     if (en) {
       en->variants = malloc(sizeof *en->variants);
       en->variant_of = malloc((size_t)e->world * sizeof *en->variant_of);
+      en->variant_seq = malloc(sizeof *en->variant_seq);
       en->first_dims = calloc((size_t)e->world, sizeof *en->first_dims);
     }
-    if (!en || !en->variants || !en->variant_of || !en->first_dims) {
+    if (!en || !en->variants || !en->variant_of || !en->variant_seq || !en->first_dims) {
       gs__eng_entry_free(en);
       gs__eng_rank_error(box, rank, r->name, GS__ERR_NO_MEMORY, "coordinator out of memory");
       return;
@@ -468,6 +634,7 @@ void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *
     en->nvariants = 1;
     en->first_ms = now_ms;
     en->order = e->next_order++;
+    en->variant_seq[0] = en->order;
     en->bytes = gs__tensor_bytes(r->dtype, r->shape, r->ndim);
     HASH_ADD_STR(e->table, name, en);
   } else if (en->variant_of[rank] >= 0) {
@@ -482,12 +649,15 @@ void gs__eng_add_request(gs__engine *e, int32_t rank, const gs__tensor_request *
   while (v < en->nvariants && !request_equal(&en->variants[v], r)) v++;
   if (v == en->nvariants) {
     gs__tensor_request *vs = realloc(en->variants, (size_t)(v + 1) * sizeof *vs);
-    if (!vs) {
+    if (vs) en->variants = vs;
+    uint64_t *seq = vs ? realloc(en->variant_seq, (size_t)(v + 1) * sizeof *seq) : NULL;
+    if (!seq) {
       gs__eng_rank_error(box, rank, r->name, GS__ERR_NO_MEMORY, "coordinator out of memory");
       return;
     }
-    en->variants = vs;
+    en->variant_seq = seq;
     en->variants[v] = *r;
+    en->variant_seq[v] = e->next_order++;
     en->nvariants++;
   }
   en->variant_of[rank] = v;

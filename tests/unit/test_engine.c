@@ -1656,6 +1656,11 @@ static void test_fusion_respects_aligned_offsets(void **state) {
 
 /* ---- groups, join, local names, allgather fusion ---------------------------------- */
 
+/* The end of every mismatched-groups error. */
+#define GROUP_ADVICE                                                                               \
+  "; every rank must submit the same tensors in the same order in one "                            \
+  "gs_grouped_allreduce_async call (grouped_allreduce in Python), or all submit it alone"
+
 static gs__tensor_request grouped(const char *name, uint64_t id, uint32_t size) {
   gs__tensor_request r = ar(name);
   r.group_id = id;
@@ -1695,11 +1700,132 @@ static void test_group_size_mismatch_is_an_error(void **state) {
   send1(f, 1, grouped("g/x", 9, 3));
   const gs__plan *p = only_plan(f);
   assert_int_equal(p->responses[0].kind, GS__RESP_ERROR);
-  assert_string_equal(p->responses[0].error_message,
-                      "tensor 'g/x': mismatched groups: ranks [0] sent group 9 of 2 tensors, "
-                      "ranks [1] sent group 9 of 3 tensors; every rank must group the same "
-                      "tensor names in the same order in one call (gs_grouped_allreduce_async; "
-                      "grouped_allreduce in Python), or all submit it alone");
+  /* Only g/x is pending: the rest of each group is counted, not named. */
+  assert_string_equal(
+      p->responses[0].error_message,
+      "tensor 'g/x': mismatched groups: ranks [0] sent it in a group of 2 tensors: "
+      "g/x and 1 more; ranks [1] sent it in a group of 3 tensors: g/x and 2 more" GROUP_ADVICE);
+}
+
+/* The error of each tensor of a group in plan p whose name is name. */
+static const char *error_of(const gs__plan *p, const char *name) {
+  for (size_t i = 0; i < p->nresponses; i++)
+    if (!strcmp(p->responses[i].tensors[0].name, name)) {
+      assert_int_equal(p->responses[i].kind, GS__RESP_ERROR);
+      assert_int_equal(p->responses[i].error_status, GS__ERR_MISMATCH);
+      return p->responses[i].error_message;
+    }
+  fail_msg("no response for '%s' in the plan", name);
+  return NULL;
+}
+
+/* A group in another order on one rank: every member fails, and the error
+ * names each group's tensors in the order its ranks submitted them (not
+ * the order they reached the coordinator: rank 1, reversed, came first). */
+static void test_group_order_mismatch_names_the_tensors(void **state) {
+  fx *f = *state;
+  start_world(f, 3);
+  gs__tensor_request fwd[6], rev[6];
+  for (int i = 0; i < 6; i++) {
+    char n[16];
+    snprintf(n, sizeof n, "g/%d", i);
+    fwd[i] = grouped(n, 11, 6);
+    rev[5 - i] = grouped(n, 12, 6);
+  }
+  send_reqs(f, 1, rev, 6);
+  send_reqs(f, 2, fwd, 6);
+  assert_int_equal(nmsgs(f), 0);
+  send_reqs(f, 0, fwd, 6);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 6);
+  for (int i = 0; i < 6; i++) {
+    char want[GS__MAX_TEXT];
+    snprintf(want, sizeof want,
+             "tensor 'g/%d': mismatched groups: ranks [0,2] sent it in a group of 6 tensors: "
+             "g/0, g/1, g/2, g/3 and 2 more; ranks [1] sent it in a group of 6 tensors: g/5, "
+             "g/4, g/3, g/2 and 2 more" GROUP_ADVICE,
+             i);
+    char n[16];
+    snprintf(n, sizeof n, "g/%d", i);
+    assert_string_equal(error_of(p, n), want);
+  }
+  assert_int_equal(stats(f).pending_tensors, 0);
+}
+
+/* Long groups are named from where they part; a tensor one rank submitted
+ * alone says so. */
+static void test_group_mismatch_names_where_groups_part(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  /* w/00..w/39; rank 1 swaps w/30 and w/31 */
+  gs__tensor_request a[40], b[40];
+  for (int i = 0; i < 40; i++) {
+    char n[16];
+    snprintf(n, sizeof n, "w/%02d", i);
+    a[i] = grouped(n, 21, 40);
+    b[i == 30 ? 31 : i == 31 ? 30 : i] = grouped(n, 22, 40);
+  }
+  send_reqs(f, 0, a, 40);
+  send_reqs(f, 1, b, 40);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, 40);
+  assert_string_equal(error_of(p, "w/07"),
+                      "tensor 'w/07': mismatched groups: ranks [0] sent it in a group of 40 "
+                      "tensors: the same first 30 tensors as the other ranks (w/00 to w/29), then "
+                      "w/30, w/31, w/32, w/33 and 6 more; ranks [1] sent it in a group of 40 "
+                      "tensors: the same first 30 tensors as the other ranks (w/00 to w/29), then "
+                      "w/31, w/30, w/32, w/33 and 6 more" GROUP_ADVICE);
+  gs__outbox_clear(&f->box);
+  /* x/a, x/b, x/c as one group on rank 0; x/a and x/b on rank 1, x/c alone */
+  gs__tensor_request c[3] = {grouped("x/a", 31, 3), grouped("x/b", 31, 3), grouped("x/c", 31, 3)};
+  gs__tensor_request d[3] = {grouped("x/a", 32, 2), grouped("x/b", 32, 2), ar("x/c")};
+  send_reqs(f, 0, c, 3);
+  send_reqs(f, 1, d, 3);
+  p = only_plan(f);
+  assert_int_equal(p->nresponses, 3);
+  assert_string_equal(
+      error_of(p, "x/a"),
+      "tensor 'x/a': mismatched groups: ranks [0] sent it in a group of 3 tensors: "
+      "x/a, x/b, x/c; ranks [1] sent it in a group of 2 tensors: x/a, x/b" GROUP_ADVICE);
+  assert_string_equal(error_of(p, "x/c"),
+                      "tensor 'x/c': mismatched groups: ranks [0] sent it in a group of 3 tensors: "
+                      "x/a, x/b, x/c; ranks [1] sent it alone (in no group)" GROUP_ADVICE);
+}
+
+/* A peer decides a group's size and its names' length: the error stays
+ * within GS__MAX_TEXT, names a few tensors, counts the rest and still ends
+ * with what to do. */
+static void test_group_mismatch_text_is_bounded(void **state) {
+  fx *f = *state;
+  start_world(f, 2);
+  enum { N = 2000 };
+  gs__tensor_request *a = calloc(N, sizeof *a), *b = calloc(N, sizeof *b);
+  assert_non_null(a);
+  assert_non_null(b);
+  char n[GS__MAX_NAME + 1];
+  for (int i = 0; i < N; i++) {
+    memset(n, 'n', GS__MAX_NAME);
+    n[GS__MAX_NAME] = 0;
+    snprintf(n, 8, "%06d", i);
+    n[6] = '/'; /* 255 bytes: "000123/nnn..." */
+    a[i] = grouped(n, 41, N);
+    b[N - 1 - i] = grouped(n, 42, N);
+  }
+  send_reqs(f, 0, a, N);
+  send_reqs(f, 1, b, N);
+  const gs__plan *p = only_plan(f);
+  assert_int_equal(p->nresponses, N);
+  const char *advice = GROUP_ADVICE;
+  for (size_t i = 0; i < p->nresponses; i++) {
+    const char *t = p->responses[i].error_message;
+    size_t len = strlen(t);
+    assert_true(len < GS__MAX_TEXT);
+    assert_true(len > strlen(advice));
+    assert_string_equal(t + len - strlen(advice), advice);
+    assert_non_null(strstr(t, " more; ranks [1] sent it in a group of 2000 tensors: 001999/"));
+  }
+  free(a);
+  free(b);
 }
 
 static void test_join_completes_allreduces_and_reports_last(void **state) {
@@ -2440,6 +2566,9 @@ int main(void) {
       T(test_fusion_respects_aligned_offsets),
       T(test_group_is_emitted_whole),
       T(test_group_size_mismatch_is_an_error),
+      T(test_group_order_mismatch_names_the_tensors),
+      T(test_group_mismatch_names_where_groups_part),
+      T(test_group_mismatch_text_is_bounded),
       T(test_join_completes_allreduces_and_reports_last),
       T(test_local_conflict_fails_submitters_at_once),
       T(test_allgathers_fuse_with_allgathers),
