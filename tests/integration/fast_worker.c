@@ -63,6 +63,12 @@
  *                      (float32 [1, 3], rank r sends r*10 + 0..2; checked),
  *                      which a fast round cannot run, then the usual ops;
  *                      steps K+1..N are the usual ops only, 20 ms apart
+ *   timeout N K        steps K..N: rank 0 submits at once, the others once
+ *                      it timed out (a file in $GS_TEST_DIR) and 50 ms later;
+ *                      rank 0's gs_wait(t00, 30) must time out with
+ *                      the op pending, later waits complete it (right
+ *                      value), while a second thread waits on t01 without a
+ *                      timeout; prints "fast: rank R timeouts=T" (steps K..N)
  *   threads N          TH application threads per rank, each its own
  *                      TH_OPS float32 averages ('fast/th<t>.<k>'), N steps
  *                      each (submit all, wait all, check, free), with no
@@ -512,12 +518,101 @@ static void run_threads(gs_ctx *ctx, int steps) {
          (unsigned long long)st.fast_escalations);
 }
 
+/* ---- timeout mode: timed waits while the round waits for other ranks ---- */
+
+typedef struct waiter_arg {
+  op *o;
+  int timeout_ms;
+  gs_status st;
+  char err[512];
+} waiter_arg;
+
+/* Another application thread waiting on one op (a different handle from
+ * the main thread's). */
+static void *waiter_main(void *p) {
+  waiter_arg *a = p;
+  a->st = gs_wait(a->o->h, a->timeout_ms);
+  snprintf(a->err, sizeof a->err, "%s", gs_handle_error(a->o->h) ? gs_handle_error(a->o->h) : "");
+  return NULL;
+}
+
+/* $GS_TEST_DIR/timedout.S: rank 0's first wait of step S timed out. */
+static void timedout_path(int s, char *path, size_t cap) {
+  const char *dir = getenv("GS_TEST_DIR");
+  if (!dir) wu_die("GS_TEST_DIR is not set");
+  snprintf(path, cap, "%s/timedout.%d", dir, s);
+}
+
+/* One step in which rank 0 submits at once and the others 50 ms after its
+ * gs_wait(t00, 30) timed out (its round waits for them; they see a file it
+ * writes then): a later wait completes t00 with the right value;
+ * meanwhile a second thread waits on t01 without a timeout. Then every op
+ * completes with the right value. */
+static void timeout_step(gs_ctx *ctx, int s, int *timeouts) {
+  char path[600];
+  timedout_path(s, path, sizeof path);
+  if (g_rank != 0) {
+    for (int waited = 0; access(path, F_OK) != 0; waited++) {
+      if (waited > ERR_MS) wu_die("step %d: rank 0 never timed out (%s missing)", s, path);
+      sleep_ms(1);
+    }
+    sleep_ms(50);
+  }
+  gs_stats a = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) {
+    fill(&g_ops[i], i, s);
+    submit(ctx, &g_ops[i]);
+  }
+  if (g_rank == 0) {
+    waiter_arg w = {&g_ops[1], WAIT_MS, GS_OK, ""};
+    pthread_t th;
+    if (pthread_create(&th, NULL, waiter_main, &w) != 0)
+      wu_die("pthread_create: %s", strerror(errno));
+    gs_status st = gs_wait(g_ops[0].h, 30);
+    if (st != GS_ERR_TIMEOUT)
+      wu_die("tensor 'fast/t00' (step %d): gs_wait(h, 30) before the other ranks submitted "
+             "returned %s, expected GS_ERR_TIMEOUT",
+             s, wu_status_name(st));
+    const char *e = gs_last_error(ctx);
+    if (!e || !strstr(e, "gs_wait: timed out after 30 ms; the op is still pending"))
+      wu_die("tensor 'fast/t00' (step %d): timeout text: %s", s, e ? e : "(none)");
+    (*timeouts)++;
+    FILE *f = fopen(path, "w");
+    if (!f) wu_die("cannot create %s: %s", path, strerror(errno));
+    fclose(f);
+    for (int waited = 0; (st = gs_wait(g_ops[0].h, 30)) == GS_ERR_TIMEOUT; waited += 30) {
+      (*timeouts)++;
+      if (waited > WAIT_MS) wu_die("tensor 'fast/t00' (step %d): still pending", s);
+    }
+    if (st != GS_OK)
+      wu_die("tensor 'fast/t00' (step %d): %s: %s", s, wu_status_name(st),
+             gs_handle_error(g_ops[0].h));
+    check(&g_ops[0], 0, s);
+    pthread_join(th, NULL);
+    if (w.st != GS_OK)
+      wu_die("tensor 'fast/t01' (step %d, second thread): %s: %s", s, wu_status_name(w.st), w.err);
+  }
+  for (size_t i = 0; i < g_nops; i++) {
+    gs_status st = gs_wait(g_ops[i].h, WAIT_MS);
+    if (st != GS_OK)
+      wu_die("tensor '%s' (step %d): %s: %s", g_ops[i].name, s, wu_status_name(st),
+             gs_handle_error(g_ops[i].h));
+  }
+  gs_stats b = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) {
+    check(&g_ops[i], i, s);
+    gs_handle_free(g_ops[i].h);
+    g_ops[i].h = NULL;
+  }
+  print_step(s, &a, &b);
+}
+
 static void usage(void) {
   fprintf(stderr,
           "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
           "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
-          "                      threads N\n");
+          "                      threads N | timeout N K\n");
   exit(2);
 }
 
@@ -670,6 +765,16 @@ int main(int argc, char **argv) {
   } else if (!strcmp(mode, "threads")) {
     if (argc != 3) usage();
     run_threads(ctx, n);
+  } else if (!strcmp(mode, "timeout")) {
+    if (argc != 4 || k < 1 || k > n) usage();
+    int timeouts = 0;
+    for (int s = 1; s <= n; s++) {
+      if (s < k)
+        step(ctx, s, WAIT_BLOCK, 0, NULL);
+      else
+        timeout_step(ctx, s, &timeouts);
+    }
+    printf("fast: rank %d timeouts=%d\n", g_rank, timeouts);
   } else if (!strcmp(mode, "shutdown")) {
     if (argc != 3) usage();
     steps = n - 1;

@@ -649,6 +649,28 @@ static void test_shutdown_with_op_in_round_np2(void **state) {
   job_stop_coordinator(&w);
 }
 
+/* gs_wait with a timeout on an op whose fast round waits for the other
+ * rank (it has not submitted yet): the wait times out with the op
+ * pending and the usual text, a later wait completes it with the right
+ * value, a second thread waiting on another op of the round is served,
+ * and the steps stay in fast rounds (no escalation). */
+static void test_wait_timeout_mid_round_np2(void **state) {
+  (void)state;
+  char *args[] = {"timeout", "8", "3", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  for (int s = 3; s <= 8; s++) expect_fast_step_ex(&w, s, STEP_OPS, s == 8);
+  char *out = proc_output(w.ranks[0]);
+  int timeouts = -1;
+  char *line = strstr(out, "fast: rank 0 timeouts=");
+  if (line) sscanf(line, "fast: rank 0 timeouts=%d", &timeouts);
+  free(out);
+  if (timeouts < 6)
+    job_fail("rank 0: %d timed-out waits over 6 steps; expected at least 6", timeouts);
+  job_stop_coordinator(&w);
+}
+
 /* The last of 3 ranks is SIGKILLed while the others wait in a fast round:
  * their op fails naming it (the coordinator's "was lost", or the data
  * plane's lost connection), and nothing is left running. */
@@ -710,6 +732,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rank_leaves_during_round_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_shutdown_with_op_in_round_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_wait_timeout_mid_round_np2, setup, job_teardown),
   };
   return cmocka_run_group_tests_name("fastpath", tests, NULL, NULL);
 }
