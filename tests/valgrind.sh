@@ -39,13 +39,15 @@ done
 #                  freeing at once (handles recycled per thread)
 #   group 6 4      grouped allreduces in fast rounds; in step 4 rank 1 groups
 #                  otherwise: the step escalates and fails with the mismatch
+#   timeout 8 3    rank 0's gs_wait times out while its fast round waits for
+#                  rank 1 (the round goes on; a later wait completes the op)
 run="$dir/bin/gradsync-run" worker="$dir/bin/gs-fast-worker"
 if [ -x "$run" ] && [ -x "$worker" ]; then
-  for job in "steps 6 block" "threads 3" "group 6 4"; do
+  for job in "steps 6 block" "threads 3" "group 6 4" "timeout 8 3"; do
     name="gs-fast-worker ${job}"
-    rm -f "$tmp"/vg.*.log
+    rm -f "$tmp"/vg.*.log "$tmp"/timedout.*
     # shellcheck disable=SC2086 # job is the worker's arguments, split on purpose
-    if timeout 300 "$run" -np 2 "${vg[@]}" --log-file="$tmp/vg.%p.log" "$worker" $job \
+    if GS_TEST_DIR=$tmp timeout 300 "$run" -np 2 "${vg[@]}" --log-file="$tmp/vg.%p.log" "$worker" $job \
       >"$tmp/job.log" 2>&1; then
       rc=0
     else
