@@ -15,7 +15,8 @@
 #   1e9), cache warm, the 161 submission calls included, vs the Horovod-style
 #   negotiation over OpenMPI (bench/mpi_negotiation.c) on the same list,
 #   and beside gradsync with gradsyncd --fast-path off and with the 161
-#   tensors as one gs_grouped_allreduce_async per step (K runs of each per
+#   tensors as one gs_grouped_allreduce_async per step and as persistent
+#   ops started by one gs_startall per step (K runs of each per
 #   round, --inner K, default 3: the case swings most between runs),
 #   cache on (bit-vector allreduce) and off (gather + bcast), negotiation
 #   only and with the fused tiny allreduces executed;
@@ -143,6 +144,10 @@ for r in $(seq 1 "$rounds"); do
       # the same 161 tensors as one gs_grouped_allreduce_async per step
       rec ctl.gs.grouped "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5 \
         --grouped on
+      # the same 161 tensors as persistent ops (gs_allreduce_init once, one
+      # gs_startall per step)
+      rec ctl.gs.persistent "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 \
+        --warmup 5 --grouped persistent
     done
     if [ "$mpi" = 1 ]; then
       rec ctl.mpi.cached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5
@@ -199,14 +204,14 @@ done
 echo
 echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"
 echo
-echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | gradsync step, one grouped call | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | gradsync step, one grouped call | gradsync step, persistent ops (gs_startall) | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for np in $nps; do
-  grp=$(med ctl.gs.grouped step_ms "$np")
+  grp=$(med ctl.gs.grouped step_ms "$np") per=$(med ctl.gs.persistent step_ms "$np")
   g=$(med ctl.gs step_ms "$np") bar=$(med ctl.gs barrier_ms "$np") off=$(med ctl.gs.off step_ms "$np")
   mc=$(med ctl.mpi.cached step_ms "$np") me=$(med ctl.mpi.cached.exec step_ms "$np")
   mu=$(med ctl.mpi.uncached step_ms "$np")
-  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$off") | $(us "$grp") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
+  echo "| $np | $(us "$g") | $(us "$bar") | $(us "$off") | $(us "$grp") | $(us "$per") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
 done
 echo
 echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"

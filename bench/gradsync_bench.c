@@ -3,7 +3,7 @@
  *
  *   gradsync-run -np 2 [--coord-arg ...] gradsync-bench --workload FILE
  *       [--steps N] [--warmup W] [--scale F] [--gap-us G] [--jitter-us J] [--tag TEXT]
- *       [--allgather first|last] [--barrier on|off] [--grouped on|off]
+ *       [--allgather first|last] [--barrier on|off] [--grouped on|off|persistent]
  *       [--call-times on|off]
  *   gradsync-run -np 2 gradsync-bench --raw-allreduce BYTES [...]
  *   gradsync-run -np 2 gradsync-bench --uniform COUNTxBYTES [...]
@@ -17,7 +17,10 @@
  * --gap-us between submissions to stand in for backward compute, and wait
  * for all; --grouped on submits them as one gs_grouped_allreduce_async
  * instead (same order, one call: Horovod's grouped_allreduce; every
- * tensor must have the same dtype, and --gap-us must be 0). --call-times on
+ * tensor must have the same dtype, and --gap-us must be 0); --grouped
+ * persistent makes them persistent ops once (gs_allreduce_init, in the
+ * first step, not timed) and starts them with one gs_startall per step (MPI-4's
+ * MPI_Startall; same conditions). --call-times on
  * also reads the clock after the first submission and around the frees
  * (three more clock reads per step, one inside the timed submissions) and
  * reports what one submission and one gs_handle_free cost. --raw-allreduce
@@ -410,7 +413,19 @@ static int run_step(job *j, long step, const options *o, double *row) {
   gs_get_stats(j->ctx, &before);
   double t0 = now_ms(), t_last = t0, t_first = t0;
   if (o->allgather == 1 && submit_allgather(j)) return -1;
-  if (o->grouped) {
+  if (o->grouped == 2) {
+    if (!j->g_h[0])
+      for (size_t i = 0; i < j->n; i++) {
+        st = gs_allreduce_init(j->ctx, j->g_names[i], j->g_sends[i], j->g_recvs[i], j->g_counts[i],
+                               j->t[0].dtype, GS_AVERAGE, NULL, &j->g_h[i]);
+        if (st != GS_OK) return fail(j, NULL, "persistent init", j->g_names[i], st);
+      }
+    t0 = now_ms();
+    t_last = t0;
+    st = gs_startall(j->ctx, j->n, j->g_h);
+    if (st != GS_OK) return fail(j, NULL, "startall", j->g_names[0], st);
+    for (size_t i = 0; i < j->n; i++) j->h[j->n - 1 - i] = j->g_h[i];
+  } else if (o->grouped) {
     t_last = now_ms();
     st = gs_grouped_allreduce_async(j->ctx, j->n, j->g_names, j->g_sends, j->g_recvs, j->g_counts,
                                     j->t[0].dtype, GS_AVERAGE, NULL, j->g_h);
@@ -445,7 +460,7 @@ static int run_step(job *j, long step, const options *o, double *row) {
   double t_end = now_ms();
   gs_get_stats(j->ctx, &after);
   double t_free = o->call_times ? now_ms() : 0;
-  for (size_t k = 0; k < j->n; k++) {
+  for (size_t k = 0; o->grouped != 2 && k < j->n; k++) {
     gs_handle_free(j->h[k]);
     j->h[k] = NULL;
   }
@@ -512,12 +527,16 @@ static void report(const options *o, const char *label, int size, uint64_t total
          o->allgather == 1   ? " allgather=first"
          : o->allgather == 2 ? " allgather=last"
                              : "",
-         o->no_barrier ? " barrier=off" : "", o->grouped ? " grouped=on" : "", o->tag ? " " : "",
-         o->tag ? o->tag : "", ntensors, total_bytes, steps, o->gap_us, med[M_STEP], q1[M_STEP],
-         q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT], q3[M_CRIT], med[M_TAIL], med[M_PLANS],
-         med[M_COLL], med[M_FUSED], per_op, med[M_REQS], med[M_HITS], hit_rate, med[M_REPLAYED],
-         plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS], med[M_BARRIER], busbw,
-         med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC], crit_last, calls);
+         o->no_barrier ? " barrier=off" : "",
+         o->grouped == 2 ? " grouped=persistent"
+         : o->grouped    ? " grouped=on"
+                         : "",
+         o->tag ? " " : "", o->tag ? o->tag : "", ntensors, total_bytes, steps, o->gap_us,
+         med[M_STEP], q1[M_STEP], q3[M_STEP], med[M_SUBMIT], med[M_CRIT], q1[M_CRIT], q3[M_CRIT],
+         med[M_TAIL], med[M_PLANS], med[M_COLL], med[M_FUSED], per_op, med[M_REQS], med[M_HITS],
+         hit_rate, med[M_REPLAYED], plans > 0 ? replayed / plans : 0, med[M_UPBYTES], med[M_MSGS],
+         med[M_BARRIER], busbw, med[M_FAST_ROUNDS], med[M_FAST_TENSORS], med[M_FAST_ESC], crit_last,
+         calls);
   fflush(stdout);
 }
 
@@ -545,9 +564,11 @@ static void usage(FILE *f) {
         "                         cannot run: every step goes back to gradsyncd)\n"
         "  --barrier on|off       off: no gs_barrier before each step; steps run back to\n"
         "                         back (default on)\n"
-        "  --grouped on|off       on: submit the step's tensors as one grouped allreduce\n"
-        "                         (gs_grouped_allreduce_async; one dtype, no --gap-us)\n"
-        "                         (default off)\n"
+        "  --grouped on|off|persistent\n"
+        "                         on: submit the step's tensors as one grouped allreduce\n"
+        "                         (gs_grouped_allreduce_async; one dtype, no --gap-us);\n"
+        "                         persistent: as persistent ops (gs_allreduce_init once),\n"
+        "                         one gs_startall per step (same conditions) (default off)\n"
         "  --call-times on|off    on: also report the first submission (submit_first_us),\n"
         "                         each later one (submit_call_ns) and one gs_handle_free\n"
         "                         (free_call_ns), from 3 more clock reads per step\n"
@@ -623,11 +644,12 @@ static int parse_args(int argc, char **argv, options *o) {
       }
       o->no_barrier = !strcmp(v, "off");
     } else if (!strcmp(a, "--grouped")) {
-      if (strcmp(v, "on") && strcmp(v, "off")) {
-        fprintf(stderr, "gradsync-bench: --grouped needs 'on' or 'off', got '%s'\n", v);
+      if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "persistent")) {
+        fprintf(stderr, "gradsync-bench: --grouped needs 'on', 'off' or 'persistent', got '%s'\n",
+                v);
         return -1;
       }
-      o->grouped = !strcmp(v, "on");
+      o->grouped = !strcmp(v, "on") ? 1 : !strcmp(v, "persistent") ? 2 : 0;
     } else if (!strcmp(a, "--call-times")) {
       if (strcmp(v, "on") && strcmp(v, "off")) {
         fprintf(stderr, "gradsync-bench: --call-times needs 'on' or 'off', got '%s'\n", v);
@@ -830,7 +852,8 @@ int main(int argc, char **argv) {
 
 out_free_rows:
   gs_shutdown(j.ctx); /* completes whatever is still pending */
-  for (size_t i = 0; j.h && i < j.n; i++) gs_handle_free(j.h[i]);
+  for (size_t i = 0; o.grouped != 2 && j.h && i < j.n; i++) gs_handle_free(j.h[i]);
+  for (size_t i = 0; o.grouped == 2 && j.g_h && i < j.n; i++) gs_handle_free(j.g_h[i]);
   gs_handle_free(j.ag);
   free(rows);
   free(j.h);

@@ -768,13 +768,63 @@ int gs_local_size(const gs_ctx *ctx) {
 
 /* Hands n ops to the background thread atomically: all are queued, or none
  * (a failed job, shutdown, or a name already in flight). */
-static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
+/* A persistent op (gs_allreduce_init) at a start, under mu: GS_OK when it
+ * may start, else the error set. It may when it is inactive and no one but
+ * the application holds it (refs == 1: a plan node or a fast round's
+ * snapshot of its previous start has let go; docs/design-notes.md,
+ * "Persistent ops"), and its name is not registered local since. */
+static gs_status start_check_locked(gs_ctx *ctx, struct gs_handle *h) {
+  if (!atomic_load_explicit(&h->done, memory_order_relaxed))
+    return gs__set_error(GS_ERR_DUPLICATE_NAME,
+                         "tensor '%s': rank %d (host %s) started this persistent op while it is "
+                         "still active; wait for it (gs_wait, gs_test) before starting it again",
+                         h->req.name, ctx->rank, ctx->host);
+  if (atomic_load_explicit(&h->refs, memory_order_acquire) != 1)
+    return gs__set_error(GS_ERR_INTERNAL,
+                         "tensor '%s': rank %d (host %s): the library still holds this persistent "
+                         "op's previous start %d ms after it completed (the plan or fast round "
+                         "that ran it has not ended); start it again later",
+                         h->req.name, ctx->rank, ctx->host, GS__START_HELD_MS);
+  if (atomic_load_explicit(&ctx->nlocals, memory_order_relaxed)) {
+    gs__local *l = NULL;
+    HASH_FIND_STR(ctx->locals, h->req.name, l);
+    if (l)
+      return gs__set_error(GS_ERR_UNSUPPORTED,
+                           "tensor '%s': rank %d (host %s) registered this name local "
+                           "(gs_register_local) after gs_allreduce_init; a persistent op cannot "
+                           "be local: free it and use gs_allreduce_async",
+                           h->req.name, ctx->rank, ctx->host);
+  }
+  return GS_OK;
+}
+
+/* A persistent op's state back to a fresh handle's (what submission sets
+ * and completion leaves), with the library's reference again; caller holds
+ * mu, and start_check_locked passed (no one else reads these fields). */
+static void start_reset_locked(struct gs_handle *h) {
+  free(h->error);
+  h->error = NULL;
+  h->status = GS_OK;
+  h->next_submit = NULL;
+  h->queued = h->planned = h->fast = 0;
+  h->fast_slot = h->fast_id = 0;
+  h->fast_since_ms = h->fast_seq = 0;
+  h->wait_since_ms = h->wait_last_ms = 0;
+  h->wprev = h->wnext = NULL;
+  atomic_store_explicit(&h->refs, 2, memory_order_relaxed); /* refs was 1: the caller's */
+  atomic_store_explicit(&h->done, 0, memory_order_relaxed);
+}
+
+/* Submits n new ops (start == 0), or starts n persistent ones (start == 1:
+ * hashed at gs_allreduce_init, checked and reset here under the lock);
+ * all or none. */
+static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n, int start) {
   /* The name is hashed here once, before taking the lock: the table of ops
    * in flight keeps the value and the length (hh.hashv, and hh.keylen,
    * which gs__op_new set), and the response cache, keyed by the same
    * name, is searched with them (fast_round.c at submission in fast mode,
    * background.c when the request goes out). */
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n && !start; i++) {
     unsigned hv;
     HASH_VALUE(hs[i]->req.name, hs[i]->hh.keylen, hv);
     hs[i]->hh.hashv = hv;
@@ -793,8 +843,20 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
    * on a duplicate the ops added are taken out again (all or none). */
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *dup = NULL;
+    if (start && (st = start_check_locked(ctx, hs[i]))) {
+      for (size_t k = 0; k < i; k++) HASH_DELETE(hh, ctx->inflight, hs[k]);
+      break;
+    }
     HASH_FIND_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, hs[i]->hh.keylen, hs[i]->hh.hashv,
                           dup);
+    if (dup == hs[i]) { /* a persistent op listed twice in one gs_startall */
+      st = gs__set_error(GS_ERR_DUPLICATE_NAME,
+                         "tensor '%s': gs_startall lists this persistent op twice (rank %d, host "
+                         "%s); list each op once",
+                         hs[i]->req.name, ctx->rank, ctx->host);
+      for (size_t k = 0; k < i; k++) HASH_DELETE(hh, ctx->inflight, hs[k]);
+      break;
+    }
     if (!dup) {
       HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, hs[i]->hh.keylen,
                                   hs[i]->hh.hashv, hs[i]);
@@ -815,6 +877,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
   uint64_t now = fast ? gs__now_ms_coarse() : 0;
   for (size_t i = 0; i < n && !st; i++) {
     struct gs_handle *h = hs[i];
+    if (start) start_reset_locked(h);
     if (fast) {
       gs__fast_queue_locked(ctx, h, now);
       continue;
@@ -841,7 +904,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n) {
 }
 
 static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
-  return submit_many(ctx, &h, 1);
+  return submit_many(ctx, &h, 1, 0);
 }
 
 /* memcpy as a call to the C library's, which the compiler cannot expand
@@ -1081,6 +1144,84 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
   return gs__op_submit(ctx, h, out);
 }
 
+gs_status gs_allreduce_init(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                            size_t count, gs_dtype dtype, gs_reduce_op op,
+                            const gs_allreduce_opts *opts, gs_handle **out) {
+  if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_allreduce_init: out is NULL");
+  *out = NULL;
+  struct gs_handle *h;
+  gs_status st = make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h);
+  if (st) return st;
+  if (gs_is_local(ctx, name)) {
+    free(h);
+    return gs__set_error(GS_ERR_UNSUPPORTED,
+                         "tensor '%s': rank %d (host %s) registered this name local "
+                         "(gs_register_local); a persistent op cannot be local: use "
+                         "gs_allreduce_async for it",
+                         name, ctx->rank, ctx->host);
+  }
+  /* Hashed once here: each start looks the name up with hh.hashv. */
+  unsigned hv;
+  HASH_VALUE(h->req.name, h->hh.keylen, hv);
+  h->hh.hashv = hv;
+  h->persistent = 1;
+  atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's: inactive */
+  atomic_store_explicit(&h->done, 1, memory_order_release);
+  *out = h;
+  return GS_OK;
+}
+
+/* Waits (bounded) until the library has let go of each op's previous start:
+ * a plan node or a fast round's snapshot that named it keeps its reference
+ * until that plan or round ends, a little after the op completed. Only
+ * done ops are waited for (an active one is refused under the lock), and
+ * no new reference can be taken on a done op (references are taken only
+ * from the tables of ops in flight, which it has left), so once refs is 1
+ * it stays 1 until the start. */
+static void start_wait_released(gs_handle *const *hs, size_t n) {
+  uint64_t deadline = 0;
+  for (size_t i = 0; i < n; i++) {
+    while (atomic_load_explicit(&hs[i]->done, memory_order_acquire) &&
+           atomic_load_explicit(&hs[i]->refs, memory_order_acquire) > 1) {
+      uint64_t now = gs__now_ms();
+      if (!deadline) deadline = now + GS__START_HELD_MS;
+      if (now >= deadline) return; /* start_check_locked refuses it */
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+gs_status gs_startall(gs_ctx *ctx, size_t n, gs_handle *const *hs) {
+  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_startall: ctx is NULL");
+  if (!n) return GS_OK;
+  if (!hs) return gs__set_error(GS_ERR_INVALID_ARG, "gs_startall: hs is NULL for %zu ops", n);
+  for (size_t i = 0; i < n; i++) {
+    const struct gs_handle *h = hs[i];
+    if (!h)
+      return gs__set_error(GS_ERR_INVALID_ARG,
+                           "gs_startall: hs[%zu] is NULL (rank %d); none started", i, ctx->rank);
+    if (!h->persistent || h->ctx != ctx)
+      return gs__set_error(GS_ERR_INVALID_ARG,
+                           "gs_startall: hs[%zu] (tensor '%s') is not a persistent op of this "
+                           "context (rank %d); make it with gs_allreduce_init on this context; "
+                           "none started",
+                           i, h->req.name, ctx->rank);
+  }
+  start_wait_released(hs, n);
+  return submit_many(ctx, (struct gs_handle **)hs, n, 1);
+}
+
+gs_status gs_start(gs_handle *h) {
+  if (!h) return gs__set_error(GS_ERR_INVALID_ARG, "gs_start: h is NULL");
+  if (!h->persistent)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "gs_start: tensor '%s' is not a persistent op (rank %d); make it with "
+                         "gs_allreduce_init",
+                         h->req.name, h->ctx->rank);
+  return gs_startall(h->ctx, 1, &h);
+}
+
 gs_status gs_reduce_op_from_string(const char *name, gs_reduce_op *out) {
   static const char *const names[] = {"sum", "average", "min", "max", "product", "adasum"};
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_reduce_op_from_string: out is NULL");
@@ -1226,7 +1367,7 @@ gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *n
     }
   }
   /* All or none: a group that misses a member could never complete. */
-  if (!st) st = submit_many(ctx, hs, n);
+  if (!st) st = submit_many(ctx, hs, n, 0);
   if (st) {
     for (size_t i = 0; i < n; i++) free(hs[i]);
   } else {

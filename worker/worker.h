@@ -111,6 +111,11 @@ static inline int gs__key_differs(const void *a, const void *b, size_t n) {
 #include "gradsync.h"
 #include "messages.h"
 
+/* How long a start of a persistent op waits for the library to let go of
+ * its previous start (a plan or fast round that completed it, still
+ * running other ops) before it is refused (api.c, start_wait_released). */
+#define GS__START_HELD_MS 30000
+
 struct gs_handle {
   gs_ctx *ctx;
   atomic_int refs;
@@ -147,6 +152,7 @@ struct gs_handle {
   uint32_t fast_slot, fast_id;
   uint64_t fast_since_ms, fast_seq;
   int compress;                 /* float32 buffers, req.dtype on the wire */
+  int persistent;               /* gs_allreduce_init: started again and again (immutable) */
   void *stream;                 /* caller's cudaStream_t (GPU buffers; NULL = default) */
   void (*result_free)(void *p); /* frees result (NULL = free()); set with result */
   /* Deadlock detection (under mu). Blocked-since belongs to the op, not to

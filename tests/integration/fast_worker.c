@@ -75,6 +75,32 @@
  *                      order between the threads: every value must be
  *                      right whatever rounds or escalations that makes
  *                      (handles made and freed on several threads at once)
+ *   persist N D        persistent allreduces (gs_allreduce_init, gs_startall):
+ *                      the ride ops but 'ride/late', made once; N steps
+ *                      each starting them in two gs_startall calls
+ *                      (waited on with gs_wait, or gs_wait_any in even
+ *                      steps; in
+ *                      step N/2+1 a tensor never seen before,
+ *                      'persist/new', between them); a local name refused
+ *                      at init ("persist: rank R local: STATUS: TEXT"); then
+ *                      rank 1 alone starts 'persist/solo' and prints the
+ *                      refusals "persist: rank 1 WHAT: STATUS: TEXT" of:
+ *                      starting it again (active), a gs_startall listing
+ *                      'ride/sum' twice (twice), one with 'persist/solo'
+ *                      last (allornone; the others must stay inactive),
+ *                      that op and gs_allreduce_async's 'persist/dup'
+ *                      (notpersistent), 'persist/dup' while that one is
+ *                      in flight (dup); gs_barrier, rank 0 starts its
+ *                      'persist/solo' and 'persist/dup', all checked; 20
+ *                      steps while a second thread restarts 'persist/th'
+ *                      200 times the moment gs_wait returns (checked);
+ *                      'persist/free' started and freed while active; one
+ *                      more step. D = 1: then rank 0 starts
+ *                      'persist/solo', rank 1 'persist/dup': GS_ERR_DEADLOCK,
+ *                      and a gs_startall and a gs_allreduce_async after it
+ *                      print "persist: rank R failed job start|async:
+ *                      STATUS: TEXT". Persistent ops freed inactive after
+ *                      gs_shutdown.
  * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded
  * except the threads mode. */
 #include "gradsync.h"
@@ -607,12 +633,250 @@ static void timeout_step(gs_ctx *ctx, int s, int *timeouts) {
   print_step(s, &a, &b);
 }
 
+/* ---- persist mode: persistent allreduces (gs_allreduce_init) ---------------- */
+
+/* The ride mode's ops but 'ride/late' made once with gs_allreduce_init and
+ * started every step with gs_startall: riders (sum, average, pre- and
+ * postscale), 'ride/big' (1600 B) and 'ride/i32' (the plan). */
+#define NPERS (NRIDE - 1)
+static gs_handle *g_pers[NPERS];
+
+static void pinit(gs_ctx *ctx, const char *name, void *buf, size_t count, gs_dtype dt,
+                  gs_reduce_op red, double pre, double post, gs_handle **h) {
+  gs_allreduce_opts opts;
+  gs_allreduce_opts_init(&opts);
+  opts.prescale = pre;
+  opts.postscale = post;
+  gs_status st = gs_allreduce_init(ctx, name, buf, buf, count, dt, red, &opts, h);
+  if (st != GS_OK)
+    wu_die("tensor '%s': gs_allreduce_init: %s: %s", name, wu_status_name(st), gs_last_error(ctx));
+}
+
+static void pstart(gs_ctx *ctx, gs_handle *const *hs, size_t n, const char *what) {
+  gs_status st = gs_startall(ctx, n, hs);
+  if (st != GS_OK) wu_die("%s: gs_startall: %s: %s", what, wu_status_name(st), gs_last_error(ctx));
+}
+
+static void pwait(gs_handle *h, const char *name, int s) {
+  gs_status st = gs_wait(h, WAIT_MS);
+  if (st != GS_OK)
+    wu_die("tensor '%s' (step %d): %s: %s", name, s, wu_status_name(st), gs_handle_error(h));
+}
+
+/* A persistent op must read as done (inactive): what gs_startall's all or
+ * none promises after a refusal. */
+static void expect_inactive(gs_handle *h, const char *name, const char *after) {
+  int done = 0;
+  if (gs_test(h, &done) != GS_OK || !done)
+    wu_die("tensor '%s' is active after %s: a refused gs_startall started it", name, after);
+}
+
+/* Step s: the persistent ops started in two gs_startall calls, with a
+ * tensor never seen before ('persist/new.S', gs_allreduce_async) between
+ * them when s == newstep; every value checked. */
+static void persist_step(gs_ctx *ctx, int s, int newstep) {
+  gs_stats a = stats_now(ctx);
+  for (size_t i = 0; i < NPERS; i++) rfill(&g_rops[i], i, s);
+  pstart(ctx, g_pers, 3, "step");
+  rop extra = {"persist/new", GS_FLOAT32, GS_SUM, 0, 0, 5, NULL, NULL};
+  float ebuf[5];
+  if (s == newstep) {
+    extra.buf = ebuf;
+    rfill(&extra, 50, s);
+    rsubmit(ctx, &extra);
+  }
+  pstart(ctx, g_pers + 3, NPERS - 3, "step");
+  if (s % 2) {
+    for (size_t i = 0; i < NPERS; i++) pwait(g_pers[i], g_rops[i].name, s);
+  } else { /* gs_wait_any over the ops still pending */
+    gs_handle *left[NPERS];
+    size_t n = NPERS;
+    for (size_t i = 0; i < NPERS; i++) left[i] = g_pers[i];
+    while (n) {
+      size_t k = n;
+      gs_status st = gs_wait_any(left, n, WAIT_MS, &k);
+      if (st != GS_OK || k >= n)
+        wu_die("gs_wait_any (step %d, %zu ops pending): %s: %s", s, n, wu_status_name(st),
+               k < n ? gs_handle_error(left[k]) : "no op completed");
+      left[k] = left[--n]; /* done: an inactive op would read as done again */
+    }
+  }
+  if (extra.h) {
+    rwait(&extra, s);
+    rcheck(&extra, 50, s);
+    gs_handle_free(extra.h);
+  }
+  gs_stats b = stats_now(ctx);
+  for (size_t i = 0; i < NPERS; i++) rcheck(&g_rops[i], i, s);
+  print_step(s, &a, &b);
+}
+
+/* The restarting thread: its own persistent op, started again the moment
+ * gs_wait returns, while the main thread's steps run rounds. */
+typedef struct pth_arg {
+  gs_ctx *ctx;
+  int n;
+} pth_arg;
+
+static void *persist_thread(void *p) {
+  pth_arg *a = p;
+  float buf[3];
+  rop o = {"persist/th", GS_FLOAT32, GS_SUM, 0, 0, 3, buf, NULL};
+  pinit(a->ctx, o.name, buf, 3, GS_FLOAT32, GS_SUM, 0, 0, &o.h);
+  for (int s = 1; s <= a->n; s++) {
+    rfill(&o, 60, s);
+    pstart(a->ctx, &o.h, 1, "persist/th");
+    pwait(o.h, o.name, s);
+    rcheck(&o, 60, s);
+  }
+  gs_handle_free(o.h); /* inactive */
+  return NULL;
+}
+
+/* Rank 1, alone (rank 0 waits in gs_barrier): the refusals, each printed
+ * "persist: rank 1 WHAT: STATUS: TEXT" for the driver. */
+static void persist_refusals(gs_ctx *ctx, gs_handle *solo, gs_handle *dup, gs_handle **dup_async,
+                             float *dbuf) {
+  gs_status st = gs_start(solo);
+  if (st != GS_OK) wu_die("persist/solo: gs_start: %s: %s", wu_status_name(st), gs_last_error(ctx));
+  /* It cannot complete: rank 0 starts it after the barrier. */
+  st = gs_start(solo);
+  printf("persist: rank %d active: %s: %s\n", g_rank, wu_status_name(st), gs_last_error(ctx));
+  if (st == GS_OK) wu_die("persist/solo: started again while active");
+  gs_handle *twice[3] = {g_pers[0], g_pers[1], g_pers[0]};
+  st = gs_startall(ctx, 3, twice);
+  printf("persist: rank %d twice: %s: %s\n", g_rank, wu_status_name(st), gs_last_error(ctx));
+  if (st == GS_OK) wu_die("gs_startall listing '%s' twice succeeded", g_rops[0].name);
+  expect_inactive(g_pers[0], g_rops[0].name, "gs_startall listing it twice");
+  expect_inactive(g_pers[1], g_rops[1].name, "gs_startall listing another op twice");
+  gs_handle *bad[3] = {g_pers[0], g_pers[1], solo};
+  st = gs_startall(ctx, 3, bad);
+  printf("persist: rank %d allornone: %s: %s\n", g_rank, wu_status_name(st), gs_last_error(ctx));
+  if (st == GS_OK) wu_die("gs_startall with an active op succeeded");
+  expect_inactive(g_pers[0], g_rops[0].name, "gs_startall with an active op");
+  expect_inactive(g_pers[1], g_rops[1].name, "gs_startall with an active op");
+  dbuf[0] = dbuf[1] = (float)(g_rank + 1);
+  st = gs_allreduce_async(ctx, "persist/dup", dbuf, dbuf, 2, GS_FLOAT32, GS_SUM, NULL, dup_async);
+  if (st != GS_OK) wu_die("persist/dup: submitting: %s", gs_last_error(ctx));
+  gs_handle *notp[2] = {g_pers[0], *dup_async};
+  st = gs_startall(ctx, 2, notp);
+  printf("persist: rank %d notpersistent: %s: %s\n", g_rank, wu_status_name(st),
+         gs_last_error(ctx));
+  if (st == GS_OK) wu_die("gs_startall started a gs_allreduce_async handle");
+  expect_inactive(g_pers[0], g_rops[0].name, "gs_startall with a handle not persistent");
+  st = gs_start(dup);
+  printf("persist: rank %d dup: %s: %s\n", g_rank, wu_status_name(st), gs_last_error(ctx));
+  if (st == GS_OK) wu_die("persist/dup: started while an op of its name was in flight");
+  expect_inactive(dup, "persist/dup", "a refused gs_start");
+}
+
+/* persist N D: see the usage at the top. */
+static int run_persist(gs_ctx *ctx, int n, int deadlock) {
+  for (size_t i = 0; i < NPERS; i++) {
+    rop *o = &g_rops[i];
+    o->buf = wu_xcalloc(o->count, 4);
+    pinit(ctx, o->name, o->buf, o->count, o->dt, o->red, o->pre, o->post, &g_pers[i]);
+    g_rops[i].h = g_pers[i];
+    expect_inactive(g_pers[i], o->name, "gs_allreduce_init");
+    if (gs_wait(g_pers[i], 0) != GS_OK || gs_handle_error(g_pers[i])[0])
+      wu_die("tensor '%s': an op never started does not read as done with GS_OK", o->name);
+  }
+  /* A local name is refused at init. */
+  if (gs_register_local(ctx, "persist/local") != GS_OK)
+    wu_die("gs_register_local: %s", gs_last_error(ctx));
+  float lbuf[2] = {0, 0}, sbuf[4], dbuf[2], pdbuf[2];
+  gs_handle *lh = NULL, *solo = NULL, *dup = NULL, *dup_async = NULL;
+  gs_status st =
+      gs_allreduce_init(ctx, "persist/local", lbuf, lbuf, 2, GS_FLOAT32, GS_SUM, NULL, &lh);
+  printf("persist: rank %d local: %s: %s\n", g_rank, wu_status_name(st), gs_last_error(ctx));
+  if (st == GS_OK || lh) wu_die("persist/local: a local name made a persistent op");
+  pinit(ctx, "persist/solo", sbuf, 4, GS_FLOAT32, GS_SUM, 0, 0, &solo);
+  pinit(ctx, "persist/dup", pdbuf, 2, GS_FLOAT32, GS_SUM, 0, 0, &dup);
+
+  int s = 1;
+  for (; s <= n; s++) persist_step(ctx, s, n / 2 + 1);
+
+  for (int j = 0; j < 4; j++) sbuf[j] = (float)((j + 1) * (g_rank + 1));
+  if (g_rank == 1) persist_refusals(ctx, solo, dup, &dup_async, dbuf);
+  st = gs_barrier(ctx);
+  if (st != GS_OK) wu_die("gs_barrier: %s: %s", wu_status_name(st), gs_last_error(ctx));
+  if (g_rank != 1) {
+    pstart(ctx, &solo, 1, "persist/solo");
+    dbuf[0] = dbuf[1] = (float)(g_rank + 1);
+    st =
+        gs_allreduce_async(ctx, "persist/dup", dbuf, dbuf, 2, GS_FLOAT32, GS_SUM, NULL, &dup_async);
+    if (st != GS_OK) wu_die("persist/dup: submitting: %s", gs_last_error(ctx));
+  }
+  float w = (float)(g_size * (g_size + 1) / 2);
+  pwait(solo, "persist/solo", s);
+  pwait(dup_async, "persist/dup", s);
+  for (int j = 0; j < 4; j++)
+    if (sbuf[j] != (float)(j + 1) * w)
+      wu_die("persist/solo: element %d: got %g, expected %g", j, (double)sbuf[j],
+             (double)((float)(j + 1) * w));
+  if (dbuf[0] != w || dbuf[1] != w)
+    wu_die("persist/dup (gs_allreduce_async): got %g, expected %g", (double)dbuf[0], (double)w);
+  gs_handle_free(dup_async);
+  printf("persist: rank %d refusals done\n", g_rank);
+
+  /* Restarts on a second thread while this one runs steps. */
+  pthread_t th;
+  pth_arg pa = {ctx, 200};
+  if (pthread_create(&th, NULL, persist_thread, &pa) != 0)
+    wu_die("pthread_create: %s", strerror(errno));
+  for (int e = s + 20; s < e; s++) persist_step(ctx, s, 0);
+  pthread_join(th, NULL);
+  printf("persist: rank %d restart thread done\n", g_rank);
+
+  /* gs_handle_free of an active persistent op: it completes detached. */
+  float fbuf[3] = {1, 2, 3};
+  gs_handle *fh = NULL;
+  pinit(ctx, "persist/free", fbuf, 3, GS_FLOAT32, GS_SUM, 0, 0, &fh);
+  pstart(ctx, &fh, 1, "persist/free");
+  gs_handle_free(fh);
+  persist_step(ctx, s++, 0);
+
+  if (deadlock) {
+    /* Rank 0 starts only 'persist/solo', rank 1 only 'persist/dup': the
+     * job fails with GS_ERR_DEADLOCK; a start then gets the job's error,
+     * as gs_allreduce_async does. */
+    gs_handle *mine = g_rank == 0 ? solo : dup;
+    pstart(ctx, &mine, 1, "deadlock");
+    st = gs_wait(mine, ERR_MS);
+    if (st != GS_ERR_DEADLOCK)
+      wu_die("deadlock: expected GS_ERR_DEADLOCK, got %s: %s", wu_status_name(st),
+             gs_handle_error(mine));
+    st = gs_startall(ctx, NPERS, g_pers);
+    printf("persist: rank %d failed job start: %s: %s\n", g_rank, wu_status_name(st),
+           gs_last_error(ctx));
+    if (st == GS_OK) wu_die("gs_startall succeeded on a failed job");
+    for (size_t i = 0; i < NPERS; i++) expect_inactive(g_pers[i], g_rops[i].name, "a failed job");
+    gs_handle *ah = NULL;
+    st = gs_allreduce_async(ctx, "persist/after", dbuf, dbuf, 2, GS_FLOAT32, GS_SUM, NULL, &ah);
+    printf("persist: rank %d failed job async: %s: %s\n", g_rank, wu_status_name(st),
+           gs_last_error(ctx));
+    if (st == GS_OK) wu_die("gs_allreduce_async succeeded on a failed job");
+  }
+  printf("fast: passed (rank %d of %d, %d steps)\n", g_rank, g_size, s - 1);
+  st = gs_shutdown(ctx);
+  if (st != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(st), gs_last_error(NULL));
+  /* Inactive: freed at once (after gs_shutdown too). */
+  for (size_t i = 0; i < NPERS; i++) {
+    gs_handle_free(g_pers[i]);
+    free(g_rops[i].buf);
+  }
+  gs_handle_free(solo);
+  gs_handle_free(dup);
+  for (size_t i = 0; i < g_nops; i++) free(g_ops[i].buf);
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr,
           "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
           "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
-          "                      threads N | timeout N K\n");
+          "                      threads N | timeout N K | persist N D\n");
   exit(2);
 }
 
@@ -762,6 +1026,9 @@ int main(int argc, char **argv) {
     }
     gs_handle_free(h);
     step(ctx, n + 1, WAIT_BLOCK, 0, NULL);
+  } else if (!strcmp(mode, "persist")) {
+    if (argc != 4 || n < 4) usage();
+    return run_persist(ctx, n, k);
   } else if (!strcmp(mode, "threads")) {
     if (argc != 3) usage();
     run_threads(ctx, n);

@@ -28,7 +28,13 @@
  *   the others wait in a fast round: their ops fail naming it, no hang; a
  *   rank that shuts down with its own op in a round: no hang either;
  * - gradsyncd --fast-path off: every step through the coordinator, as
- *   before the fast path.
+ *   before the fast path;
+ * - persistent allreduces (gs_allreduce_init, gs_startall), fast path on
+ *   and off: values over steps, an escalation between two gs_startall
+ *   calls, a cache too small for a step (evictions, escalations),
+ *   restarts on a second thread the moment gs_wait returns, an op freed
+ *   while active, and the refusals' texts (active, listed twice, all or
+ *   none, not persistent, a name in flight, a local name, a failed job).
  * No timing assertion: every wait is bounded by the hang guard only. */
 #include <setjmp.h>
 #include <signal.h>
@@ -340,6 +346,147 @@ static char *line_after(const proc *p, const char *prefix) {
   line[n] = '\0';
   free(out);
   return line;
+}
+
+/* ---- persistent allreduces (gs_allreduce_init, gs_startall) ------------------- */
+
+/* Rank 1's refusals and both ranks' refused local name, word for word. */
+static void expect_persist_refusals(const job *w) {
+  char want[1024];
+  for (int r = 0; r < 2; r++) {
+    snprintf(want, sizeof want,
+             "persist: rank %d local: GS_ERR_UNSUPPORTED: tensor 'persist/local': rank %d (host "
+             "%s) registered this name local (gs_register_local); a persistent op cannot be "
+             "local: use gs_allreduce_async for it\n",
+             r, r, g_host);
+    job_expect_output(w->ranks[r], want);
+  }
+  const char *active = "GS_ERR_DUPLICATE_NAME: tensor 'persist/solo': rank 1 (host %s) started "
+                       "this persistent op while it is still active; wait for it (gs_wait, "
+                       "gs_test) before starting it again\n";
+  char text[512];
+  snprintf(text, sizeof text, active, g_host);
+  snprintf(want, sizeof want, "persist: rank 1 active: %s", text);
+  job_expect_output(w->ranks[1], want);
+  snprintf(want, sizeof want, "persist: rank 1 allornone: %s", text);
+  job_expect_output(w->ranks[1], want);
+  snprintf(want, sizeof want,
+           "persist: rank 1 twice: GS_ERR_DUPLICATE_NAME: tensor 'ride/sum': gs_startall lists "
+           "this persistent op twice (rank 1, host %s); list each op once\n",
+           g_host);
+  job_expect_output(w->ranks[1], want);
+  job_expect_output(w->ranks[1],
+                    "persist: rank 1 notpersistent: GS_ERR_INVALID_ARG: gs_startall: hs[1] "
+                    "(tensor 'persist/dup') is not a persistent op of this context (rank 1); make "
+                    "it with gs_allreduce_init on this context; none started\n");
+  job_expect_output(w->ranks[1],
+                    "persist: rank 1 dup: GS_ERR_DUPLICATE_NAME: tensor 'persist/dup': rank 1 "
+                    "already has an op of this name in flight; wait for it to complete (gs_wait) "
+                    "before submitting the name again, or use another name\n");
+}
+
+#define PERSIST_OPS 6    /* gs-fast-worker persist: the ride ops but ride/late */
+#define PERSIST_RIDERS 4 /* all but ride/big and ride/i32 */
+
+/* gs-fast-worker persist 8 1 at np 2: persistent ops started with
+ * gs_startall every step and waited on with gs_wait, or with gs_wait_any
+ * every other step; the worker checks every value (sum, average,
+ * pre- and postscale, riders and not, a 1600 B tensor), also while a
+ * second thread restarts its own op the moment gs_wait returns, and an op
+ * freed while active. Steps 3, 4 and 7 run in fast rounds (4 ops riding
+ * in the agreement); step 5 has a tensor never seen before between the
+ * two gs_startall calls: it escalates and completes right. The refusals
+ * have their texts, none starts anything; after the deadlock a start gets
+ * the job's error, the same as gs_allreduce_async's. */
+static void test_persistent_np2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--deadlock-time-ms", "1500", NULL};
+  char *args[] = {"persist", "8", "1", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  int fast_steps[] = {3, 4, 7};
+  for (size_t i = 0; i < 3; i++)
+    for (int r = 0; r < 2; r++) {
+      int s = fast_steps[i];
+      step_stats st = stats_of(w.ranks[r], r, s);
+      if (st.tensors != PERSIST_OPS || st.fast_tensors != PERSIST_OPS || st.requests != 0 ||
+          st.escalations != 0 || st.rides != PERSIST_RIDERS)
+        job_fail("persistent ops: rank %d step %d: %llu tensors, %llu by fast rounds, %llu "
+                 "riding, %llu requests, %llu escalations; expected %d, all fast, %d riding, no "
+                 "request, no escalation",
+                 r, s, st.tensors, st.fast_tensors, st.rides, st.requests, st.escalations,
+                 PERSIST_OPS, PERSIST_RIDERS);
+    }
+  for (int r = 0; r < 2; r++) {
+    step_stats st = stats_of(w.ranks[r], r, 5);
+    if (st.tensors != PERSIST_OPS + 1 || st.escalations < 1 || st.requests < 1)
+      job_fail("persistent ops: rank %d step 5 (a new tensor): %llu tensors, %llu escalations, "
+               "%llu requests; expected %d tensors and an escalation with requests",
+               r, st.tensors, st.escalations, st.requests, PERSIST_OPS + 1);
+  }
+  expect_persist_refusals(&w);
+  for (int r = 0; r < 2; r++) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "persist: rank %d failed job start: ", r);
+    char *start = line_after(w.ranks[r], prefix);
+    snprintf(prefix, sizeof prefix, "persist: rank %d failed job async: ", r);
+    char *async = line_after(w.ranks[r], prefix);
+    const char *want = "GS_ERR_DEADLOCK: the coordinator aborted the job: deadlock: ";
+    int ok = !strncmp(start, want, strlen(want)) && !strcmp(start, async);
+    if (!ok)
+      job_fail("rank %d: a start on the failed job said \"%s\", gs_allreduce_async \"%s\"; "
+               "expected the same, beginning \"%s\"",
+               r, start, async, want);
+    free(start);
+    free(async);
+  }
+  job_expect_coordinator_failed(&w);
+}
+
+/* The same with gradsyncd --fast-path off: every start is a request to
+ * the coordinator, the values and the refusals are the same. */
+static void test_persistent_fast_path_off_np2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--fast-path", "off", NULL};
+  char *args[] = {"persist", "6", "0", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  for (int r = 0; r < 2; r++)
+    for (int s = 1; s <= 6; s++) {
+      step_stats st = stats_of(w.ranks[r], r, s);
+      unsigned long long want = PERSIST_OPS + (s == 4);
+      if (st.tensors != want || st.requests != want || st.fast_tensors || st.fast_rounds)
+        job_fail("--fast-path off: rank %d step %d: %llu tensors, %llu requests, %llu fast "
+                 "tensors, %llu fast rounds; expected %llu requests, nothing fast",
+                 r, s, st.tensors, st.requests, st.fast_tensors, st.fast_rounds, want);
+    }
+  expect_persist_refusals(&w);
+  job_stop_coordinator(&w);
+}
+
+/* gradsyncd --cache-capacity 4, smaller than a step's 6 persistent ops:
+ * entries are evicted every step, fast rounds keep escalating back to the
+ * coordinator mid-step; every value is still right (the worker checks),
+ * and the refusals are the same. */
+static void test_persistent_small_cache_np2(void **state) {
+  (void)state;
+  char *coord_args[] = {"--cache-capacity", "4", NULL};
+  char *args[] = {"persist", "6", "0", NULL};
+  job w;
+  start_world(&w, 2, coord_args, args);
+  expect_passed(&w);
+  for (int r = 0; r < 2; r++) {
+    unsigned long long esc = 0;
+    for (int s = 2; s <= 6; s++) esc += stats_of(w.ranks[r], r, s).escalations;
+    if (esc == 0)
+      job_fail("--cache-capacity 4: rank %d: no escalation in steps 2-6; expected evictions to "
+               "send fast rounds back to the coordinator",
+               r);
+  }
+  expect_persist_refusals(&w);
+  job_stop_coordinator(&w);
 }
 
 /* In step 4 rank 1 groups fast/t00..t05 in the reverse order (another
@@ -719,6 +866,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_group_values_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_group_order_differs_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_threads_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_persistent_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_persistent_fast_path_off_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_persistent_small_cache_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),

@@ -310,10 +310,55 @@ GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *s
  * allreduces and runs on the fast path (docs/design-notes.md), whole: all
  * members in the same fast round; grouped otherwise on any rank, the step
  * goes to the coordinator, which reports the mismatch. */
+
 GS_API gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
                                             const void *const *sends, void *const *recvs,
                                             const size_t *counts, gs_dtype dtype, gs_reduce_op op,
                                             const gs_allreduce_opts *opts, gs_handle **handles);
+
+/* Persistent allreduces (as MPI-4's MPI_Allreduce_init + MPI_Startall):
+ * for ops repeated every step with the same arguments, the checks, the
+ * handle and the name's hash are done once, and each step only starts
+ * them (gs_startall starts n under one lock, a few tens of ns each).
+ *
+ * gs_allreduce_init checks its arguments as gs_allreduce_async does and
+ * makes an inactive op in *out; it submits nothing. send and recv must stay
+ * valid, and opts is copied, for the handle's whole life (until
+ * gs_handle_free). A name registered local (gs_register_local) is refused
+ * with GS_ERR_UNSUPPORTED, at init and at a start if registered since:
+ * local ops never leave the rank; use gs_allreduce_async for them.
+ *
+ * An inactive op reads as done: gs_wait and gs_test return at once with
+ * the last start's status (GS_OK before the first), gs_handle_error its
+ * text (valid until the op is started again or freed). A started op is
+ * active until it completes, exactly as one gs_allreduce_async submitted
+ * (fast path or not, every rank must start the same names); gs_wait,
+ * gs_wait_any, gs_test and gs_handle_error work on it as on any handle.
+ * Once complete it is inactive again and may be started again. Do not
+ * start an op while another thread waits on it.
+ *
+ * gs_startall starts all n or none: on an error nothing is started and
+ * the error (gs_last_error) names the op and why: one still active
+ * (GS_ERR_DUPLICATE_NAME, "started this persistent op while it is still
+ * active"), listed twice, another op of the same name in flight
+ * (GS_ERR_DUPLICATE_NAME, as gs_allreduce_async), a failed job (its error)
+ * or gs_shutdown called (GS_ERR_SHUTDOWN), with gs_allreduce_async's
+ * texts, or a handle that is not a persistent op of ctx
+ * (GS_ERR_INVALID_ARG). Right after an op completes the library may still
+ * hold it for a moment (the plan or fast round that ran it ending): a start
+ * then waits for that, at most 30 s (then GS_ERR_INTERNAL, nothing
+ * started). gs_start(h) is gs_startall of one.
+ *
+ * gs_handle_free frees an inactive op at once; an active one is detached
+ * as any pending op (it still completes and writes recv, which must stay
+ * valid until then). As every call on ctx, gs_start and gs_startall may
+ * not be called during or after gs_shutdown (every op is inactive once it
+ * returns; free them with gs_handle_free then). */
+GS_API gs_status gs_allreduce_init(gs_ctx *ctx, const char *name, const void *send, void *recv,
+                                   size_t count, gs_dtype dtype, gs_reduce_op op,
+                                   const gs_allreduce_opts *opts, gs_handle **out);
+GS_API gs_status gs_startall(gs_ctx *ctx, size_t n, gs_handle *const *hs);
+GS_API gs_status gs_start(gs_handle *h);
 
 /* For uneven data: this rank has run out of data. Blocks until every rank
  * has joined; meanwhile this rank takes part in the other ranks' allreduces
