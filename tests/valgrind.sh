@@ -41,9 +41,11 @@ done
 #                  otherwise: the step escalates and fails with the mismatch
 #   timeout 8 3    rank 0's gs_wait times out while its fast round waits for
 #                  rank 1 (the round goes on; a later wait completes the op)
+#   persist 6 0    persistent allreduces started every step (gs_startall),
+#                  restarted by a second thread as soon as its wait returns
 run="$dir/bin/gradsync-run" worker="$dir/bin/gs-fast-worker"
 if [ -x "$run" ] && [ -x "$worker" ]; then
-  for job in "steps 6 block" "threads 3" "group 6 4" "timeout 8 3"; do
+  for job in "steps 6 block" "threads 3" "group 6 4" "timeout 8 3" "persist 6 0"; do
     name="gs-fast-worker ${job}"
     rm -f "$tmp"/vg.*.log "$tmp"/timedout.*
     # shellcheck disable=SC2086 # job is the worker's arguments, split on purpose

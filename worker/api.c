@@ -4,6 +4,7 @@
  * (see worker.h for who owns what). */
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1180,9 +1181,18 @@ gs_status gs_allreduce_init(gs_ctx *ctx, const char *name, const void *send, voi
  * it stays 1 until the start. */
 static void start_wait_released(gs_handle *const *hs, size_t n) {
   uint64_t deadline = 0;
+  unsigned yields = 0;
   for (size_t i = 0; i < n; i++) {
     while (atomic_load_explicit(&hs[i]->done, memory_order_acquire) &&
            atomic_load_explicit(&hs[i]->refs, memory_order_acquire) > 1) {
+      /* The holder is a thread finishing its plan or round, microseconds
+       * away: give it the cpu first (a 50 us sleep would be most of a
+       * step), then sleep between looks. */
+      if (yields < 64) {
+        yields++;
+        sched_yield();
+        continue;
+      }
       uint64_t now = gs__now_ms();
       if (!deadline) deadline = now + GS__START_HELD_MS;
       if (now >= deadline) return; /* start_check_locked refuses it */

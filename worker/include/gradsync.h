@@ -310,7 +310,6 @@ GS_API gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *s
  * allreduces and runs on the fast path (docs/design-notes.md), whole: all
  * members in the same fast round; grouped otherwise on any rank, the step
  * goes to the coordinator, which reports the mismatch. */
-
 GS_API gs_status gs_grouped_allreduce_async(gs_ctx *ctx, size_t n, const char *const *names,
                                             const void *const *sends, void *const *recvs,
                                             const size_t *counts, gs_dtype dtype, gs_reduce_op op,
