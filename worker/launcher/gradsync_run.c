@@ -35,12 +35,19 @@
  * With --coordinator the token given to the launcher (GRADSYNC_JOB_TOKEN or
  * --token-file) is passed on.
  *
+ * Process binding (--bind-to core): the i-th rank started on this machine
+ * gets the i-th cpu of the launcher's own affinity mask, set in the forked
+ * child before exec so that every thread of the rank inherits it. Ranks on
+ * remote hosts are not bound by the launcher: --bind-to core with remote
+ * ranks is refused.
+ *
  * Self-contained: libc and OpenSSL's crypto (common/secret.c), no gradsync
  * library. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -113,6 +120,8 @@ typedef struct config {
   const char *coord_addr;   /* --coordinator-addr HOST */
   const char *token_file;   /* --token-file: the job token of --coordinator */
   int tag_output;           /* --tag-output: "[rank@host] " */
+  int bind_core;            /* --bind-to core (else none) */
+  int report_bindings;      /* --report-bindings */
   char **xvars;             /* -x VAR / -x VAR=value */
   int nx;
   char *hvd_args[2 * MAX_RUN_FLAGS]; /* horovodrun-style flags, as gradsyncd flags */
@@ -147,6 +156,8 @@ typedef struct launcher {
   char (*host_addr)[300]; /* per host: the coordinator address ranks there use */
   char listen_host[256];  /* what our gradsyncd listens on ("" = 127.0.0.1) */
   char token[1024];       /* the job token the ranks get ("" = none) */
+  int *bind_cpu;          /* per rank: the cpu it is bound to, -1 = not bound */
+  char hostname[256];     /* this machine, for --report-bindings */
 } launcher;
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -254,7 +265,15 @@ static void usage(FILE *f) {
         "  --coordinator-addr HOST   address the remote hosts reach this machine by (default:\n"
         "                            the local address of the route toward them)\n"
         "  -x VAR, -x VAR=VALUE      give VAR (this environment's value, or VALUE) to every rank\n"
-        "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n",
+        "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n"
+        "  --bind-to core|none       core: the i-th rank on this machine runs on the i-th cpu\n"
+        "                            gradsync-run may use (its affinity mask), every thread of\n"
+        "                            it; more ranks than cpus is refused. none (default, as\n"
+        "                            torchrun and horovodrun): the ranks keep the launcher's\n"
+        "                            cpus, since a rank with dataloader processes bound to one\n"
+        "                            core can be slower (mpirun binds to core at np <= 2).\n"
+        "                            Not for remote hosts (refused).\n"
+        "  --report-bindings         each rank says on stderr which cpus it runs on\n",
         f);
   fputs("  horovodrun's flags for the gradsyncd started here, as its own:\n", f);
   for (int id = 0; id < GS__S_COUNT; id++) {
@@ -293,7 +312,8 @@ static void usage(FILE *f) {
         "Exit status: 0 when every rank exits 0; else the first failing rank's status\n"
         "(128+N when killed by signal N), after the others were stopped (SIGTERM,\n"
         "SIGKILL 3 s later); 124 after --timeout; 128+N after forwarding signal N;\n"
-        "1 when the coordinator cannot be started; 2 on bad usage.\n",
+        "1 when the coordinator cannot be started; 2 on bad usage (also --bind-to core\n"
+        "with more ranks than cpus or with remote ranks).\n",
         f);
 }
 
@@ -443,6 +463,12 @@ static int parse_args(int argc, char **argv, config *cfg) {
       cfg->coord_addr = v;
     } else if (!strcmp(a, "--tag-output")) {
       cfg->tag_output = 1;
+    } else if (take_opt(argc, argv, &i, "--bind-to", &v)) {
+      if (!v || (strcmp(v, "core") != 0 && strcmp(v, "none") != 0))
+        return bad_usage("--bind-to needs core or none, got '%s'", v ? v : "");
+      cfg->bind_core = strcmp(v, "core") == 0;
+    } else if (!strcmp(a, "--report-bindings")) {
+      cfg->report_bindings = 1;
     } else if (take_opt(argc, argv, &i, "-x", &v)) {
       if (!v || !*v || *v == '=') return bad_usage("%s needs VAR or VAR=VALUE", "-x");
       cfg->xvars[cfg->nx++] = (char *)v;
@@ -747,6 +773,59 @@ static char **remote_argv(launcher *L, int rank) {
   return argv;
 }
 
+/* "0-3,8,10-11" into buf. */
+static void format_cpus(const cpu_set_t *set, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int c = 0; c < CPU_SETSIZE && n < cap; c++) {
+    if (!CPU_ISSET(c, set)) continue;
+    int e = c;
+    while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, set)) e++;
+    int w = e > c ? snprintf(buf + n, cap - n, "%s%d-%d", n ? "," : "", c, e)
+                  : snprintf(buf + n, cap - n, "%s%d", n ? "," : "", c);
+    if (w < 0) break;
+    n += (size_t)w;
+    c = e;
+  }
+}
+
+/* In the forked child of a rank, before exec: applies the rank's binding
+ * (the whole process: every thread it starts inherits it) and, with
+ * --report-bindings, says on the launcher's stderr what the rank got. A
+ * binding that cannot be applied ends the child (status 127) after saying
+ * why. */
+static void bind_child(launcher *L, int rank) {
+  char cpus[1024];
+  if (is_remote(L, rank)) {
+    if (L->cfg.report_bindings)
+      say(L,
+          "rank %d on %s: not bound by gradsync-run (remote host: the cpus its ssh session "
+          "gives it)",
+          rank, L->cfg.hosts.v[L->host_of[rank]].name);
+    return;
+  }
+  cpu_set_t set;
+  if (L->bind_cpu && L->bind_cpu[rank] >= 0) {
+    CPU_ZERO(&set);
+    CPU_SET(L->bind_cpu[rank], &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+      say(L, "rank %d on %s: cannot bind to cpu %d: %s (run with --bind-to none)", rank,
+          L->hostname, L->bind_cpu[rank], strerror(errno));
+      _exit(127);
+    }
+  }
+  if (!L->cfg.report_bindings) return;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    say(L, "rank %d on %s: cannot read its cpus: %s", rank, L->hostname, strerror(errno));
+    return;
+  }
+  format_cpus(&set, cpus, sizeof cpus);
+  if (L->bind_cpu && L->bind_cpu[rank] >= 0)
+    say(L, "rank %d on %s: bound to cpu %s", rank, L->hostname, cpus);
+  else
+    say(L, "rank %d on %s: not bound (cpus %s)", rank, L->hostname, cpus);
+}
+
 /* Runs in the forked child: becomes its own process group, dies with the
  * launcher, restores the signal state it inherited, and execs. A remote
  * rank's stdin is ctl_r (the launcher writes the token and signals there). */
@@ -756,6 +835,7 @@ static void child_exec(launcher *L, int out_w, int err_w, int ctl_r, char **argv
   if (getppid() != L->self) _exit(127); /* the launcher is already gone */
   sigprocmask(SIG_SETMASK, &L->old_mask, NULL);
   sigaction(SIGPIPE, &L->old_pipe, NULL);
+  if (rank >= 0) bind_child(L, rank); /* still on the launcher's stderr: its messages go there */
   int in = ctl_r >= 0 ? ctl_r : open("/dev/null", O_RDONLY);
   if (in >= 0 && in != 0) {
     dup2(in, 0);
@@ -1414,6 +1494,54 @@ static int plan_hosts(launcher *L) {
   return 0;
 }
 
+/* --bind-to core: the i-th rank on this machine (in rank order) gets the i-th
+ * cpu of the launcher's affinity mask. Refused, with exit status 2, when a
+ * rank runs on a remote host or when there are more ranks here than cpus.
+ * 0, or the exit status after saying why. */
+static int plan_bindings(launcher *L) {
+  int np = L->cfg.np;
+  L->bind_cpu = malloc((size_t)np * sizeof(int));
+  if (!L->bind_cpu) {
+    say(L, "out of memory");
+    return 1;
+  }
+  for (int r = 0; r < np; r++) L->bind_cpu[r] = -1;
+  if (!L->cfg.bind_core) return 0;
+  for (int r = 0; r < np; r++) {
+    if (!is_remote(L, r)) continue;
+    say(L,
+        "--bind-to core binds the ranks started on this machine only, but rank %d runs on %s "
+        "over ssh; use --bind-to none (bind remote ranks there, e.g. with taskset in the "
+        "command)",
+        r, L->cfg.hosts.v[L->host_of[r]].name);
+    return 2;
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    say(L, "--bind-to core: cannot read the cpus gradsync-run may use: %s (use --bind-to none)",
+        strerror(errno));
+    return 1;
+  }
+  int ncpu = CPU_COUNT(&set);
+  if (np > ncpu) {
+    char cpus[1024];
+    format_cpus(&set, cpus, sizeof cpus);
+    say(L,
+        "--bind-to core: %d ranks to bind on this machine but gradsync-run may use only %d "
+        "cpu%s (%s); run at most %d rank%s here, give gradsync-run more cpus (taskset, cpuset), "
+        "or use --bind-to none",
+        np, ncpu, ncpu == 1 ? "" : "s", cpus, ncpu, ncpu == 1 ? "" : "s");
+    return 2;
+  }
+  int c = -1;
+  for (int r = 0; r < np; r++) {
+    do c++;
+    while (!CPU_ISSET(c, &set));
+    L->bind_cpu[r] = c;
+  }
+  return 0;
+}
+
 /* The job token the children get: a fresh one for our own gradsyncd, the
  * --token-file's, or GRADSYNC_JOB_TOKEN as inherited. 0, or -1 (said). */
 static int choose_token(launcher *L) {
@@ -1456,6 +1584,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (plan_hosts(&L) != 0) return 1;
+  if ((rc = plan_bindings(&L)) != 0) return rc;
+  gethostname(L.hostname, sizeof L.hostname - 1);
   if (choose_token(&L) != 0) return L.cfg.coordinator ? 2 : 1;
   char self[256] = "localhost";
   gethostname(self, sizeof self - 1);
@@ -1499,6 +1629,7 @@ int main(int argc, char **argv) {
   free(L.local_rank);
   free(L.local_size);
   free(L.host_addr);
+  free(L.bind_cpu);
   gs_run_hosts_free(&L.cfg.hosts);
   free(L.cfg.coord_args);
   free(L.cfg.xvars);
