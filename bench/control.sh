@@ -5,6 +5,14 @@
 #
 #   bench/control.sh [--build DIR] [--rounds R] [--inner K] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
 #                    [--sim-rounds K] [--out FILE] [--plots DIR] [--quick]
+#                    [--bind auto|core|none]
+#
+# Binding: the MPI peer runs under mpirun's default, which binds each rank to
+# a core when the job is not oversubscribed (np <= 2 here) and binds nothing
+# otherwise. --bind auto (the default) does the same for gradsync: every
+# gradsync-run gets --bind-to core when np <= the cpus this script may use,
+# else --bind-to none; --bind core|none forces one (none: gradsync unbound
+# beside a bound MPI peer, to show what binding is worth).
 #
 # In every round, side by side (rounds interleaved, medians over rounds):
 # - a lone allreduce of 4 B .. 1 MiB: gradsync end to end (gradsync-run +
@@ -52,6 +60,7 @@ sim_rounds=""
 out=""
 plots=""
 quick=0
+bind=auto
 workloads=${GRADSYNC_WORKLOADS:-$root/bench/workloads}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -65,10 +74,15 @@ while [ $# -gt 0 ]; do
   --plots) plots=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
   --quick) quick=1; rounds=1; inner=1; simn="8 64"; shift ;;
-  -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --bind) bind=$2; shift 2 ;;
+  -h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+case "$bind" in
+auto | core | none) ;;
+*) echo "control.sh: --bind needs auto, core or none, got '$bind'" >&2; exit 2 ;;
+esac
 bin=$build/bin
 need_bins control.sh "$bin" gradsync-run gradsync-bench gradsyncd gradsync-rank-sim
 resnet=$workloads/resnet50.txt
@@ -82,7 +96,7 @@ else
 fi
 [ -n "$out" ] || out=$(mktemp /tmp/gradsync-control.XXXXXX)
 : >"$out"
-mpirun_=(mpirun --oversubscribe --mca btl tcp,self)
+mpirun_=(mpirun --oversubscribe --mca btl "tcp,self")
 [ "$(id -u)" = 0 ] && mpirun_+=(--allow-run-as-root)
 sizes="4 64 1024 16384 65536 262144 1048576"
 [ "$quick" = 1 ] && sizes="4 65536"
@@ -102,16 +116,23 @@ rec() {
   echo "CASE $c round=$r np=$np $line" >>"$out"
 }
 
+ncpu=$(nproc)
+binding() { # NP: gradsync-run's --bind-to for NP ranks (as mpirun binds: see --bind)
+  case "$bind" in
+  auto) [ "$1" -le "$ncpu" ] && echo core || echo none ;;
+  *) echo "$bind" ;;
+  esac
+}
 gs() { # NP BENCH-ARGS...: gradsync-bench under gradsync-run
   local np=$1
   shift
-  "$bin/gradsync-run" -np "$np" --timeout 150 "$bin/gradsync-bench" "$@"
+  "$bin/gradsync-run" -np "$np" --bind-to "$(binding "$np")" --timeout 150 "$bin/gradsync-bench" "$@"
 }
 gs_off() { # NP BENCH-ARGS...: the same with gradsyncd --fast-path off
   local np=$1
   shift
-  "$bin/gradsync-run" -np "$np" --timeout 150 --coord-arg --fast-path --coord-arg off \
-    "$bin/gradsync-bench" "$@"
+  "$bin/gradsync-run" -np "$np" --bind-to "$(binding "$np")" --timeout 150 \
+    --coord-arg --fast-path --coord-arg off "$bin/gradsync-bench" "$@"
 }
 mp() { # NP ARGS...: the MPI peer
   local np=$1
@@ -167,7 +188,7 @@ for r in $(seq 1 "$rounds"); do
   for n in $simn; do
     for c in 1 0; do
       rec "sim.$n.c$c" "$r" 1 "$bin/gradsync-rank-sim" --ranks "$n" --workload "$resnet" --cache "$c" \
-        --steps $([ "$n" -ge 256 ] && echo 10 || echo 30) --warmup 2
+        --steps "$([ "$n" -ge 256 ] && echo 10 || echo 30)" --warmup 2
     done
   done
 done
@@ -202,7 +223,9 @@ for np in $nps; do
     "$(awk -v u="$(med ring.16384 median_us "$np")" 'BEGIN { if (u == "nan") print "n/a"; else print u }') |"
 done
 echo
-echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs:"
+echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions included), median µs."
+echo "Binding (--bind $bind): gradsync-run$(sep=""; for np in $nps; do printf '%s --bind-to %s at np=%s' "$sep" "$(binding "$np")" "$np"; sep=","; done);"
+echo "the MPI peer: mpirun's default (each rank bound to a core at np <= 2 when np <= the $ncpu cpus, nothing when oversubscribed)."
 echo
 echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | gradsync step, one grouped call | gradsync step, persistent ops (gs_startall) | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
