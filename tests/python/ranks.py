@@ -630,10 +630,189 @@ def mode_ddp_deadlock():
     check(False, "ddp deadlock: no exception")
 
 
+def mode_persistent():
+    """Persistent allreduces (allreduce_init, start, startall, wait) at
+    np=2: values over steps, refusals with gradsync's exact texts, all or
+    none, free while active, garbage collection, shutdown."""
+    import gc
+    import socket
+    import weakref
+    from gradsync.torch import persistent
+
+    r, n = hvd.rank(), hvd.size()
+    host = socket.gethostname()
+    count = 0
+    # in place, Sum and Average, restarted after each wait
+    x = torch.zeros(5, dtype=torch.float64)
+    y = torch.zeros(3, dtype=torch.float32)
+    y_out = torch.zeros(3, dtype=torch.float32)
+    z = torch.zeros(4, dtype=torch.int64)
+    px = hvd.allreduce_init(x, name="p.x", op=hvd.Sum)
+    py = hvd.allreduce_init(y, output=y_out, name="p.y")  # Average, out of place
+    pz = hvd.allreduce_init(z, name="p.z", op=hvd.Sum, postscale_factor=2.0)
+    check(px.name == "allreduce.p.x" and py.name == "allreduce.p.y", "names %s %s" %
+          (px.name, py.name))
+    check(px.test() and px.error() == "", "inactive before the first start")
+    for step in range(6):
+        def val(q, k, m):
+            return torch.arange(m, dtype=torch.float64) * (step + 1) + 10 * q + k
+        x.copy_(val(r, 0, 5))
+        y.copy_(val(r, 1, 3).float())
+        z.copy_(val(r, 2, 4).long())
+        if step % 2 == 0:
+            hvd.startall([px, py, pz])
+        else:
+            px.start()
+            py.start()
+            pz.start()
+        got_y = py.wait()
+        same(px.wait(), sum(val(q, 0, 5) for q in range(n)), "persistent Sum step %d" % step)
+        same(got_y, (sum(val(q, 1, 3) for q in range(n)) / n).float(),
+             "persistent Average step %d" % step)
+        check(got_y is y_out, "wait() returns the output tensor")
+        same(y, val(r, 1, 3).float(), "out of place leaves the input (step %d)" % step)
+        same(pz.wait(), sum(val(q, 2, 4) for q in range(n)).long() * 2,
+             "persistent Sum postscale 2 step %d" % step)
+        check(px.test() and px.error() == "", "inactive after wait")
+        count += 5
+
+    # Refusals on rank 0 while its op "p.a" is active (rank 1 starts it only
+    # after the allreduce "p.sig"): a second start, all or none, listed twice.
+    a = torch.full((2,), float(r + 1))
+    b = torch.full((2,), float(10 * (r + 1)))
+    pa = hvd.allreduce_init(a, name="p.a", op=hvd.Sum)
+    pb = hvd.allreduce_init(b, name="p.b", op=hvd.Sum)
+    if r == 0:
+        pa.start()
+        check(not pa.test(), "p.a active before rank 1 starts it")
+        active = ("tensor 'allreduce.p.a': rank 0 (host %s) started this persistent op while it "
+                  "is still active; wait for it (gs_wait, gs_test) before starting it again"
+                  % host)
+        try:
+            pa.start()
+            check(False, "starting an active op must raise")
+        except ValueError as e:
+            check(str(e) == active, "active start text: %r" % str(e))
+        try:
+            hvd.startall([pb, pa])
+            check(False, "startall with an active op must raise")
+        except ValueError as e:
+            check(str(e) == active, "startall text: %r" % str(e))
+        check(pb.test(), "all or none: p.b was not started")
+        try:
+            hvd.startall([pb, pb])
+            check(False, "an op listed twice must raise")
+        except ValueError as e:
+            check(str(e) == "tensor 'allreduce.p.b': gs_startall lists this persistent op twice "
+                  "(rank 0, host %s); list each op once" % host, "twice text: %r" % str(e))
+        check(pb.test(), "p.b not started by the refused startall")
+        try:
+            hvd.startall([pb, "x"])
+            check(False, "a non-persistent op must raise")
+        except ValueError as e:
+            check("startall takes PersistentAllreduce objects" in str(e), "type text %r" % str(e))
+        hvd.allreduce(torch.ones(1), name="p.sig")
+    else:
+        hvd.allreduce(torch.ones(1), name="p.sig")
+        pa.start()
+    same(pa.wait(), torch.full((2,), 3.0), "p.a after the refusals")
+    pb.start()
+    same(pb.wait(), torch.full((2,), 30.0), "p.b started after the refused startall")
+    count += 8
+
+    # Garbage collection of an inactive op frees its handle at once.
+    live = persistent.live_count()
+    g = hvd.allreduce_init(torch.ones(3), name="p.gc", op=hvd.Sum)
+    g.start()
+    same(g.wait(), torch.full((3,), float(n)), "p.gc")
+    check(persistent.live_count() == live + 1, "p.gc counted live")
+    wg = weakref.ref(g)
+    del g
+    gc.collect()
+    check(wg() is None and persistent.live_count() == live,
+          "p.gc freed by garbage collection (live %d, was %d)" % (persistent.live_count(), live))
+    count += 3
+
+    # Free (explicitly, and by garbage collection) while active: rank 1
+    # starts the ops only after p.sig2; the tensors stay alive until the ops
+    # complete, then are dropped.
+    live = persistent.live_count()
+    c1 = torch.full((4,), float(r + 1))
+    c2 = torch.full((4,), float(r + 1))
+    w1, w2 = weakref.ref(c1), weakref.ref(c2)
+    p1 = hvd.allreduce_init(c1, name="p.c1", op=hvd.Sum)
+    p2 = hvd.allreduce_init(c2, name="p.c2", op=hvd.Sum)
+    del c1, c2
+    if r == 0:
+        hvd.startall([p1, p2])
+        p1.free()
+        p1.free()  # no double free
+        check(p1.freed, "p1 freed")
+        wp2 = weakref.ref(p2)
+        del p2
+        gc.collect()
+        check(wp2() is None, "p2 object collected while active")
+        check(w1() is not None and w2() is not None, "tensors kept while the ops are active")
+        try:
+            p1.start()
+            check(False, "a freed op must raise")
+        except ValueError as e:
+            check(str(e) == "persistent allreduce allreduce.p.c1 was freed (by free() or "
+                  "gradsync.torch.shutdown()); make a new one with allreduce_init()",
+                  "freed text %r" % str(e))
+        hvd.allreduce(torch.ones(1), name="p.sig2")
+    else:
+        hvd.allreduce(torch.ones(1), name="p.sig2")
+        hvd.startall([p1, p2])
+        same(p1.wait(), torch.full((4,), 3.0), "p.c1 on rank 1")
+        same(p2.wait(), torch.full((4,), 3.0), "p.c2 on rank 1")
+        p1.free()
+        del p2
+    check(persistent.live_count() == live, "p.c1/p.c2 not live (live %d, was %d)"
+          % (persistent.live_count(), live))
+    hvd.allreduce(torch.ones(1), name="p.sig3")
+    # rank 0's completer frees them once they complete: bounded hang guard
+    deadline = time.monotonic() + 60
+    while (w1() is not None or w2() is not None) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    check(w1() is None and w2() is None, "tensors dropped once the freed ops completed")
+    count += 6
+
+    # An op freed while active that never completes before shutdown (rank 1
+    # never starts it), and ops still alive at shutdown.
+    d = torch.ones(2)
+    wd = weakref.ref(d)
+    pd = hvd.allreduce_init(d, name="p.d", op=hvd.Sum)
+    del d
+    if r == 0:
+        pd.start()
+        pd.free()
+    keep = hvd.allreduce_init(torch.ones(2), name="p.keep", op=hvd.Sum)
+    hvd.allreduce(torch.ones(1), name="p.sig4")
+    hvd.shutdown()
+    check(persistent.live_count() == 0, "shutdown freed every persistent op (%d left)"
+          % persistent.live_count())
+    check(keep.freed and (r != 0 or pd.freed), "objects read as freed after shutdown")
+    keep.free()  # no double free
+    del keep, pd
+    gc.collect()
+    check(wd() is None, "p.d's tensor dropped at shutdown")
+    try:
+        px.start()
+        check(False, "start after shutdown must raise")
+    except ValueError as e:
+        check("persistent allreduce allreduce.p.x was freed" in str(e), "after shutdown %r"
+              % str(e))
+    count += 4
+    return count
+
+
 def main():
     mode = sys.argv[1]
     hvd.init()
     hvd.init()  # safe to call again
+    rank = hvd.rank()  # a mode may shut down itself
     t0 = time.monotonic()
     try:
         out = globals()["mode_" + mode]()
@@ -642,7 +821,7 @@ def main():
         failures.append("exception")
         out = None
     if failures:
-        print("%s: %d failures (rank %d)" % (mode, len(failures), hvd.rank()), flush=True)
+        print("%s: %d failures (rank %d)" % (mode, len(failures), rank), flush=True)
         sys.stdout.flush()
         os._exit(1)
     extra = " (%d checks)" % out if isinstance(out, int) else ""

@@ -13,6 +13,11 @@ def test_collectives(np_):
     expect_ok(job, np_, "collectives: ok (232 checks)")
 
 
+def test_persistent_allreduce_np2():
+    job = run_ranks(2, "persistent")
+    expect_ok(job, 2, "persistent: ok (51 checks)")
+
+
 def test_mismatch_raises_runtime_error_on_every_rank():
     job = run_ranks(2, "mismatch")
     expect_ok(job, 2, "mismatch: ok")

@@ -3,7 +3,8 @@ Horovod training script unchanged (docs/pytorch.md lists the differences).
 
 Collectives, DistributedOptimizer, broadcast_parameters /
 broadcast_optimizer_state / broadcast_object / allgather_object, and the
-DDP pieces (allreduce_hook, init_process_group, GradsyncStore).
+DDP pieces (allreduce_hook, init_process_group, GradsyncStore), and
+persistent allreduces of CPU tensors (allreduce_init, startall).
 """
 
 import torch  # noqa: F401  (fail early with torch's own ImportError)
@@ -27,5 +28,6 @@ from .mpi_ops import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_p
                       remove_process_set, rocm_built, shutdown, size, sparse_allreduce_async,
                       start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
+from .persistent import PersistentAllreduce, allreduce_init, startall
 
 __all__ = [n for n in dir() if not n.startswith("_") and n != "torch"]

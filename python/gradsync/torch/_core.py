@@ -20,6 +20,10 @@ Ownership and threads:
   complete first finishes it; the op's lock makes that happen once.
 - A C handle is freed only when no thread has it in a wait (`pins` == 0)
   and the op was released (synchronized, or its callbacks ran).
+- A persistent op's handle (persistent.py) is owned by its
+  PersistentAllreduce object, never by an _Op: the completer sees it only
+  when the object is freed while the op is active, as an _Op released by
+  its own callback (freed, its tensors dropped, once the op completes).
 """
 
 import atexit
@@ -316,6 +320,10 @@ def shutdown_ctx():
     _state.ctx = None
     for op in ops:
         op.try_complete(passive=True)
+    # Every persistent op is inactive now: free the ones still alive (their
+    # objects' free() and finalizers are no-ops afterwards).
+    from . import persistent
+    persistent.free_all()
 
 
 def _at_exit():
