@@ -28,7 +28,8 @@ from . import _core
 
 # id(_State) -> _State of every op not freed yet: shutdown frees them.
 _live = {}
-_live_mu = threading.Lock()
+# An RLock: a finalizer (garbage collection) may run on a thread that holds it.
+_live_mu = threading.RLock()
 
 
 class _State:
