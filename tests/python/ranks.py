@@ -720,6 +720,25 @@ def mode_persistent():
     same(pb.wait(), torch.full((2,), 30.0), "p.b started after the refused startall")
     count += 8
 
+    # A failed start: shapes differ across ranks. wait() raises with the
+    # coordinator's text, error() keeps it, and the op may be started again
+    # (here with its tensor refilled; the shapes still differ) or freed.
+    m = torch.ones(3 + r)
+    pm = hvd.allreduce_init(m, name="p.mm", op=hvd.Sum)
+    mism = "tensor 'allreduce.p.mm': mismatched shapes: ranks [0] sent [3], ranks [1] sent [4]"
+    for attempt in range(2):
+        pm.start()
+        try:
+            pm.wait()
+            check(False, "a mismatched persistent op must raise")
+        except hvd.HorovodInternalError as e:
+            check(mism in str(e), "mismatch text (attempt %d): %r" % (attempt, str(e)))
+        check(pm.test() and mism in pm.error(), "error() after the failure: %r" % pm.error())
+    pm.free()
+    same(hvd.allreduce(torch.ones(2), name="p.after_mm"), torch.ones(2),
+         "job usable after the mismatch")
+    count += 5
+
     # Garbage collection of an inactive op frees its handle at once.
     live = persistent.live_count()
     g = hvd.allreduce_init(torch.ones(3), name="p.gc", op=hvd.Sum)

@@ -44,9 +44,19 @@ class _State:
 
 
 def _done(h):
+    """The application's test (gs_test: counts as waiting on the op)."""
     done = ctypes.c_int(0)
     lib.gs_test(h, ctypes.byref(done))
     return bool(done.value)
+
+
+def _done_passive(h):
+    """A test that does not count as this rank waiting on the op (freeing
+    is not waiting: see gs_wait_any_passive)."""
+    one = (ctypes.c_void_p * 1)(h)
+    idx = ctypes.c_size_t(1)
+    lib.gs_wait_any_passive(one, 1, 0, ctypes.byref(idx))
+    return idx.value == 0
 
 
 def _free_state(state):
@@ -60,7 +70,7 @@ def _free_state(state):
         _live.pop(id(state), None)
     h, keep = state.h, state.keep
     state.keep = None
-    if _done(h) or _core._completer is None:
+    if _done_passive(h) or _core._completer is None:
         # Inactive (after gs_shutdown every op is): nothing writes recv any
         # more.
         lib.gs_handle_free(h)
