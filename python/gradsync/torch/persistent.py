@@ -121,10 +121,11 @@ class PersistentAllreduce:
         return s.h
 
     def start(self):
-        """Starts the op (gs_start); every rank must start the same names.
-        Raises ValueError when it is still active (wait() for it first) or
-        another op of its name is in flight, HorovodInternalError when the
-        job failed or was shut down, with gradsync's text."""
+        """Starts the op (gs_startall of one, which is gs_start); every
+        rank must start the same names. Raises ValueError when it is still
+        active (wait() for it first), another op of its name is in flight or
+        it was freed (shutdown() frees it), HorovodInternalError when the
+        job failed, with gradsync's text."""
         startall([self])
 
     def test(self):
