@@ -78,13 +78,18 @@
 /* Collectives of up to SPIN_BYTES yield the CPU between looks for up to
  * SPIN_NS before a wait sleeps on the bell: a peer of a small collective
  * comes within microseconds, and a sleeper pays for a futex wake-up (tens
- * of us where its CPU went idle). Yielding from the first look, not
+ * of us where its CPU went idle, and on a VM hundreds when the idle vCPU
+ * halted: with more ranks than cpus a fast round's agreement often waits
+ * longer than 50 us for the last rank's exec thread, and sleeping then
+ * left the cpus half idle and the round 3x slower; 500 us keeps them
+ * awake through it, docs/benchmarks.md "Idle vCPUs"). Yielding costs a
+ * peer that needs the cpu nothing. Yielding from the first look, not
  * busy-spinning first, lets the awaited peer run where ranks share a CPU
  * (more ranks than cores, or a busy machine). Larger ones keep SPIN_PAUSE
  * busy looks then SPIN_YIELD yields: their waits are for a peer finishing
  * a chunk on another CPU, and were slower with either schedule of the
  * small ones (gs-transport-bench, docs/benchmarks.md). */
-#define SPIN_NS 50000
+#define SPIN_NS 500000
 #define SPIN_PAUSE 256
 #define SPIN_YIELD 64
 #define SPIN_BYTES (64u * 1024u)
