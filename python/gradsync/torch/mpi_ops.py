@@ -277,22 +277,22 @@ def _cuda_stream_of(tensor):
 
 # ---- allreduce ---------------------------------------------------------------
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
-    _check_ps(process_set)
+def _check_reduce_op(op):
     if op == Adasum:
         raise NotImplementedError(
             "gradsync does not support the Adasum reduction yet; use op=Average or op=Sum")
     if op not in _C_OP:
         raise ValueError("op %r is not one of Average, Sum, Min, Max, Product, Adasum" % (op,))
-    gdt = _gs_dtype(tensor, _REDUCE_DTYPES)
-    c = _core.ctx()
-    full = _op_name("allreduce", name)
+
+
+def _allreduce_opts(tensor, op, prescale_factor, postscale_factor, average_as_sum):
+    """The C op and gs_allreduce_opts of an allreduce of tensor; the shape
+    array is returned too, to be kept alive as long as opts. With
+    average_as_sum, Average is, as in Horovod, a sum postscaled by 1/size in
+    the tensor's precision."""
     c_op = _C_OP[op]
     post = float(postscale_factor)
-    if op == Average and not lib.gs_is_local(c, full.encode()):
-        # As Horovod: the average is a sum postscaled by 1/size, in the
-        # tensor's precision. (A local tensor keeps GS_AVERAGE: the library
-        # scales it by 1/size without communicating.)
+    if op == Average and average_as_sum:
         c_op = _lib.GS_SUM
         post = post / _core._state.size
     shape, ndim = _shape(tensor)
@@ -302,6 +302,19 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     opts.ndim = ndim
     opts.prescale = float(prescale_factor)
     opts.postscale = post
+    return c_op, opts, shape
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    _check_ps(process_set)
+    _check_reduce_op(op)
+    gdt = _gs_dtype(tensor, _REDUCE_DTYPES)
+    c = _core.ctx()
+    full = _op_name("allreduce", name)
+    # (A local tensor keeps GS_AVERAGE: the library scales it by 1/size
+    # without communicating.)
+    c_op, opts, shape = _allreduce_opts(tensor, op, prescale_factor, postscale_factor,
+                                        not lib.gs_is_local(c, full.encode()))
     h = ctypes.c_void_p()
     st = lib.gs_allreduce_async(c, full.encode(), tensor.data_ptr(), output.data_ptr(),
                                 tensor.numel(), gdt, c_op, ctypes.byref(opts), ctypes.byref(h))

@@ -175,11 +175,7 @@ def allreduce_init(tensor, output=None, name=None, op=None, prescale_factor=1.0,
     from . import mpi_ops as m
 
     op = m.Average if op is None else op
-    if op == m.Adasum:
-        raise NotImplementedError(
-            "gradsync does not support the Adasum reduction yet; use op=Average or op=Sum")
-    if op not in m._C_OP:
-        raise ValueError("op %r is not one of Average, Sum, Min, Max, Product, Adasum" % (op,))
+    m._check_reduce_op(op)
     full = m._op_name("allreduce", name)
     if tensor.is_cuda or (output is not None and output.is_cuda):
         raise ValueError("persistent allreduce %s: only CPU tensors are supported; use "
@@ -193,19 +189,8 @@ def allreduce_init(tensor, output=None, name=None, op=None, prescale_factor=1.0,
                          "elements, got %s of %d" % (full, tensor.dtype, tensor.numel(),
                                                      output.dtype, output.numel()))
     c = _core.ctx()
-    c_op = m._C_OP[op]
-    post = float(postscale_factor)
-    if op == m.Average:
-        # As allreduce_async: a sum postscaled by 1/size (a local name is
-        # refused by gs_allreduce_init).
-        c_op = _lib.GS_SUM
-        post = post / _core._state.size
-    shape, ndim = m._shape(tensor)
-    opts = _lib.allreduce_opts()
-    opts.shape = shape
-    opts.ndim = ndim
-    opts.prescale = float(prescale_factor)
-    opts.postscale = post
+    # As allreduce_async (a local name is refused by gs_allreduce_init).
+    c_op, opts, shape = m._allreduce_opts(tensor, op, prescale_factor, postscale_factor, True)
     h = ctypes.c_void_p()
     st = lib.gs_allreduce_init(c, full.encode(), tensor.data_ptr(), output.data_ptr(),
                                tensor.numel(), gdt, c_op, ctypes.byref(opts), ctypes.byref(h))
