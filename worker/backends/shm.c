@@ -23,7 +23,7 @@
  * bitwise identical, and the result does not depend on timing.
  *
  * Waits spin (small collectives yield the CPU between looks for up to
- * 50 us, larger ones look busily a moment then yield: see SPIN_NS), then
+ * 500 us, larger ones look busily a moment then yield: see SPIN_NS), then
  * sleep on the bell (FUTEX_WAIT with a short timeout) while counting as a
  * sleeper, so that posters only pay for a wake-up when someone sleeps. Every wait is bounded by the
  * io timeout (except agree's wait for the peers to enter, which has no deadline and sleeps longer
