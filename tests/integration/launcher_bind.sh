@@ -11,8 +11,13 @@
 #   - --bind-to none (and no flag): every rank keeps the launcher's mask;
 #   - under `taskset -c LAST` (one cpu): np=1 binds to that cpu, np=2 is
 #     refused with the counts and what to do, and no rank runs;
-#   - a remote rank with --bind-to core, and a bad value, are refused with
-#     exit status 2 and their exact texts.
+#   - remote ranks (through a stand-in remote shell that runs the remote
+#     command here, possibly under `taskset`): the i-th rank on a host gets
+#     the i-th cpu that host's session may use, read from inside the rank,
+#     and --report-bindings says so; more ranks than that host's cpus is
+#     refused (exit 2, exact text) and ends the job; a host without taskset,
+#     or whose taskset fails, does not start the rank (exit 127);
+#   - a bad value is refused with exit status 2 and its exact text.
 # The ranks are `sh -c 'grep ...'`; --coordinator points at an address no
 # rank uses, so no gradsyncd is started.
 #
@@ -121,13 +126,96 @@ run many_none taskset -c "$last" "$BIN/gradsync-run" -np 2 --bind-to none
 expect_file many_none.out "[0] cpus $last
 [1] cpus $last"
 
+# ---- remote ranks -------------------------------------------------------------
+# A stand-in remote shell: called as "CMD [-p PORT] [-i FILE] HOST COMMAND"
+# like ssh, it runs COMMAND in sh on this machine, so the remote command's
+# binding runs for real, under whatever mask the stand-in was started with
+# (`taskset -c N rsh` = a host whose sessions may use cpu N only).
+# tests/integration/ssh_hosts.sh does the same over real OpenSSH.
+cat >"$TMP/rsh" <<'EOF2'
+#!/bin/sh
+while [ $# -gt 1 ]; do shift; done
+exec /bin/sh -c "$1"
+EOF2
+chmod +x "$TMP/rsh"
+RH=gs-bind-remote.invalid
+nr=2
+[ "${#CPUS[@]}" -ge 2 ] || nr=1
+say "--bind-to core --report-bindings, rank 0 here and $nr on $RH: each host's i-th cpu"
+run remote "$BIN/gradsync-run" -np $((1 + nr)) -H "$HOST:1,$RH:$nr" --rsh "$TMP/rsh" \
+  --bind-to core --report-bindings
+[ "$RC" = 0 ] || fail "--bind-to core with remote ranks exited $RC"
+want="[0] cpus ${CPUS[0]}"$'\n' rep="gradsync-run: rank 0 on $HOST: bound to cpu ${CPUS[0]}"$'\n'
+for ((i = 0; i < nr; i++)); do
+  want+="[$((i + 1))] cpus ${CPUS[$i]}"$'\n'
+  rep+="gradsync-run: rank $((i + 1)) on $RH: bound to cpu ${CPUS[$i]}"$'\n'
+done
+expect_file remote.out "${want%$'\n'}"
+sort "$TMP/remote.err" >"$TMP/remote.err.sorted"
+expect_file remote.err.sorted "${rep%$'\n'}"
+
+say "a remote host whose sessions may use cpu $last only: its rank gets cpu $last"
+run remote_one "$BIN/gradsync-run" -np 2 -H "$HOST:1,$RH:1" --rsh "taskset -c $last $TMP/rsh" \
+  --bind-to core --report-bindings
+[ "$RC" = 0 ] || fail "--bind-to core on a one-cpu remote host exited $RC"
+expect_file remote_one.out "[0] cpus ${CPUS[0]}
+[1] cpus $last"
+sort "$TMP/remote_one.err" >"$TMP/remote_one.err.sorted"
+expect_file remote_one.err.sorted "gradsync-run: rank 0 on $HOST: bound to cpu ${CPUS[0]}
+gradsync-run: rank 1 on $RH: bound to cpu $last"
+
+say "--report-bindings without --bind-to: remote ranks keep their session's cpus"
+run remote_none "$BIN/gradsync-run" -np 2 -H "$RH:2" --rsh "taskset -c $last $TMP/rsh" \
+  --report-bindings
+[ "$RC" = 0 ] || fail "--report-bindings with remote ranks exited $RC"
+expect_file remote_none.out "[0] cpus $last
+[1] cpus $last"
+sort "$TMP/remote_none.err" >"$TMP/remote_none.err.sorted"
+expect_file remote_none.err.sorted "gradsync-run: rank 0 on $RH: not bound (cpus $last)
+gradsync-run: rank 1 on $RH: not bound (cpus $last)"
+
+# The refusal ends the job: rank 0 here (sleeping) is stopped, exit 2.
+say "2 ranks on a remote host whose sessions may use 1 cpu: refused, the job ends"
+start=$SECONDS
+timeout 60 "$BIN/gradsync-run" -np 3 -H "$HOST:1,$RH:2" --rsh "taskset -c $last $TMP/rsh" \
+  --bind-to core --coordinator 127.0.0.1:1 \
+  sh -c 'if [ "$GRADSYNC_RANK" = 0 ]; then exec sleep 600; fi; echo "rank $GRADSYNC_RANK ran"' \
+  >"$TMP/refused.out" 2>"$TMP/refused.err"
+RC=$?
+[ "$RC" = 2 ] || fail "the remote refusal exited $RC, not 2"
+[ $((SECONDS - start)) -lt 30 ] || fail "the remote refusal took $((SECONDS - start)) s"
+expect_file refused.out ""
+expect_file refused.err "gradsync-run: --bind-to core: 2 ranks to bind on $RH but the remote \
+shell there may use only 1 cpu ($last); run at most 1 rank there (-H $RH:1), give its sessions \
+more cpus (the cpuset or CPUAffinity of that host's sshd), or use --bind-to none
+gradsync-run: --bind-to core was refused on $RH (see above); stopping the other ranks"
+
+say "a remote host without taskset: rank not started, the job ends"
+mkdir -p "$TMP/notaskset" "$TMP/badtaskset"
+ln -s "$(command -v setsid)" "$TMP/notaskset/setsid"
+run notaskset "$BIN/gradsync-run" -np 1 -H "$RH:1" --rsh "env PATH=$TMP/notaskset $TMP/rsh" \
+  --bind-to core
+[ "$RC" = 127 ] || fail "a remote host without taskset exited $RC, not 127"
+expect_file notaskset.out ""
+expect_file notaskset.err "gradsync-run: --bind-to core: rank 0 on $RH: no taskset on that \
+host's PATH to bind it with; install util-linux there or use --bind-to none
+gradsync-run: rank 0 on $RH was not started: its binding failed (see above); stopping the other \
+ranks"
+
+say "a remote taskset that fails: its message, rank not started"
+ln -s "$(command -v setsid)" "$TMP/badtaskset/setsid"
+printf '#!/bin/sh\necho "taskset: failed to set pid $3'"'"'s affinity: Invalid argument" >&2\nexit 1\n' \
+  >"$TMP/badtaskset/taskset"
+chmod +x "$TMP/badtaskset/taskset"
+run badtaskset "$BIN/gradsync-run" -np 1 -H "$RH:1" \
+  --rsh "env PATH=$TMP/badtaskset:/usr/bin:/bin $TMP/rsh" --bind-to core
+[ "$RC" = 127 ] || fail "a failing remote taskset exited $RC, not 127"
+expect_file badtaskset.out ""
+grep -q "^gradsync-run: rank 0 on $RH: cannot bind to cpu ${CPUS[0]}: taskset: failed to set pid [0-9]*'s affinity: Invalid argument (run with --bind-to none)\$" "$TMP/badtaskset.err" ||
+  fail "a failing remote taskset: wrong message"
+[ "$(wc -l <"$TMP/badtaskset.err")" = 2 ] || fail "a failing remote taskset: not 2 lines"
+
 # ---- refusals ---------------------------------------------------------------------
-say "a remote rank with --bind-to core is refused"
-run remote "$BIN/gradsync-run" -np 2 -H "$HOST:1,gs-bind-remote.invalid:1" --bind-to core
-[ "$RC" = 2 ] || fail "--bind-to core with a remote rank exited $RC, not 2"
-expect_file remote.err "gradsync-run: --bind-to core binds the ranks started on this machine \
-only, but rank 1 runs on gs-bind-remote.invalid over ssh; use --bind-to none (bind remote ranks \
-there, e.g. with taskset in the command)"
 for bad in socket "" CORE; do
   say "--bind-to '$bad' is a usage error"
   run bad "$BIN/gradsync-run" -np 2 --bind-to "$bad"

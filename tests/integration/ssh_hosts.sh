@@ -23,8 +23,14 @@
 #      rank got the job token gradsync-run made, and it is in no command line;
 #      a refusing ssh port fails with ssh's error and status 255 explained;
 #   D  ranks that ignore SIGPIPE and SIGHUP; the launcher is SIGKILLed: no
-#      rank is left on any host.
-# IPv6 runs A and D.
+#      rank is left on any host;
+#   E  --bind-to core --report-bindings, the third host's sshd started under
+#      `taskset -c LAST`: every rank reads its own Cpus_allowed_list, which is
+#      its host's i-th cpu (the third host's only cpu for rank 3), and the
+#      launcher reports the same; then 2 ranks on that one-cpu host are
+#      refused with the exact text, exit 2, and the demo's rank 0 waiting on
+#      the first host is stopped (needs 2 cpus, else skipped).
+# IPv6 runs A, D and E.
 #
 # Exit 0 = PASS, 1 = FAIL, 77 = SKIP (not root, no ip netns, no sshd/ssh).
 set -u
@@ -159,9 +165,25 @@ PrintMotd no
 LogLevel ERROR
 EOF
 "$SSHD" -t -f "$TMP/sshd_config" || fail "sshd -t rejects the test's config"
+# The cpus this test may use ("0-3,8" and expanded). The third host's sshd
+# runs under `taskset -c LAST`: its sessions, and the ranks there, may use
+# only the last of them (job E binds by each host's own cpus).
+MASK=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+CPUS=()
+IFS=, read -ra parts <<<"$MASK"
+for p in "${parts[@]}"; do
+  if [[ $p == *-* ]]; then
+    for ((c = ${p%-*}; c <= ${p#*-}; c++)); do CPUS+=("$c"); done
+  else
+    CPUS+=("$p")
+  fi
+done
+LAST=${CPUS[${#CPUS[@]} - 1]}
 for i in 0 1 2; do
-  ip netns exec "${HNS[$i]}" "$SSHD" -D -e -f "$TMP/sshd_config" -o "ListenAddress=${HIP[$i]}" \
-    -o "PidFile=$TMP/sshd$i.pid" >"$TMP/sshd$i.out" 2>&1 &
+  pin=()
+  [ "$i" = 2 ] && pin=(taskset -c "$LAST")
+  ip netns exec "${HNS[$i]}" "${pin[@]}" "$SSHD" -D -e -f "$TMP/sshd_config" \
+    -o "ListenAddress=${HIP[$i]}" -o "PidFile=$TMP/sshd$i.pid" >"$TMP/sshd$i.out" 2>&1 &
   SSHD_PIDS+=($!)
 done
 # The launcher's namespace gets a passwd whose root home is $TMP/home.
@@ -325,6 +347,61 @@ done
 kill -9 "$lpid"
 wait "$DPID" 2>/dev/null
 expect_nothing_left sleep
+
+# ---- E: --bind-to core on the hosts: each host's i-th cpu, or refused --------
+if [ "${#CPUS[@]}" -ge 2 ]; then
+  say "E: --bind-to core --report-bindings (host ${HIP[2]} may use cpu $LAST only)"
+  RANK_CMD='sed -n "s/^Cpus_allowed_list:[[:space:]]*/cpus /p" /proc/self/status'
+  in_launcher "${RUN[@]}" --bind-to core --report-bindings --coordinator 127.0.0.1:1 \
+    sh -c "$RANK_CMD" >"$TMP/E.out" 2>"$TMP/E.err.out"
+  rc=$?
+  [ "$rc" -eq 0 ] || fail "E: gradsync-run --bind-to core exited $rc"
+  # what each rank read from inside: ranks 0 and 1 on the first host get its
+  # cpus 0 and 1, rank 2 the second host's first cpu, rank 3 the third host's
+  # only cpu
+  got=$(sort "$TMP/E.out")
+  want="[0] cpus ${CPUS[0]}
+[1] cpus ${CPUS[1]}
+[2] cpus ${CPUS[0]}
+[3] cpus $LAST"
+  [ "$got" = "$want" ] || fail "E: the ranks' cpus are
+$got
+not
+$want"
+  got=$(grep '^gradsync-run: ' "$TMP/E.err.out" | sort)
+  want="gradsync-run: rank 0 on ${HIP[0]}: bound to cpu ${CPUS[0]}
+gradsync-run: rank 1 on ${HIP[0]}: bound to cpu ${CPUS[1]}
+gradsync-run: rank 2 on ${HIP[1]}: bound to cpu ${CPUS[0]}
+gradsync-run: rank 3 on ${HIP[2]}: bound to cpu $LAST"
+  [ "$got" = "$want" ] || fail "E: --report-bindings said
+$got
+not
+$want"
+
+  # two ranks of the demo on the one-cpu host: refused there, and rank 0,
+  # started on the first host and waiting for the others, is stopped
+  say "E: 2 ranks on ${HIP[2]} (1 cpu) with --bind-to core: refused"
+  h3=${HIP[2]} h1=${HIP[0]}
+  [ "$FAMILY" = 6 ] && h3="[$h3]" h1="[$h1]"
+  in_launcher env GRADSYNC_GRADSYNCD="$BIN/gradsyncd" timeout 120 "$BIN/gradsync-run" -np 3 \
+    -H "$h1:1,$h3:2" --ssh-port 2222 --ssh-identity "$TMP/id" --bind-to core \
+    "$BIN/gradsync-train" --steps 20 >"$TMP/E2.out" 2>"$TMP/E2.err.out"
+  rc=$?
+  [ "$rc" -eq 2 ] || fail "E: the refusal on ${HIP[2]} exited $rc, not 2"
+  grep -E '^\[[12]\] ' "$TMP/E2.out" "$TMP/E2.err.out" && fail "E: a rank ran on ${HIP[2]}"
+  got=$(grep '^gradsync-run: ' "$TMP/E2.err.out")
+  want="gradsync-run: --bind-to core: 2 ranks to bind on ${HIP[2]} but the remote shell there may \
+use only 1 cpu ($LAST); run at most 1 rank there (-H $h3:1), give its sessions more cpus (the \
+cpuset or CPUAffinity of that host's sshd), or use --bind-to none
+gradsync-run: --bind-to core was refused on ${HIP[2]} (see above); stopping the other ranks"
+  [ "$got" = "$want" ] || fail "E: the refusal said
+$got
+not
+$want"
+  expect_nothing_left gradsync-train
+else
+  say "E: skipped (this test may use only one cpu: $MASK)"
+fi
 
 PASSED=1
 say "PASS"

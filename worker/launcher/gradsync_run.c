@@ -37,9 +37,13 @@
  *
  * Process binding (--bind-to core): the i-th rank started on this machine
  * gets the i-th cpu of the launcher's own affinity mask, set in the forked
- * child before exec so that every thread of the rank inherits it. Ranks on
- * remote hosts are not bound by the launcher: --bind-to core with remote
- * ranks is refused.
+ * child before exec so that every thread of the rank inherits it. The i-th
+ * rank started on a remote host gets the i-th cpu its ssh session may use
+ * there: the remote command (hosts.c) picks it, binds itself with taskset
+ * before it starts the rank, and writes one marker line on stderr that the
+ * launcher turns into its --report-bindings line, or into the refusal when
+ * that host gives fewer cpus than it has ranks (then the rank never starts
+ * and the job ends with status 2).
  *
  * Self-contained: libc and OpenSSL's crypto (common/secret.c), no gradsync
  * library. */
@@ -93,6 +97,7 @@ enum phase { PH_START, PH_RUN, PH_QUIESCE, PH_STOP_RANKS, PH_STOP_COORD, PH_DRAI
 typedef struct stream {
   int fd; /* read end, nonblocking; -1 once closed */
   int dest;
+  int rank; /* whose output: a rank, or -1 for the coordinator */
   char prefix[300];
   char *buf;
   size_t len, cap;
@@ -103,7 +108,9 @@ typedef struct proc {
   int reaped;
   int status; /* wait status, valid once reaped */
   stream out, err;
-  int ctl; /* remote ranks: write end of the remote command's stdin; else -1 */
+  int ctl;         /* remote ranks: write end of the remote command's stdin; else -1 */
+  int bind_marker; /* remote rank with a bind mode: its marker line is still to come */
+  int bind_error;  /* its remote command refused (2) or failed (127) to bind; 0 = no */
 } proc;
 
 typedef struct config {
@@ -157,6 +164,7 @@ typedef struct launcher {
   char listen_host[256];  /* what our gradsyncd listens on ("" = 127.0.0.1) */
   char token[1024];       /* the job token the ranks get ("" = none) */
   int *bind_cpu;          /* per rank: the cpu it is bound to, -1 = not bound */
+  int *bind_said;         /* per host: its binding refusal was said */
   char hostname[256];     /* this machine, for --report-bindings */
 } launcher;
 
@@ -268,12 +276,14 @@ static void usage(FILE *f) {
         "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n"
         "  --bind-to core|none       core: the i-th rank on this machine runs on the i-th cpu\n"
         "                            gradsync-run may use (its affinity mask), every thread of\n"
-        "                            it; more ranks than cpus is refused. none (default, as\n"
-        "                            torchrun and horovodrun): the ranks keep the launcher's\n"
-        "                            cpus, since a rank with dataloader processes bound to one\n"
-        "                            core can be slower (mpirun binds to core at np <= 2).\n"
-        "                            Not for remote hosts (refused).\n"
-        "  --report-bindings         each rank says on stderr which cpus it runs on\n",
+        "                            it; the i-th rank on a remote host on the i-th cpu its\n"
+        "                            ssh session may use there (bound with taskset, which the\n"
+        "                            host needs); more ranks than cpus on a host is refused.\n"
+        "                            none (default, as torchrun and horovodrun): the ranks\n"
+        "                            keep the cpus they are given, since a rank with\n"
+        "                            dataloader processes bound to one core can be slower\n"
+        "                            (mpirun binds to core at np <= 2).\n"
+        "  --report-bindings         say on stderr which cpus each rank runs on\n",
         f);
   fputs("  horovodrun's flags for the gradsyncd started here, as its own:\n", f);
   for (int id = 0; id < GS__S_COUNT; id++) {
@@ -313,7 +323,7 @@ static void usage(FILE *f) {
         "(128+N when killed by signal N), after the others were stopped (SIGTERM,\n"
         "SIGKILL 3 s later); 124 after --timeout; 128+N after forwarding signal N;\n"
         "1 when the coordinator cannot be started; 2 on bad usage (also --bind-to core\n"
-        "with more ranks than cpus or with remote ranks).\n",
+        "with more ranks than cpus on a host).\n",
         f);
 }
 
@@ -502,27 +512,49 @@ static int parse_args(int argc, char **argv, config *cfg) {
 
 /* ---- output streams ---------------------------------------------------- */
 
-static void stream_init(stream *s, int dest, const char *prefix) {
+static void stream_init(stream *s, int dest, int rank, const char *prefix) {
   memset(s, 0, sizeof *s);
   s->fd = -1;
   s->dest = dest;
+  s->rank = rank;
   snprintf(s->prefix, sizeof s->prefix, "%s", prefix);
 }
 
 static int on_coord_first_line(launcher *L, const char *line, size_t n);
+static void on_bind_marker(launcher *L, int rank, const char *text, size_t n);
 static void begin_stop_ranks(launcher *L, int sig);
+static int proc_alive(const proc *p);
+static void proc_signal(proc *p, int sig);
 
 /* What gradsyncd logs once SIGTERM closed the sessions (coordinator.c). */
 #define QUIESCED "shutting down: closing "
+/* What it logs when it keeps its port open after SIGTERM for ranks still to
+ * come (transport.c); a second SIGTERM ends that drain. */
+#define DRAINING "draining for "
 
 /* Writes lines [line, line+n) behind the prefix, as one write per batch. */
 static void emit_line(launcher *L, stream *s, const char *line, size_t n) {
   if (L->own_coord && s == &L->coord.out && L->phase == PH_START &&
       !on_coord_first_line(L, line, n))
     return;
+  /* A remote rank's binding, said by its command before the rank started
+   * (on stderr; on either stream, for a --rsh that merges them). */
+  size_t mlen = strlen(GS_RUN_BIND_MARKER " ");
+  if (s->rank >= 0 && L->ranks[s->rank].bind_marker && n >= mlen &&
+      memcmp(line, GS_RUN_BIND_MARKER " ", mlen) == 0) {
+    L->ranks[s->rank].bind_marker = 0;
+    on_bind_marker(L, s->rank, line + mlen, n - mlen);
+    return;
+  }
   /* gradsyncd closed the sessions (as a shutdown): now the ranks may go. */
   if (L->phase == PH_QUIESCE && s == &L->coord.err && memmem(line, n, QUIESCED, strlen(QUIESCED)))
     begin_stop_ranks(L, L->quiesce_sig);
+  /* Our ranks are gone, so none is still to come: no drain (it would
+   * outlast GRACE_MS and end in SIGKILL when the job ended before every
+   * rank joined, e.g. a rank refused or ssh failed). */
+  if (L->phase == PH_STOP_COORD && L->own_coord && s == &L->coord.err && !L->killed &&
+      memmem(line, n, DRAINING, strlen(DRAINING)) && proc_alive(&L->coord))
+    proc_signal(&L->coord, SIGTERM);
   size_t plen = strlen(s->prefix);
   char small[4096];
   char *out = small;
@@ -746,7 +778,12 @@ static char **remote_argv(launcher *L, int rank) {
   char cwd[PATH_MAX];
   if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "/");
   char **env = remote_env(L, rank);
-  char *cmd = env ? gs_run_remote_command(cwd, env, c->argv) : NULL;
+  gs_run_remote_bind bind = {.mode = c->bind_core         ? GS_RUN_BIND_CORE
+                                     : c->report_bindings ? GS_RUN_BIND_REPORT
+                                                          : GS_RUN_BIND_NONE,
+                             .local_rank = L->local_rank[rank],
+                             .local_size = L->local_size[rank]};
+  char *cmd = env ? gs_run_remote_command(cwd, env, c->argv, &bind) : NULL;
   char **argv = calloc(64, sizeof *argv);
   if (!cmd || !argv) return NULL;
   int n = 0;
@@ -796,14 +833,7 @@ static void format_cpus(const cpu_set_t *set, char *buf, size_t cap) {
  * why. */
 static void bind_child(launcher *L, int rank) {
   char cpus[1024];
-  if (is_remote(L, rank)) {
-    if (L->cfg.report_bindings)
-      say(L,
-          "rank %d on %s: not bound by gradsync-run (remote host: the cpus its ssh session "
-          "gives it)",
-          rank, L->cfg.hosts.v[L->host_of[rank]].name);
-    return;
-  }
+  if (is_remote(L, rank)) return; /* its remote command binds it (on_bind_marker) */
   cpu_set_t set;
   if (L->bind_cpu && L->bind_cpu[rank] >= 0) {
     CPU_ZERO(&set);
@@ -919,6 +949,7 @@ static int proc_start(launcher *L, proc *p, char **argv, int rank) {
   close(err[1]);
   if (ctl[0] >= 0) close(ctl[0]);
   p->ctl = ctl[1];
+  p->bind_marker = is_remote(L, rank) && (L->cfg.bind_core || L->cfg.report_bindings);
   p->pid = pid;
   p->out.fd = out[0];
   p->err.fd = err[0];
@@ -1095,15 +1126,26 @@ static void on_rank_exit(launcher *L, int r) {
   int st = L->ranks[r].status;
   if (L->phase != PH_RUN || !status_failed(st) || L->have_exit) return;
   char sb[64];
-  if (is_remote(L, r) && WIFEXITED(st) && WEXITSTATUS(st) == 255)
+  const char *host = is_remote(L, r) ? L->cfg.hosts.v[L->host_of[r]].name : "";
+  if (L->ranks[r].bind_error == 2) {
+    /* Every rank of that host refuses alike: name the host, not the rank
+     * whose refusal happened to arrive first. */
+    say(L, "--bind-to core was refused on %s (see above); stopping the other ranks", host);
+    decide_exit(L, 2);
+  } else if (L->ranks[r].bind_error) {
+    say(L,
+        "rank %d on %s was not started: its binding failed (see above); stopping the other "
+        "ranks",
+        r, host);
+    decide_exit(L, status_exit_code(st));
+  } else if (is_remote(L, r) && WIFEXITED(st) && WEXITSTATUS(st) == 255)
     say(L,
         "rank %d on %s: the remote shell exited with status 255 (ssh could not connect or "
         "log in, or the rank's command could not start: see its lines above); stopping the "
         "other ranks",
         r, L->cfg.hosts.v[L->host_of[r]].name);
   else
-    say(L, "rank %d%s%s %s; stopping the other ranks", r, is_remote(L, r) ? " on " : "",
-        is_remote(L, r) ? L->cfg.hosts.v[L->host_of[r]].name : "",
+    say(L, "rank %d%s%s %s; stopping the other ranks", r, is_remote(L, r) ? " on " : "", host,
         describe_status(st, sb, sizeof sb));
   decide_exit(L, status_exit_code(st));
   /* The job has usually failed for every rank: give the others a moment to
@@ -1495,27 +1537,22 @@ static int plan_hosts(launcher *L) {
 }
 
 /* --bind-to core: the i-th rank on this machine (in rank order) gets the i-th
- * cpu of the launcher's affinity mask. Refused, with exit status 2, when a
- * rank runs on a remote host or when there are more ranks here than cpus.
- * 0, or the exit status after saying why. */
+ * cpu of the launcher's affinity mask; refused, with exit status 2, when
+ * there are more ranks here than cpus. Ranks on remote hosts are bound by
+ * their remote command (gs_run_remote_command), which alone can see that
+ * host's cpus. 0, or the exit status after saying why. */
 static int plan_bindings(launcher *L) {
-  int np = L->cfg.np;
+  int np = L->cfg.np, nlocal = 0;
   L->bind_cpu = malloc((size_t)np * sizeof(int));
-  if (!L->bind_cpu) {
+  L->bind_said = calloc((size_t)(L->cfg.hosts.n > 0 ? L->cfg.hosts.n : 1), sizeof(int));
+  if (!L->bind_cpu || !L->bind_said) {
     say(L, "out of memory");
     return 1;
   }
   for (int r = 0; r < np; r++) L->bind_cpu[r] = -1;
   if (!L->cfg.bind_core) return 0;
-  for (int r = 0; r < np; r++) {
-    if (!is_remote(L, r)) continue;
-    say(L,
-        "--bind-to core binds the ranks started on this machine only, but rank %d runs on %s "
-        "over ssh; use --bind-to none (bind remote ranks there, e.g. with taskset in the "
-        "command)",
-        r, L->cfg.hosts.v[L->host_of[r]].name);
-    return 2;
-  }
+  for (int r = 0; r < np; r++) nlocal += !is_remote(L, r);
+  if (nlocal == 0) return 0;
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0) {
     say(L, "--bind-to core: cannot read the cpus gradsync-run may use: %s (use --bind-to none)",
@@ -1523,23 +1560,84 @@ static int plan_bindings(launcher *L) {
     return 1;
   }
   int ncpu = CPU_COUNT(&set);
-  if (np > ncpu) {
+  if (nlocal > ncpu) {
     char cpus[1024];
     format_cpus(&set, cpus, sizeof cpus);
     say(L,
         "--bind-to core: %d ranks to bind on this machine but gradsync-run may use only %d "
         "cpu%s (%s); run at most %d rank%s here, give gradsync-run more cpus (taskset, cpuset), "
         "or use --bind-to none",
-        np, ncpu, ncpu == 1 ? "" : "s", cpus, ncpu, ncpu == 1 ? "" : "s");
+        nlocal, ncpu, ncpu == 1 ? "" : "s", cpus, ncpu, ncpu == 1 ? "" : "s");
     return 2;
   }
   int c = -1;
   for (int r = 0; r < np; r++) {
+    if (is_remote(L, r)) continue;
     do c++;
     while (!CPU_ISSET(c, &set));
     L->bind_cpu[r] = c;
   }
   return 0;
+}
+
+/* The marker line of a remote rank's command (hosts.h), without the marker:
+ * its --report-bindings line, or why it was not started. */
+static void on_bind_marker(launcher *L, int rank, const char *text, size_t n) {
+  int h = L->host_of[rank];
+  const char *host = L->cfg.hosts.v[h].name;
+  char word[16] = "", rest[1024] = "";
+  size_t w = 0;
+  while (w < n && text[w] != ' ' && w < sizeof word - 1) w++;
+  memcpy(word, text, w);
+  word[w] = '\0';
+  if (w < n && text[w] == ' ') w++;
+  snprintf(rest, sizeof rest, "%.*s", (int)(n - w), text + w);
+  int ncpu = 0;
+  char list[1000] = "";
+  if (!strcmp(word, "bound")) {
+    if (L->cfg.report_bindings) say(L, "rank %d on %s: bound to cpu %s", rank, host, rest);
+  } else if (!strcmp(word, "free")) {
+    if (L->cfg.report_bindings) say(L, "rank %d on %s: not bound (cpus %s)", rank, host, rest);
+  } else if (!strcmp(word, "nomask")) {
+    if (L->cfg.bind_core) {
+      L->ranks[rank].bind_error = 127;
+      say(L,
+          "--bind-to core: rank %d on %s: cannot read the cpus its remote shell may use (no "
+          "Cpus_allowed_list in /proc/self/status there); use --bind-to none",
+          rank, host);
+    } else {
+      say(L,
+          "rank %d on %s: cannot read its cpus (no Cpus_allowed_list in /proc/self/status "
+          "there)",
+          rank, host);
+    }
+  } else if (!strcmp(word, "refuse") && sscanf(rest, "%d %999s", &ncpu, list) == 2) {
+    L->ranks[rank].bind_error = 2;
+    if (L->bind_said[h]) return;
+    L->bind_said[h] = 1;
+    int nr = L->local_size[rank];
+    int v6 = strchr(host, ':') != NULL; /* -H takes an IPv6 address as [ADDR]:SLOTS */
+    say(L,
+        "--bind-to core: %d ranks to bind on %s but the remote shell there may use only %d "
+        "cpu%s (%s); run at most %d rank%s there (-H %s%s%s:%d), give its sessions more cpus (the "
+        "cpuset or CPUAffinity of that host's sshd), or use --bind-to none",
+        nr, host, ncpu, ncpu == 1 ? "" : "s", list, ncpu, ncpu == 1 ? "" : "s", v6 ? "[" : "", host,
+        v6 ? "]" : "", ncpu);
+  } else if (!strcmp(word, "notaskset")) {
+    L->ranks[rank].bind_error = 127;
+    say(L,
+        "--bind-to core: rank %d on %s: no taskset on that host's PATH to bind it with; install "
+        "util-linux there or use --bind-to none",
+        rank, host);
+  } else if (!strcmp(word, "failed")) {
+    L->ranks[rank].bind_error = 127;
+    const char *sp = strchr(rest, ' ');
+    say(L, "rank %d on %s: cannot bind to cpu %.*s: %s (run with --bind-to none)", rank, host,
+        sp ? (int)(sp - rest) : (int)strlen(rest), rest, sp ? sp + 1 : "taskset failed");
+  } else {
+    say(L, "rank %d on %s: unexpected binding line from its remote command: '%.*s'", rank, host,
+        (int)(n > 200 ? 200 : n), text);
+  }
 }
 
 /* The job token the children get: a fresh one for our own gradsyncd, the
@@ -1589,8 +1687,8 @@ int main(int argc, char **argv) {
   if (choose_token(&L) != 0) return L.cfg.coordinator ? 2 : 1;
   char self[256] = "localhost";
   gethostname(self, sizeof self - 1);
-  stream_init(&L.coord.out, 1, "[coord] ");
-  stream_init(&L.coord.err, 2, "[coord] ");
+  stream_init(&L.coord.out, 1, -1, "[coord] ");
+  stream_init(&L.coord.err, 2, -1, "[coord] ");
   L.coord.ctl = -1;
   for (int r = 0; r < L.cfg.np; r++) {
     char prefix[300];
@@ -1599,8 +1697,8 @@ int main(int argc, char **argv) {
                L.host_of[r] >= 0 ? L.cfg.hosts.v[L.host_of[r]].name : self);
     else
       snprintf(prefix, sizeof prefix, "[%d] ", r);
-    stream_init(&L.ranks[r].out, 1, prefix);
-    stream_init(&L.ranks[r].err, 2, prefix);
+    stream_init(&L.ranks[r].out, 1, r, prefix);
+    stream_init(&L.ranks[r].err, 2, r, prefix);
     L.ranks[r].ctl = -1;
   }
   if (setup_signals(&L) != 0) {
@@ -1630,6 +1728,7 @@ int main(int argc, char **argv) {
   free(L.local_size);
   free(L.host_addr);
   free(L.bind_cpu);
+  free(L.bind_said);
   gs_run_hosts_free(&L.cfg.hosts);
   free(L.cfg.coord_args);
   free(L.cfg.xvars);

@@ -238,8 +238,47 @@ static int append(char *buf, size_t cap, size_t *used, const char *text) {
   return 0;
 }
 
-char *gs_run_remote_command(const char *cwd, char *const *env, char *const *argv) {
-  size_t cap = 4096;
+/* The shell text of the bind modes (see hosts.h): gs_mask reads the shell's
+ * own Cpus_allowed_list ("0-3,8") into gs_cl; the rest picks, binds, reads
+ * back and says so on one marker line. */
+static int append_bind(char *buf, size_t cap, size_t *used, const gs_run_remote_bind *b) {
+  char text[2048];
+  int rc = append(buf, cap, used,
+                  "gs_mask() { gs_cl=; while IFS=': 	' read -r gs_k gs_v; do "
+                  "[ \"$gs_k\" = Cpus_allowed_list ] && gs_cl=$gs_v; "
+                  "done 2>/dev/null </proc/self/status; }\n"
+                  "gs_mask\n");
+  if (b->mode == GS_RUN_BIND_REPORT) {
+    snprintf(text, sizeof text,
+             "if [ -n \"$gs_cl\" ]; then echo \"%s free $gs_cl\" >&2; "
+             "else echo \"%s nomask\" >&2; fi\n",
+             GS_RUN_BIND_MARKER, GS_RUN_BIND_MARKER);
+    return rc | append(buf, cap, used, text);
+  }
+  /* The local_rank-th cpu of the list, counting the cpus of each range. */
+  snprintf(text, sizeof text,
+           "[ -n \"$gs_cl\" ] || { echo \"%s nomask\" >&2; exit 127; }\n"
+           "gs_n=0; gs_cpu=; gs_r=$gs_cl,\n"
+           "while [ -n \"$gs_r\" ]; do gs_t=${gs_r%%%%,*}; gs_r=${gs_r#*,}; "
+           "gs_a=${gs_t%%-*}; gs_z=${gs_t#*-}; "
+           "if [ -z \"$gs_cpu\" ] && [ $((%d - gs_n)) -le $((gs_z - gs_a)) ]; then "
+           "gs_cpu=$((gs_a + %d - gs_n)); fi; "
+           "gs_n=$((gs_n + gs_z - gs_a + 1)); done\n"
+           "if [ \"$gs_n\" -lt %d ]; then echo \"%s refuse $gs_n $gs_cl\" >&2; exit 2; fi\n"
+           "command -v taskset >/dev/null 2>&1 || { echo \"%s notaskset\" >&2; exit 127; }\n"
+           "gs_e=$(taskset -pc \"$gs_cpu\" $$ 2>&1 >/dev/null)\n"
+           "gs_mask\n"
+           "if [ \"$gs_cl\" != \"$gs_cpu\" ]; then gs_e=$(set -f; echo $gs_e); "
+           "echo \"%s failed $gs_cpu ${gs_e:-the cpus did not change}\" >&2; exit 127; fi\n"
+           "echo \"%s bound $gs_cl\" >&2\n",
+           GS_RUN_BIND_MARKER, b->local_rank, b->local_rank, b->local_size, GS_RUN_BIND_MARKER,
+           GS_RUN_BIND_MARKER, GS_RUN_BIND_MARKER, GS_RUN_BIND_MARKER);
+  return rc | append(buf, cap, used, text);
+}
+
+char *gs_run_remote_command(const char *cwd, char *const *env, char *const *argv,
+                            const gs_run_remote_bind *bind) {
+  size_t cap = 8192;
   for (char *const *e = env; e && *e; e++) cap += 4 * strlen(*e) + 4;
   for (char *const *a = argv; *a; a++) cap += 4 * strlen(*a) + 4;
   cap += 4 * strlen(cwd);
@@ -263,6 +302,7 @@ char *gs_run_remote_command(const char *cwd, char *const *env, char *const *argv
     }
     rc |= append(buf, cap, &n, "\n");
   }
+  if (bind && bind->mode != GS_RUN_BIND_NONE) rc |= append_bind(buf, cap, &n, bind);
   rc |= append(buf, cap, &n, "setsid");
   for (char *const *a = argv; *a; a++) {
     rc |= append(buf, cap, &n, " ");
