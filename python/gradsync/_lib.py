@@ -12,6 +12,7 @@ waits in the library never stop other Python threads.
 import ctypes
 import ctypes.util
 import os
+import re
 import sys
 import sysconfig
 
@@ -280,3 +281,49 @@ def op_opts(stream=None):
 
 def text(b):
     return b.decode("utf-8", "replace") if b else ""
+
+
+# The library's error texts name its C calls ("wait for it (gs_wait,
+# gs_test)"); raised through this package they name the Python calls instead.
+# Each C phrase lies whole inside one string literal of libgradsync (no
+# format directive in it), so tests/python/test_package.py can check that
+# the library still says every one of them: a reworded C text fails that
+# test instead of reaching Python users unrewritten. The C texts themselves
+# stay as they are for C callers.
+PY_PHRASES = (
+    ("wait for it (gs_wait, gs_test) before starting it again",
+     "wait for it (wait(), test()) before starting it again"),
+    ("gs_startall lists this persistent op twice",
+     "startall() lists this persistent op twice"),
+    ("(gs_register_local) after gs_allreduce_init; a persistent op cannot be local: free it and "
+     "use gs_allreduce_async",
+     "(register_local_parameter()) after allreduce_init(); a persistent op cannot be local: "
+     "free() it and use allreduce_async()"),
+    ("(gs_register_local); a persistent op cannot be local: use gs_allreduce_async for it",
+     "(register_local_parameter()); a persistent op cannot be local: use allreduce_async() for "
+     "it"),
+    ("wait for it to complete (gs_wait) before submitting the name again",
+     "wait for it to complete (synchronize() its handle, or wait() of a persistent op) before "
+     "submitting the name again"),
+    ("gs_shutdown has been called", "shutdown() has been called"),
+    ("gs_shutdown was called while this op was in flight",
+     "shutdown() was called while this op was in flight"),
+    ("GRADSYNC_SIZE (or gs_options), ", "GRADSYNC_SIZE, "),
+)
+
+# A text that starts with the C call that refused ("gs_init: ...",
+# "gs_init (rank 3): ...", "gs_allreduce: tensor name ... is 510 bytes")
+# starts with the Python call's name instead ("init(): ...").
+_LEADING_CALL = re.compile(r"^gs_([a-z][a-z_]*)(?=[: ])")
+
+
+def py_text(msg):
+    """msg, a libgradsync error text, as a Python user should read it."""
+    for c_phrase, py_phrase in PY_PHRASES:
+        msg = msg.replace(c_phrase, py_phrase)
+    return _LEADING_CALL.sub(lambda m: m.group(1) + "()", msg, count=1)
+
+
+def error_text(b):
+    """A libgradsync error text (gs_last_error, gs_handle_error) for Python."""
+    return py_text(text(b))

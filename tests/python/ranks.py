@@ -223,8 +223,10 @@ def mode_collectives():
                 hvd.allreduce_async(torch.ones(2), name="dup.%d" % q)
                 check(False, "a duplicate in-flight name must raise ValueError")
             except ValueError as e:
-                check("dup.%d" % q in str(e), "duplicate-name message names the tensor: %r"
-                      % str(e))
+                check(str(e) == "tensor 'allreduce.dup.%d': rank %d already has an op of this "
+                      "name in flight; wait for it to complete (synchronize() its handle, or "
+                      "wait() of a persistent op) before submitting the name again, or use "
+                      "another name" % (q, q), "duplicate-name message: %r" % str(e))
             store.set("dup/%d" % q, b"1")
         else:
             store.get("dup/%d" % q)
@@ -686,7 +688,7 @@ def mode_persistent():
         pa.start()
         check(not pa.test(), "p.a active before rank 1 starts it")
         active = ("tensor 'allreduce.p.a': rank 0 (host %s) started this persistent op while it "
-                  "is still active; wait for it (gs_wait, gs_test) before starting it again"
+                  "is still active; wait for it (wait(), test()) before starting it again"
                   % host)
         try:
             pa.start()
@@ -703,7 +705,7 @@ def mode_persistent():
             hvd.startall([pb, pb])
             check(False, "an op listed twice must raise")
         except ValueError as e:
-            check(str(e) == "tensor 'allreduce.p.b': gs_startall lists this persistent op twice "
+            check(str(e) == "tensor 'allreduce.p.b': startall() lists this persistent op twice "
                   "(rank 0, host %s); list each op once" % host, "twice text: %r" % str(e))
         check(pb.test(), "p.b not started by the refused startall")
         try:
@@ -719,6 +721,16 @@ def mode_persistent():
     pb.start()
     same(pb.wait(), torch.full((2,), 30.0), "p.b started after the refused startall")
     count += 8
+
+    # A name over the library's limit: refused at allreduce_init, the text
+    # starting with the Python call's name, not the C one (gs_allreduce).
+    try:
+        hvd.allreduce_init(torch.ones(2), name="x" * 500)
+        check(False, "an over-long name must raise")
+    except ValueError as e:
+        check(str(e) == "allreduce(): tensor name 'allreduce.%s...' is 510 bytes; the limit is "
+              "255" % ("x" * 30), "over-long name text: %r" % str(e))
+    count += 1
 
     # A failed start: shapes differ across ranks. wait() raises with the
     # coordinator's text, error() keeps it, and the op may be started again

@@ -15,7 +15,7 @@ def test_collectives(np_):
 
 def test_persistent_allreduce_np2():
     job = run_ranks(2, "persistent")
-    expect_ok(job, 2, "persistent: ok (56 checks)")
+    expect_ok(job, 2, "persistent: ok (57 checks)")
 
 
 def test_mismatch_raises_runtime_error_on_every_rank():

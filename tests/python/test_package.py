@@ -132,3 +132,69 @@ def test_nccl_built_tells_the_truth():
     v = ctypes.c_int(0)
     assert nccl_lib.ncclGetVersion(ctypes.byref(v)) == 0
     assert v.value > 0 and int(nccl) == v.value and cuda == "True", (nccl, v.value, ldd)
+
+
+def _lib_module():
+    """gradsync._lib imported with the build's library (no job needed)."""
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    os.environ["GRADSYNC_LIB"] = LIB
+    from gradsync import _lib
+    return _lib
+
+
+def test_every_rewritten_c_phrase_is_still_in_the_library():
+    """The Python texts replace C phrases of libgradsync: each must still be
+    in the library, or a reworded C text would reach Python users with its
+    C names."""
+    _lib = _lib_module()
+    data = open(LIB, "rb").read()
+    missing = [c for c, _ in _lib.PY_PHRASES if c.encode() not in data]
+    assert not missing, missing
+    for fmt in (b"gs_init: %s", b"gs_init (rank %d): %s", b"gs_%s: tensor name '%.40s...'"):
+        assert fmt in data, fmt
+
+
+def test_python_texts():
+    """Library texts as a Python user reads them: Python calls, not C ones;
+    a text without C names is unchanged."""
+    t = _lib_module().py_text
+    assert t("tensor 'allreduce.w': rank 0 (host vm) started this persistent op while it is "
+             "still active; wait for it (gs_wait, gs_test) before starting it again") == (
+        "tensor 'allreduce.w': rank 0 (host vm) started this persistent op while it is "
+        "still active; wait for it (wait(), test()) before starting it again")
+    assert t("tensor 'allreduce.b': gs_startall lists this persistent op twice (rank 0, host vm);"
+             " list each op once") == (
+        "tensor 'allreduce.b': startall() lists this persistent op twice (rank 0, host vm); "
+        "list each op once")
+    assert t("tensor 'allreduce.w': rank 1 (host vm) registered this name local "
+             "(gs_register_local) after gs_allreduce_init; a persistent op cannot be local: free "
+             "it and use gs_allreduce_async") == (
+        "tensor 'allreduce.w': rank 1 (host vm) registered this name local "
+        "(register_local_parameter()) after allreduce_init(); a persistent op cannot be local: "
+        "free() it and use allreduce_async()")
+    assert t("tensor 'allreduce.w': rank 1 (host vm) registered this name local "
+             "(gs_register_local); a persistent op cannot be local: use gs_allreduce_async for "
+             "it") == (
+        "tensor 'allreduce.w': rank 1 (host vm) registered this name local "
+        "(register_local_parameter()); a persistent op cannot be local: use allreduce_async() "
+        "for it")
+    assert t("tensor 'allreduce.d': rank 2 already has an op of this name in flight; wait for it "
+             "to complete (gs_wait) before submitting the name again, or use another name") == (
+        "tensor 'allreduce.d': rank 2 already has an op of this name in flight; wait for it to "
+        "complete (synchronize() its handle, or wait() of a persistent op) before submitting "
+        "the name again, or use another name")
+    assert t("tensor 'allreduce.d': gs_shutdown has been called") == (
+        "tensor 'allreduce.d': shutdown() has been called")
+    assert t("gs_shutdown was called while this op was in flight; wait for ops before shutting "
+             "down") == ("shutdown() was called while this op was in flight; wait for ops before "
+                         "shutting down")
+    assert t("gs_init: this process's rank is unknown: set GRADSYNC_RANK and GRADSYNC_SIZE (or "
+             "gs_options), or start it under a launcher") == (
+        "init(): this process's rank is unknown: set GRADSYNC_RANK and GRADSYNC_SIZE, or start "
+        "it under a launcher")
+    assert t("gs_init (rank 3): timed out after 100 ms") == (
+        "init() (rank 3): timed out after 100 ms")
+    assert t("gs_allreduce: tensor name 'allreduce.xx...' is 510 bytes; the limit is 255") == (
+        "allreduce(): tensor name 'allreduce.xx...' is 510 bytes; the limit is 255")
+    plain = "tensor 'a': mismatched shapes: ranks [0] sent [3], ranks [1] sent [4] (gs_wait)"
+    assert t(plain) == plain

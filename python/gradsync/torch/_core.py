@@ -69,7 +69,7 @@ def next_id():
 
 
 def last_error():
-    return _lib.text(lib.gs_last_error(_state.ctx))
+    return _lib.error_text(lib.gs_last_error(_state.ctx))
 
 
 def raise_submit_error(st, what):
@@ -138,7 +138,8 @@ class _Op:
             for h in self.handles:
                 st = lib.gs_wait(h, 0)
                 if st != _lib.GS_OK:
-                    msg = _lib.text(lib.gs_handle_error(h)) or _lib.text(lib.gs_status_str(st))
+                    msg = (_lib.error_text(lib.gs_handle_error(h))
+                           or _lib.text(lib.gs_status_str(st)))
                     err = HorovodInternalError(msg)
                     break
             if err is None:
@@ -288,7 +289,7 @@ def init_ctx():
     c = ctypes.c_void_p()
     st = lib.gs_init(ctypes.byref(opts), ctypes.byref(c))
     if st != _lib.GS_OK:
-        msg = _lib.text(lib.gs_last_error(None)) or _lib.text(lib.gs_status_str(st))
+        msg = _lib.error_text(lib.gs_last_error(None)) or _lib.text(lib.gs_status_str(st))
         if st == _lib.GS_ERR_INVALID_ARG:
             raise ValueError(msg)
         raise HorovodInternalError(msg)

@@ -141,7 +141,7 @@ class PersistentAllreduce:
             lib.gs_wait(h, _core.WAIT_SLICE_MS)
         st = lib.gs_wait(h, 0)
         if st != _lib.GS_OK:
-            msg = _lib.text(lib.gs_handle_error(h)) or _lib.text(lib.gs_status_str(st))
+            msg = _lib.error_text(lib.gs_handle_error(h)) or _lib.text(lib.gs_status_str(st))
             raise _core.HorovodInternalError(msg)
         return self._state.keep[1]
 
@@ -150,7 +150,7 @@ class PersistentAllreduce:
         h = self._handle()
         if not _done(h):
             return ""
-        return _lib.text(lib.gs_handle_error(h))
+        return _lib.error_text(lib.gs_handle_error(h))
 
     def free(self):
         """Frees the op (a no-op when already freed). An active op is freed
