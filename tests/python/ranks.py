@@ -470,7 +470,7 @@ def mode_nograd():
 
 
 def mode_bcast_state():
-    n, r = hvd.size(), hvd.rank()
+    r = hvd.rank()
     model = mlp(seed=r)  # different initial weights on every rank
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x, y = batch(99, r)
