@@ -15,7 +15,9 @@
 #     command here, possibly under `taskset`): the i-th rank on a host gets
 #     the i-th cpu that host's session may use, read from inside the rank,
 #     and --report-bindings says so; more ranks than that host's cpus is
-#     refused (exit 2, exact text) and ends the job; a host without taskset,
+#     refused (exit 2, exact text) and ends the job; a host listed twice
+#     (and this machine under two names) is one machine: local ranks 0..
+#     and distinct cpus over its entries; a host without taskset,
 #     or whose taskset fails, does not start the rank (exit 127);
 #   - a bad value is refused with exit status 2 and its exact text.
 # The ranks are `sh -c 'grep ...'`; --coordinator points at an address no
@@ -163,6 +165,25 @@ expect_file remote_one.out "[0] cpus ${CPUS[0]}
 sort "$TMP/remote_one.err" >"$TMP/remote_one.err.sorted"
 expect_file remote_one.err.sorted "gradsync-run: rank 0 on $HOST: bound to cpu ${CPUS[0]}
 gradsync-run: rank 1 on $RH: bound to cpu $last"
+
+if [ "$nr" = 2 ]; then
+  # A host listed twice is one machine: its ranks are local ranks 0 and 1 of
+  # 2 and get its cpus 0 and 1 (not both the first); so is this machine
+  # under two names.
+  say "-H $RH:1,localhost:1,$RH:1,$HOST:1: local ranks and cpus per machine"
+  timeout 60 "$BIN/gradsync-run" -np 4 -H "$RH:1,localhost:1,$RH:1,$HOST:1" --rsh "$TMP/rsh" \
+    --bind-to core --coordinator 127.0.0.1:1 sh -c "echo \"local \$GRADSYNC_LOCAL_RANK of \
+\$GRADSYNC_LOCAL_SIZE \$(sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus /p' /proc/self/status)\"" \
+    >"$TMP/twice.raw" 2>"$TMP/twice.err"
+  RC=$?
+  sort "$TMP/twice.raw" >"$TMP/twice.out"
+  [ "$RC" = 0 ] || fail "a host listed twice exited $RC"
+  expect_file twice.out "[0] local 0 of 2 cpus ${CPUS[0]}
+[1] local 0 of 2 cpus ${CPUS[0]}
+[2] local 1 of 2 cpus ${CPUS[1]}
+[3] local 1 of 2 cpus ${CPUS[1]}"
+  expect_file twice.err ""
+fi
 
 say "--report-bindings without --bind-to: remote ranks keep their session's cpus"
 run remote_none "$BIN/gradsync-run" -np 2 -H "$RH:2" --rsh "taskset -c $last $TMP/rsh" \

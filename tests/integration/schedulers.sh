@@ -179,8 +179,10 @@ GRADSYNC_GRADSYNCD="$BIN/gradsyncd" timeout 120 "$BIN/gradsync-run" --hostfile "
   --tag-output --cycle-time-ms=0.5 --fusion-threshold-mb 2 "$BIN/gradsync-train" --steps 30 \
   >"$TMP/hostfile.out" 2>&1 || fail "gradsync-run --hostfile: exit $?"
 grep -q "parameters identical on all 3 ranks" "$TMP/hostfile.out" || fail "hostfile: no identical parameters"
-grep -q "^\[1@localhost\] .*as rank 1 of 3, local rank 1 of 2" "$TMP/hostfile.out" || fail "hostfile: rank 1 placement"
-grep -q "^\[2@127.0.0.1\] .*as rank 2 of 3, local rank 0 of 1" "$TMP/hostfile.out" || fail "hostfile: rank 2 placement"
+# localhost and 127.0.0.1 are both this machine: local ranks 0..2 of 3 over
+# the two lines (not 0..1 of 2 and 0 of 1: two local ranks 0 on one machine)
+grep -q "^\[1@localhost\] .*as rank 1 of 3, local rank 1 of 3" "$TMP/hostfile.out" || fail "hostfile: rank 1 placement"
+grep -q "^\[2@127.0.0.1\] .*as rank 2 of 3, local rank 2 of 3" "$TMP/hostfile.out" || fail "hostfile: rank 2 placement"
 grep -q "cycle_time_ms=0.5 (--cycle-time-ms) fusion_threshold=2097152 (--fusion-threshold)" "$TMP/hostfile.out" ||
   fail "horovodrun-style flags did not reach gradsyncd"
 printf 'a slots=x\n' >"$TMP/badhosts"

@@ -1492,7 +1492,10 @@ static int plan_hosts(launcher *L) {
   }
   gs_run_hosts_mark_local(hs);
   if (gs_run_place(hs, np, L->host_of, L->local_rank, L->local_size) != 0) {
-    say(L, "-np %d does not fit the hosts' %d slots", np, gs_run_hosts_slots(hs));
+    if (gs_run_hosts_slots(hs) < np)
+      say(L, "-np %d does not fit the hosts' %d slots", np, gs_run_hosts_slots(hs));
+    else
+      say(L, "out of memory");
     return -1;
   }
   int any_remote = 0;
@@ -1583,7 +1586,7 @@ static int plan_bindings(launcher *L) {
 /* The marker line of a remote rank's command (hosts.h), without the marker:
  * its --report-bindings line, or why it was not started. */
 static void on_bind_marker(launcher *L, int rank, const char *text, size_t n) {
-  int h = L->host_of[rank];
+  int h = gs_run_host_first(&L->cfg.hosts, L->host_of[rank]); /* one refusal per machine */
   const char *host = L->cfg.hosts.v[h].name;
   char word[16] = "", rest[1024] = "";
   size_t w = 0;

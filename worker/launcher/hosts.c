@@ -186,17 +186,28 @@ int gs_run_hosts_slots(const gs_run_hosts *h) {
   return s;
 }
 
+int gs_run_host_first(const gs_run_hosts *h, int i) {
+  for (int j = 0; j < i; j++)
+    if (!strcmp(h->v[j].name, h->v[i].name) || (h->v[j].local && h->v[i].local)) return j;
+  return i;
+}
+
 int gs_run_place(const gs_run_hosts *h, int np, int *host_of, int *local_rank, int *local_size) {
   int r = 0;
   for (int i = 0; i < h->n && r < np; i++) {
     int here = h->v[i].slots < np - r ? h->v[i].slots : np - r;
-    for (int k = 0; k < here; k++, r++) {
-      host_of[r] = i;
-      local_rank[r] = k;
-      local_size[r] = here;
-    }
+    for (int k = 0; k < here; k++, r++) host_of[r] = i;
   }
-  return r == np ? 0 : -1;
+  if (r != np) return -1;
+  /* Local ranks count per machine: a host listed twice (-H a:1,b:1,a:1),
+   * or this machine under two names (localhost, its host name), is one
+   * machine, whose ranks are local ranks 0.. of all of them. */
+  int *seen = calloc((size_t)h->n, sizeof *seen);
+  if (!seen) return -1;
+  for (r = 0; r < np; r++) local_rank[r] = seen[gs_run_host_first(h, host_of[r])]++;
+  for (r = 0; r < np; r++) local_size[r] = seen[gs_run_host_first(h, host_of[r])];
+  free(seen);
+  return 0;
 }
 
 int gs_run_local_addr_toward(const char *host, char *out, size_t cap, char *err, size_t errlen) {

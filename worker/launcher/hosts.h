@@ -37,9 +37,15 @@ void gs_run_hosts_mark_local(gs_run_hosts *h);
 int gs_run_hosts_slots(const gs_run_hosts *h);
 
 /* Places np ranks host by host, filling each host's slots in order:
- * host_of[r], local_rank[r], local_size[r]. 0, or -1 when np exceeds the
- * slots. */
+ * host_of[r], local_rank[r], local_size[r]. Local ranks count over every
+ * entry of the same machine (gs_run_host_first). Call after
+ * gs_run_hosts_mark_local. 0, or -1 when np exceeds the slots (or out of
+ * memory). */
 int gs_run_place(const gs_run_hosts *h, int np, int *host_of, int *local_rank, int *local_size);
+
+/* The first entry that is the same machine as entry i: the same name, or
+ * both this machine (marked local). i itself when it is the first. */
+int gs_run_host_first(const gs_run_hosts *h, int i);
 
 /* The local address (IPv4 or IPv6, no brackets) the kernel would use toward
  * host, i.e. the address by which host reaches this machine. 0, or -1 with
