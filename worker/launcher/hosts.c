@@ -255,7 +255,7 @@ static int append(char *buf, size_t cap, size_t *used, const char *text) {
 static int append_bind(char *buf, size_t cap, size_t *used, const gs_run_remote_bind *b) {
   char text[2048];
   int rc = append(buf, cap, used,
-                  "gs_mask() { gs_cl=; while IFS=': 	' read -r gs_k gs_v; do "
+                  "gs_mask() { gs_cl=; while IFS=': \t' read -r gs_k gs_v; do "
                   "[ \"$gs_k\" = Cpus_allowed_list ] && gs_cl=$gs_v; "
                   "done 2>/dev/null </proc/self/status; }\n"
                   "gs_mask\n");
