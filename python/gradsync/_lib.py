@@ -311,6 +311,15 @@ PY_PHRASES = (
     ("GRADSYNC_SIZE (or gs_options), ", "GRADSYNC_SIZE, "),
 )
 
+# The same for gradsyncd's texts that reach the ranks (in gradsyncd, not in
+# the library: tests/python/test_package.py looks for them there). They say
+# what another rank did; in a job of this package that rank called
+# shutdown().
+PY_COORD_PHRASES = (
+    ("has already left the job (gs_shutdown), so this collective",
+     "has already left the job (shutdown()), so this collective"),
+)
+
 # A text that starts with the C call that refused ("gs_init: ...",
 # "gs_init (rank 3): ...", "gs_allreduce: tensor name ... is 510 bytes")
 # starts with the Python call's name instead ("init(): ...").
@@ -319,7 +328,7 @@ _LEADING_CALL = re.compile(r"^gs_([a-z][a-z_]*)(?=[: ])")
 
 def py_text(msg):
     """msg, a libgradsync error text, as a Python user should read it."""
-    for c_phrase, py_phrase in PY_PHRASES:
+    for c_phrase, py_phrase in PY_PHRASES + PY_COORD_PHRASES:
         msg = msg.replace(c_phrase, py_phrase)
     return _LEADING_CALL.sub(lambda m: m.group(1) + "()", msg, count=1)
 

@@ -605,6 +605,27 @@ def mode_mismatch():
     same(hvd.allreduce(torch.ones(2), name="after"), torch.ones(2), "job usable after mismatch")
 
 
+def mode_left():
+    """Rank 1 shuts down first: rank 0's next allreduce raises
+    HorovodInternalError naming rank 1 (host, pid) and the Python call it
+    made, shutdown() (the coordinator's text says gs_shutdown)."""
+    import socket
+
+    r = hvd.rank()
+    pids = hvd.allgather_object(os.getpid(), name="left.pids")
+    if r == 1:
+        hvd.shutdown()
+        return
+    try:
+        hvd.allreduce(torch.ones(2), name="after")
+        check(False, "an allreduce after rank 1 left must raise")
+    except hvd.HorovodInternalError as e:
+        want = ("tensor 'allreduce.after': rank 1 (%s, pid %d) has already left the job "
+                "(shutdown()), so this collective can never complete; every rank must submit "
+                "the same tensors before shutting down" % (socket.gethostname(), pids[1]))
+        check(want in str(e), "rank 1 left: %r" % str(e))
+
+
 def mode_ddp_deadlock():
     """DDP: rank 1 stops doing backward at step 2 and waits on another
     tensor; rank 0's backward() must raise, not hang."""

@@ -35,3 +35,10 @@ def test_no_false_deadlock_while_computing_past_pending_ops():
                     env={"GRADSYNC_DEADLOCK_TIME_MS": "1000"})
     expect_ok(job, 2, "compute_past_pending: ok")
     assert "deadlock: " not in job.out.lower(), job.out
+
+
+def test_a_rank_that_left_is_named_with_the_python_call():
+    """Rank 1 calls shutdown() first: rank 0's next allreduce raises naming
+    rank 1, its host and pid, and shutdown() (not the C gs_shutdown)."""
+    job = run_ranks(2, "left", timeout=120)
+    expect_ok(job, 2, "left: ok")

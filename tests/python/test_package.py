@@ -152,6 +152,10 @@ def test_every_rewritten_c_phrase_is_still_in_the_library():
     assert not missing, missing
     for fmt in (b"gs_init: %s", b"gs_init (rank %d): %s", b"gs_%s: tensor name '%.40s...'"):
         assert fmt in data, fmt
+    coord = open(os.path.join(os.path.dirname(os.path.dirname(LIB)), "bin", "gradsyncd"),
+                 "rb").read()
+    missing = [c for c, _ in _lib.PY_COORD_PHRASES if c.encode() not in coord]
+    assert not missing, missing
 
 
 def test_python_texts():
@@ -196,5 +200,9 @@ def test_python_texts():
         "init() (rank 3): timed out after 100 ms")
     assert t("gs_allreduce: tensor name 'allreduce.xx...' is 510 bytes; the limit is 255") == (
         "allreduce(): tensor name 'allreduce.xx...' is 510 bytes; the limit is 255")
+    assert t("tensor 'allreduce.x': rank 1 (vm, pid 7) has already left the job (gs_shutdown), "
+             "so this collective can never complete") == (
+        "tensor 'allreduce.x': rank 1 (vm, pid 7) has already left the job (shutdown()), so "
+        "this collective can never complete")
     plain = "tensor 'a': mismatched shapes: ranks [0] sent [3], ranks [1] sent [4] (gs_wait)"
     assert t(plain) == plain
