@@ -698,8 +698,9 @@ static void accepted_text(const gs__setting *d, char *buf, size_t cap) {
   }
 }
 
-/* Writes text wrapped to 80 columns, continuation lines indented by indent. */
-static void wrap(FILE *f, const char *text, int col, int indent) {
+/* Writes text wrapped to 80 columns from column col, continuation lines
+ * indented by indent; returns the column it ends at (no newline). */
+static int wrap(FILE *f, const char *text, int col, int indent) {
   const char *p = text;
   while (*p) {
     while (*p == ' ') p++;
@@ -717,7 +718,7 @@ static void wrap(FILE *f, const char *text, int col, int indent) {
     fprintf(f, "%.*s", len, w);
     col += len;
   }
-  fputc('\n', f);
+  return col;
 }
 
 void gs__settings_usage(FILE *f, unsigned scope) {
@@ -725,6 +726,8 @@ void gs__settings_usage(FILE *f, unsigned scope) {
     const gs__setting *d = &table[id];
     if (!d->flag || !(d->scope & scope)) continue;
     char head[96], def[96], acc[96], more[512];
+    /* The help text is written as is (any length); only the bracket is
+     * formatted into a buffer, whose parts are all short. */
     snprintf(head, sizeof head, "  %s %s", d->flag, d->metavar);
     fprintf(f, "%-28s", head);
     int col = (int)strlen(head) < 28 ? 28 : (int)strlen(head);
@@ -734,9 +737,11 @@ void gs__settings_usage(FILE *f, unsigned scope) {
     }
     default_text(d, def, sizeof def);
     accepted_text(d, acc, sizeof acc);
-    snprintf(more, sizeof more, "%s [%s; default %s; env %s%s%s]", d->help, acc, def, d->env,
+    snprintf(more, sizeof more, "[%s; default %s; env %s%s%s]", acc, def, d->env,
              d->alias ? ", " : "", d->alias ? d->alias : "");
+    col = wrap(f, d->help, col, 28);
     wrap(f, more, col, 28);
+    fputc('\n', f);
   }
 }
 

@@ -383,6 +383,50 @@ static void test_sched_precedence_and_errors(void **state) {
   assert_int_equal(gs__slurm_tasks_on_node("3(2)", 0), -1);
 }
 
+/* gradsyncd --help shows every flag's whole help text and its bracket
+ * (accepted values, default, variables), however long, in lines of at most
+ * 80 columns: a fixed buffer once cut the two longest texts mid-word. */
+static void test_usage_is_whole(void **state) {
+  (void)state;
+  char *out = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&out, &len);
+  assert_non_null(f);
+  gs__settings_usage(f, GS__FOR_SERVER);
+  assert_int_equal(fclose(f), 0);
+  /* Each line fits 80 columns; then join the lines, runs of spaces as one. */
+  char *flat = malloc(len + 1);
+  assert_non_null(flat);
+  size_t n = 0, line = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (out[i] == '\n') {
+      assert_true(line <= 80);
+      line = 0;
+    } else {
+      line++;
+    }
+    char c = out[i] == '\n' ? ' ' : out[i];
+    if (c == ' ' && n > 0 && flat[n - 1] == ' ') continue;
+    flat[n++] = c;
+  }
+  flat[n] = '\0';
+  int flags = 0;
+  for (int id = 0; id < GS__S_COUNT; id++) {
+    const gs__setting *d = gs__setting_get((gs__setting_id)id);
+    if (!d->flag || !(d->scope & GS__FOR_SERVER)) continue;
+    flags++;
+    char want[2048];
+    snprintf(want, sizeof want, "%s %s %s [", d->flag, d->metavar, d->help);
+    if (!strstr(flat, want)) fail_msg("--help lacks the whole text of %s", d->flag);
+    snprintf(want, sizeof want, "env %s%s%s]", d->env, d->alias ? ", " : "",
+             d->alias ? d->alias : "");
+    if (!strstr(flat, want)) fail_msg("--help lacks %s's variables (%s)", d->flag, want);
+  }
+  assert_true(flags > 30);
+  free(flat);
+  free(out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_row_is_sound),
@@ -393,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_split_host_port),
       cmocka_unit_test(test_sched_each),
       cmocka_unit_test(test_sched_precedence_and_errors),
+      cmocka_unit_test(test_usage_is_whole),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
