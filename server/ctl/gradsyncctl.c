@@ -60,6 +60,7 @@ static void usage(FILE *f) {
           "  --timeout-s S           per call (default 10)\n"
           "  --json                  JSON instead of tables (before or after the command)\n"
           "  --version               print the version\n"
+          "  -h, --help              this text\n"
           "exit codes: 0 ok, 1 unreachable or the call failed, 2 usage, 3 not serving\n");
 }
 
