@@ -5,7 +5,7 @@
 #
 #   bench/control.sh [--build DIR] [--rounds R] [--inner K] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
 #                    [--sim-rounds K] [--out FILE] [--plots DIR] [--quick]
-#                    [--bind auto|core|none]
+#                    [--bind auto|core|none] [--workloads DIR]
 #
 # Binding: the MPI peer runs under mpirun's default, which binds each rank to
 # a core when the job is not oversubscribed (np <= 2 here) and binds nothing

@@ -14,8 +14,12 @@
 #     fusion, emission policy and cache settings (then bench/control.sh
 #     unless --no-control); --control-only runs only bench/control.sh
 #   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
-#                [--sweep-from FILE]
-#     (the data plane next to OpenMPI: see "data plane" below)
+#                [--sweep-from FILE] [--plot FILE]
+#     (the data plane next to OpenMPI: see "data plane" below; --plot: the
+#     bus-bandwidth plot, default docs/benchmarks-dataplane.svg)
+#   Every mode: --workloads DIR (the tensor lists, default bench/workloads);
+#   the environment's GRADSYNC_BUILD and GRADSYNC_WORKLOADS set the defaults
+#   of --build and --workloads.
 #   bench/run.sh --steps [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
 #     ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes
 #
@@ -67,7 +71,7 @@ while [ $# -gt 0 ]; do
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
   --sweep-from) sweep=$2; shift 2 ;;
-  -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
