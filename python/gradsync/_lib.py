@@ -1,9 +1,10 @@
 """Loading libgradsync.so and declaring its C API for ctypes.
 
 The structs below mirror worker/include/gradsync.h field for field;
-tests/python/test_abi.py compiles a probe against the header and compares
-every size and offset, so a change to the header that is not made here fails
-the tests instead of corrupting memory.
+tests/python/test_package.py (test_struct_mirrors_match_the_header) compiles
+a probe against the header and compares every size and offset, so a change
+to the header that is not made here fails the tests instead of corrupting
+memory.
 
 Every ctypes call of a CDLL function releases the GIL for its duration, so
 waits in the library never stop other Python threads.
