@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything on a fresh Debian 12 machine and runs the whole test
-# suite: the normal build's tests (unit, integration, fault), the same tests
+# suite: the normal build's tests (every ctest label: unit, integration,
+# fault, python, install, lint, container; gpu skips without a GPU), the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, valgrind over the
 # unit tests and over real worker processes (tests/valgrind.sh: np=2 jobs of
 # gs-fast-worker, every rank under valgrind), and a bounded libFuzzer run of
