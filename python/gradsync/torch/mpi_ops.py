@@ -176,7 +176,8 @@ def gloo_enabled():
 
 
 def gloo_built():
-    """False: gradsync's CPU data plane is its own TCP ring, not Gloo."""
+    """False: gradsync's CPU data plane is its own (shared memory within a
+    host, a TCP ring between hosts), not Gloo."""
     return False
 
 
