@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs one pytest file of the Python tests with Debian's /usr/bin/python3
-# (python3-torch, python3-pytest): run.sh <build dir> <test file> [pytest args].
+# (python3-torch, python3-pytest; $GRADSYNC_TEST_PYTHON names another):
+# run.sh <build dir> <test file> [pytest args].
 # Exit 77 (ctest SKIP) when torch or pytest is missing; pytest's exit code 5
 # (no tests collected) is a failure, never a silent pass.
 set -uo pipefail
