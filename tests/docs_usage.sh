@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every option a program's parser accepts is named in its --help text
-# (gradsync-run, gradsyncctl, gradsync-train). The options are read from the
+# (gradsync-run, gradsyncctl, gradsync-train), and usage text pasted into
+# README.md and docs/*.md is what --help prints. The options are read from the
 # parsers' sources (the names passed to take_opt/strcmp, and the option
 # tables), so a flag added to a parser without a line in its usage text
 # fails here. gradsyncd's flags come from the settings table and are checked
@@ -35,8 +36,57 @@ check gradsync-run worker/launcher/gradsync_run.c \
 check gradsyncctl server/ctl/gradsyncctl.c 'strcmp\((a|argv\[i\]), "-[-a-z0-9]*"\)'
 check gradsync-train examples/train.c '\{"--[-a-z0-9]*", |strcmp\((a|key), "-[-a-z0-9]*"\)|"--(seed|lr|wait)"'
 
+# Usage text pasted into the docs must be what the program prints: a fenced
+# block that starts with "usage: PROGRAM" must be PROGRAM --help whole, and
+# a block with at least 2 option lines of a --help (an excerpt) must have
+# all its option lines in it.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for prog in gradsync-run gradsyncctl gradsync-train gradsyncd; do
+  "$bin/$prog" --help >"$tmp/$prog"
+done
+if ! python3 - "$src" "$tmp" <<'EOF'
+import glob, os, re, sys
+src, tmp = sys.argv[1], sys.argv[2]
+helps = {}
+for prog in ("gradsync-run", "gradsyncctl", "gradsync-train", "gradsyncd"):
+    with open(os.path.join(tmp, prog)) as f:
+        helps[prog] = set(f.read().splitlines())
+docs = [os.path.join(src, "README.md")] + sorted(glob.glob(os.path.join(src, "docs", "*.md")))
+bad, blocks = 0, 0
+for path in docs:
+    with open(path) as f:
+        text = f.read()
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M):
+        m = re.match(r"usage: (\S+)", block)
+        if m and m.group(1) in helps:
+            # the whole --help pasted: every line, none left out
+            blocks += 1
+            with open(os.path.join(tmp, m.group(1))) as f:
+                if block != f.read():
+                    print("docs_usage: %s pastes %s --help, but not as it prints now"
+                          % (os.path.relpath(path, src), m.group(1)))
+                    bad = 1
+            continue
+        opts = [l for l in block.splitlines() if re.match(r"^  +-", l)]
+        for prog, h in helps.items():
+            if len(opts) < 2 or sum(l in h for l in opts) < 2:
+                continue
+            blocks += 1
+            for l in opts:
+                if l not in h:
+                    print("docs_usage: %s pastes a line that %s --help does not print: %r"
+                          % (os.path.relpath(path, src), prog, l))
+                    bad = 1
+print("docs_usage: %d pasted usage blocks compared with --help" % blocks)
+sys.exit(bad)
+EOF
+then
+  bad=1
+fi
+
 if [ "$bad" -ne 0 ]; then
-  echo "docs_usage: FAILED: add the options above to the programs' usage texts"
+  echo "docs_usage: FAILED: name the options above in the programs' usage texts, and paste --help into the docs as it prints"
   exit 1
 fi
 echo "docs_usage: every option the parsers accept is in their --help"
