@@ -51,18 +51,21 @@ typedef struct gs__join_response {
   char version[32]; /* gradsyncd's */
 } gs__join_response;
 
+/* The name first, then the scalars, then the shape: a worker's op handle
+ * writes a request only as far as it is used (worker.h, struct gs_handle),
+ * and a name under 64 bytes and a short shape then fill two cache lines. */
 typedef struct gs__tensor_request {
   char name[GS__MAX_NAME + 1];
   gs__op_type op;
   gs__dtype dtype;
   int ndim;
-  int64_t shape[GS__MAX_DIMS];
   gs__reduce_op reduce_op;
-  double prescale, postscale; /* 1.0 = none */
   int32_t root_rank;
   gs__device device;
-  uint64_t group_id; /* 0 = not grouped */
   uint32_t group_size;
+  double prescale, postscale; /* 1.0 = none */
+  uint64_t group_id;          /* 0 = not grouped */
+  int64_t shape[GS__MAX_DIMS];
 } gs__tensor_request;
 
 /* Cumulative counters of a rank's fast rounds (RankMessage.fast_report). */

@@ -116,55 +116,83 @@ static inline int gs__key_differs(const void *a, const void *b, size_t n) {
  * running other ops) before it is refused (api.c, start_wait_released). */
 #define GS__START_HELD_MS 30000
 
+/* The fields are ordered by who touches them when (the order is the
+ * point; see gs__handle_mem and docs/design-notes.md, "A handle's cache
+ * lines"). A step submits a few hundred ops, more handles than the L1
+ * cache holds, and each line a submission writes is a line to fetch before
+ * the lock's atomics can complete: a submission used to zero and fill all
+ * 12 lines of a 744-byte handle. Now it writes the header (GS__HANDLE_HOT
+ * bytes, 3 lines: what the submitting thread sets and the library's
+ * threads read or change while the op is in flight, packed so that the
+ * exec thread's snapshot and completion touch the first two) and the
+ * request as far as it is used (its name and its scalars plus shape: 2
+ * lines for names under 64 bytes). The cold fields between them (results
+ * and what only some ops use) are zero whenever a block is handed out:
+ * the free of the previous handle, which reads them anyway, leaves them
+ * so (gs__handle_mem_free). Blocks are 64-byte aligned. */
 struct gs_handle {
-  gs_ctx *ctx;
+  /* ---- line 0: the snapshot and completion of a fast round ---- */
   atomic_int refs;
   atomic_int done;
   gs_status status; /* valid once done */
-  char *error;      /* valid once done; NULL on success */
-  /* the op, immutable after submission */
-  gs__tensor_request req;
-  const void *send;
-  void *recv;
-  size_t count; /* elements of send (allgather: of this rank's block) */
-  /* allgather result, owned by the handle (valid once done) */
-  void *result;
-  size_t result_bytes;
-  int64_t *rank_dims;
-  size_t nrank_dims;
-  int join_last;   /* join: the rank that joined last (valid once done) */
-  int64_t *splits; /* alltoall: rows this rank sends to each rank (size entries) */
-  /* Optional step run by the exec thread when the collective succeeded,
-   * before the handle completes (e.g. unpacking a sparse result); a
-   * non-zero return fails the op with that status and err. */
-  int (*finish)(struct gs_handle *h, char *err, size_t errlen);
-  void *data; /* owned by the handle; freed with free_data */
-  void (*free_data)(void *data);
-  struct gs_handle *next_submit; /* submission queue (under mu) */
-  int queued;                    /* on the submission queue, not yet sent (under mu) */
-  int planned;                   /* a plan names it (under mu) */
   /* Fast mode (under mu): on the fast queue (ctx->fast_head, linked by
    * next_submit), its position in the fast vector (0 = not a cache hit
    * or not eligible: the round then escalates), its cache id (0 = none),
    * when it was submitted or moved there (fast_pending) and its order
    * among the fast queue's ops (escalation keeps submission order). */
   int fast;
+  int planned; /* a plan names it (under mu) */
+  int queued;  /* on the submission queue, not yet sent (under mu) */
   uint32_t fast_slot, fast_id;
+  struct gs_handle *next_submit; /* submission queue (under mu) */
+  size_t count;                  /* elements of send (allgather: of this rank's block) */
+  const void *send;
+  char *error; /* valid once done; NULL on success */
+  /* ---- line 1 ---- */
+  UT_hash_handle hh; /* ctx->inflight by name (under mu) */
+  int compress;      /* float32 buffers, req.dtype on the wire */
+  int persistent;    /* gs_allreduce_init: started again and again (immutable) */
+  /* ---- line 2 ---- */
+  gs_ctx *ctx;
+  void *recv;
   uint64_t fast_since_ms, fast_seq;
-  int compress;                 /* float32 buffers, req.dtype on the wire */
-  int persistent;               /* gs_allreduce_init: started again and again (immutable) */
-  void *stream;                 /* caller's cudaStream_t (GPU buffers; NULL = default) */
-  void (*result_free)(void *p); /* frees result (NULL = free()); set with result */
   /* Deadlock detection (under mu). Blocked-since belongs to the op, not to
    * one call: wait_since_ms is when an application thread first waited on
    * or tested it while pending (0 = never), wait_last_ms the last time one
    * did, nwaiting how many threads are inside a wait on it now. Such ops are
    * on ctx->waited (wprev/wnext) until they complete. */
-  uint64_t wait_since_ms, wait_last_ms;
+  uint64_t wait_since_ms;
+  struct gs_handle *wprev;
+  void *stream; /* caller's cudaStream_t (GPU buffers; NULL = default) */
+  /* Optional step run by the exec thread when the collective succeeded,
+   * before the handle completes (e.g. unpacking a sparse result); a
+   * non-zero return fails the op with that status and err. */
+  int (*finish)(struct gs_handle *h, char *err, size_t errlen);
+  /* ---- cold: zero in a block handed out (gs__handle_mem_free leaves them
+   * so); set only by the ops that use them ---- */
+  struct gs_handle *wnext;
+  uint64_t wait_last_ms;
   int nwaiting;
-  struct gs_handle *wprev, *wnext;
-  UT_hash_handle hh; /* ctx->inflight by name (under mu) */
+  int join_last; /* join: the rank that joined last (valid once done) */
+  /* allgather result, owned by the handle (valid once done) */
+  void *result;
+  size_t result_bytes;
+  void (*result_free)(void *p); /* frees result (NULL = free()); set with result */
+  int64_t *rank_dims;
+  size_t nrank_dims;
+  int64_t *splits; /* alltoall: rows this rank sends to each rank (size entries) */
+  void *data;      /* owned by the handle; freed with free_data */
+  void (*free_data)(void *data);
+  /* ---- the op, immutable after submission; gs__op_new writes the name up
+   * to its NUL and the shape up to ndim, nothing reads past them ---- */
+  _Alignas(64) gs__tensor_request req;
 };
+/* The header gs__handle_mem zeroes, and the cold part the free of a block
+ * zeroes (gs__handle_mem_free), before the request. */
+#define GS__HANDLE_HOT offsetof(struct gs_handle, wnext)
+#define GS__HANDLE_HEADER offsetof(struct gs_handle, req)
+_Static_assert(GS__HANDLE_HOT == 192, "the handle's hot fields are its first 3 cache lines");
+_Static_assert(GS__HANDLE_HEADER % 64 == 0, "the request starts a cache line");
 
 typedef struct plan_node {
   gs__plan plan;
@@ -508,9 +536,11 @@ gs_status gs__opts_copy(void *dst, const void *src, const char *type);
 /* Releases one reference of h; _n: n of them at once. */
 void gs__handle_unref(struct gs_handle *h);
 void gs__handle_unref_n(struct gs_handle *h, int n);
-/* handle_cache.c: a zeroed block for a handle (NULL when out of memory),
- * and giving one back when its handle is freed (NULL is a no-op); a block
- * may also be given back with free(). Any thread. */
+/* handle_cache.c: a block for a handle (NULL when out of memory), 64-byte
+ * aligned, zero before its request (GS__HANDLE_HEADER bytes; the request
+ * is gs__op_new's to write), and giving one back when its handle is freed
+ * (NULL is a no-op); a block may also be given back with free(). Any
+ * thread. */
 void *gs__handle_mem(void);
 void gs__handle_mem_free(void *p);
 

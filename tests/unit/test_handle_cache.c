@@ -1,9 +1,10 @@
 /* Unit tests of the per-thread handle cache (worker/handle_cache.c): a
- * block given back is handed out again on the same thread, zeroed; other
- * threads keep their own lists; a thread's list is freed when it exits (the
- * leak checkers of the ASan build and tests/valgrind.sh see it); and while a
- * block sits in a list the memory checkers treat it as freed: poisoned
- * under AddressSanitizer, no-access under valgrind memcheck.
+ * block given back is handed out again on the same thread, zeroed before
+ * its request; other threads keep their own lists; a thread's list is
+ * freed when it exits (the leak checkers of the ASan build and
+ * tests/valgrind.sh see it); and while a block sits in a list the memory
+ * checkers treat it as freed: poisoned under AddressSanitizer, no-access
+ * under valgrind memcheck.
  *
  * `test_handle_cache uaf` reads a handle's block after giving it back, as a
  * use of a handle after gs_handle_free would: ctest runs it expecting
@@ -65,7 +66,8 @@ static int all_zero(const unsigned char *p, size_t n) {
 }
 
 /* Given back and taken again on one thread: the same block (the most
- * recent first), zeroed, and inaccessible only while it is in the list. */
+ * recent first), 64-byte aligned, zero up to the request (gs__op_new
+ * writes that), and inaccessible only while it is in the list. */
 static void test_reused_zeroed_and_poisoned_meanwhile(void **state) {
   (void)state;
   unsigned char *a = gs__handle_mem(), *b = gs__handle_mem();
@@ -88,8 +90,11 @@ static void test_reused_zeroed_and_poisoned_meanwhile(void **state) {
     assert_int_equal(block_inaccessible(c), 0);
     assert_int_equal(block_inaccessible(d), 0);
   }
-  assert_true(all_zero(c, HSIZE));
-  assert_true(all_zero(d, HSIZE));
+  assert_true(all_zero(c, GS__HANDLE_HEADER));
+  assert_true(all_zero(d, GS__HANDLE_HEADER));
+  assert_int_equal((uintptr_t)c % 64, 0);
+  assert_int_equal((uintptr_t)d % 64, 0);
+  assert_int_equal((uintptr_t)a % 64, 0);
   gs__handle_mem_free(c);
   gs__handle_mem_free(d);
   gs__handle_mem_free(NULL); /* a no-op */
