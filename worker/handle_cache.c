@@ -77,11 +77,21 @@
  * a cached block is poisoned whole and the leak checkers still see it
  * (LeakSanitizer skips pointers stored in poisoned memory: a list linked
  * through the blocks read as leaked at exit). Allocated at its first
- * cached block. */
-static __thread void **tl_blocks;
-static __thread unsigned tl_n;
-static __thread int tl_allocates; /* this thread allocated a handle */
-static __thread int tl_registered;
+ * cached block. One struct, whose address each function takes once (the
+ * compiler computed it again after every call: three __tls_get_addr
+ * calls in gs__handle_mem), reached through a TLS descriptor where the
+ * compiler has them (CMakeLists.txt: -mtls-dialect=gnu2 for this file,
+ * not a __tls_get_addr call). Not the initial-exec TLS model: Python loads the
+ * library with dlopen after libraries that took the static TLS block's
+ * spare room, and the load then fails ("cannot allocate memory in static
+ * TLS block"). */
+typedef struct {
+  void **blocks;
+  unsigned n;
+  int allocates; /* this thread allocated a handle */
+  int registered;
+} thread_cache;
+static __thread thread_cache tl;
 
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
@@ -91,15 +101,15 @@ static int key_ok;
  * (another destructor) is freed plainly. */
 static void thread_exit(void *unused) {
   (void)unused;
-  tl_allocates = 0;
-  while (tl_n) {
-    void *b = tl_blocks[--tl_n];
+  tl.allocates = 0;
+  while (tl.n) {
+    void *b = tl.blocks[--tl.n];
     UNPOISON(b, sizeof(struct gs_handle));
     VG_DEFINED(b, sizeof(struct gs_handle));
     free(b);
   }
-  free(tl_blocks);
-  tl_blocks = NULL;
+  free(tl.blocks);
+  tl.blocks = NULL;
 }
 
 static void key_make(void) {
@@ -129,14 +139,15 @@ static void cold_zero(void *p) {
 }
 
 void *gs__handle_mem(void) {
-  if (!tl_registered) {
+  thread_cache *t = &tl; /* the thread's address once (see thread_cache) */
+  if (!t->registered) {
     /* A thread without the destructor never keeps blocks. */
-    tl_registered = 1;
+    t->registered = 1;
     pthread_once(&key_once, key_make);
-    tl_allocates = key_ok && pthread_setspecific(key, &tl_registered) == 0;
+    t->allocates = key_ok && pthread_setspecific(key, t) == 0;
   }
-  if (tl_n) {
-    void *b = tl_blocks[--tl_n];
+  if (t->n) {
+    void *b = t->blocks[--t->n];
     UNPOISON(b, sizeof(struct gs_handle));
     /* defined, as a fresh block's: the cold part is zero, the request's
      * bytes past what gs__op_new writes are the last handle's */
@@ -150,10 +161,11 @@ void *gs__handle_mem(void) {
 }
 
 void gs__handle_mem_free(void *p) {
-  if (p && tl_allocates && tl_n < CACHE_MAX) {
-    if (!tl_blocks) tl_blocks = malloc(CACHE_MAX * sizeof *tl_blocks);
-    if (tl_blocks) {
-      tl_blocks[tl_n++] = p;
+  thread_cache *t = &tl;
+  if (p && t->allocates && t->n < CACHE_MAX) {
+    if (!t->blocks) t->blocks = malloc(CACHE_MAX * sizeof *t->blocks);
+    if (t->blocks) {
+      t->blocks[t->n++] = p;
       cold_zero(p);
       POISON(p, sizeof(struct gs_handle));
       VG_NOACCESS(p, sizeof(struct gs_handle));
