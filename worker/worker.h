@@ -217,10 +217,15 @@ void gs__plan_node_free(plan_node *n);
 /* The worker's copy of the coordinator's response cache (changed by the comm
  * thread, read by whichever thread sends requests; under ctx->mu). */
 typedef struct gs__wcache {
+  /* A submission in fast mode finds its name here (hh_name's hashv, key,
+   * hh_next), compares the name and the scalars and shape of req, and
+   * takes id and slot: 3 cache lines of the entry (name, scalars, and
+   * hh_name with id and slot), 4 with id and slot first. */
+  gs__tensor_request req;
+  UT_hash_handle hh_name;
   uint32_t id;
   uint32_t slot; /* 1 + its index among the live ids (ctx->live); 0 = none */
-  gs__tensor_request req;
-  UT_hash_handle hh_name, hh_id;
+  UT_hash_handle hh_id;
 } gs__wcache;
 
 /* A live cache id and what its response says about riding in a fast
