@@ -16,6 +16,11 @@
  *   steps N WAIT       N steps; WAIT = block | timed (gs_wait(h, 50) in a
  *                      loop) | poll (gs_test every 1 ms) | paced (block,
  *                      then 40 ms between steps)
+ *   vary N             N steps, each also allreducing 'fast/vary' first, as
+ *                      float32 average of 5, int32 sum of 9, float64 max of
+ *                      shape [3, 2] (postscale 2) in turn: a cached name
+ *                      submitted again with another count, dtype, op,
+ *                      shape or scale must give that op's exact values
  *   newtensor N K      in step K a tensor never seen before is submitted in
  *                      the middle of the step ('fast/new.K')
  *   reorder N K        in step K rank 1 submits the step in reverse order
@@ -871,9 +876,55 @@ static int run_persist(gs_ctx *ctx, int n, int deadlock) {
   return 0;
 }
 
+/* vary mode: 'fast/vary' in its variant for step s (s % 3), submitted
+ * before the step's ops, waited on and checked after them. */
+static void vary_step(gs_ctx *ctx, int s) {
+  static union {
+    float f[5];
+    int32_t i[9];
+    double d[6];
+  } buf;
+  int v = s % 3, w = g_size * (g_size + 1) / 2;
+  gs_handle *h = NULL;
+  gs_status st;
+  if (v == 0) {
+    for (int j = 0; j < 5; j++) buf.f[j] = (float)((j + 1) * (g_rank + 1));
+    st = gs_allreduce_async(ctx, "fast/vary", buf.f, buf.f, 5, GS_FLOAT32, GS_AVERAGE, NULL, &h);
+  } else if (v == 1) {
+    for (int j = 0; j < 9; j++) buf.i[j] = (j + s) * (g_rank + 1);
+    st = gs_allreduce_async(ctx, "fast/vary", buf.i, buf.i, 9, GS_INT32, GS_SUM, NULL, &h);
+  } else {
+    for (int j = 0; j < 6; j++) buf.d[j] = (g_rank + 1) * 10.0 + j;
+    gs_allreduce_opts o;
+    gs_allreduce_opts_init(&o);
+    int64_t shape[2] = {3, 2};
+    o.shape = shape;
+    o.ndim = 2;
+    o.postscale = 2.0;
+    st = gs_allreduce_async(ctx, "fast/vary", buf.d, buf.d, 6, GS_FLOAT64, GS_MAX, &o, &h);
+  }
+  if (st != GS_OK)
+    wu_die("tensor 'fast/vary' (step %d): submitting: %s: %s", s, wu_status_name(st),
+           gs_last_error(ctx));
+  step(ctx, s, WAIT_BLOCK, 0, NULL);
+  st = gs_wait(h, WAIT_MS);
+  if (st != GS_OK)
+    wu_die("tensor 'fast/vary' (step %d): %s: %s", s, wu_status_name(st), gs_handle_error(h));
+  gs_handle_free(h);
+  for (int j = 0; j < (v == 0 ? 5 : v == 1 ? 9 : 6); j++) {
+    double got = v == 0 ? buf.f[j] : v == 1 ? buf.i[j] : buf.d[j];
+    double want = v == 0   ? (double)((float)((j + 1) * w) / (float)g_size)
+                  : v == 1 ? (double)((j + s) * w)
+                           : (g_size * 10.0 + j) * 2.0;
+    if (got != want)
+      wu_die("tensor 'fast/vary' (step %d, variant %d): element %d: got %.9g, expected %.9g", s, v,
+             j, got, want);
+  }
+}
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: gs-fast-worker steps N block|timed|poll|paced | newtensor N K |\n"
+          "usage: gs-fast-worker steps N block|timed|poll|paced | vary N | newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
           "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
           "                      threads N | timeout N K | persist N D\n");
@@ -935,6 +986,9 @@ int main(int argc, char **argv) {
     printf("fast: rank %d joined (last %d)\n", g_rank, last);
     for (int s = 1; s <= n; s++) ride_step(ctx, s, 0);
     for (size_t i = 0; i < NRIDE; i++) free(g_rops[i].buf);
+  } else if (!strcmp(mode, "vary")) {
+    if (argc != 3) usage();
+    for (int s = 1; s <= n; s++) vary_step(ctx, s);
   } else if (!strcmp(mode, "newtensor") || !strcmp(mode, "reorder")) {
     if (argc != 4 || k < 1 || k > n) usage();
     op extra = {.kind = 0, .count = 5};

@@ -543,6 +543,22 @@ static void test_group_order_differs_np2(void **state) {
     for (int r = 0; r < 2; r++) free(texts[pass][r]);
 }
 
+/* A cached name submitted again with another count, dtype, reduce op,
+ * shape or postscale (a float32 average of 5, an int32 sum of 9, a
+ * float64 max of [3, 2] scaled by 2, in turn, over 9 steps): each time the
+ * new op's exact values (the worker checks every element), the other
+ * ops' too. Handles' blocks are recycled between these ops and the
+ * step's others (a block keeps what the last op wrote past its request's
+ * name and shape). */
+static void test_cached_name_resubmitted_otherwise_np2(void **state) {
+  (void)state;
+  char *args[] = {"vary", "9", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  job_stop_coordinator(&w);
+}
+
 /* ---- back to the coordinator and fast again ----------------------------------- */
 
 /* Step 4 carries a tensor never negotiated: it cannot be agreed on among
@@ -870,6 +886,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_persistent_fast_path_off_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_persistent_small_cache_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fast_path_off, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_cached_name_resubmitted_otherwise_np2, setup,
+                                      job_teardown),
       cmocka_unit_test_setup_teardown(test_new_tensor_mid_step_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_reordered_submissions_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_steps_that_always_escalate_back_off_np2, setup,

@@ -137,6 +137,75 @@ static void test_lists_are_per_thread(void **state) {
   gs__handle_mem_free(back);
 }
 
+/* A block that held another op's handle, given out again: gs__op_new
+ * writes only what the new request uses (its name to the NUL, its shape to
+ * ndim, every scalar), so every field must read as the new op's, equal to
+ * a request built from scratch, and every header field as a fresh
+ * handle's, whatever the old one left (a longer name, more dimensions, a
+ * broadcast's root, scales, a group, results). */
+static void test_reused_block_holds_only_the_new_op(void **state) {
+  (void)state;
+  gs_ctx *ctx = calloc(1, sizeof *ctx); /* gs__op_new only keeps the pointer */
+  assert_non_null(ctx);
+  const char *long_name = "model/encoder/layer.11/attention/output/dense/weight.grad";
+  const int64_t old_shape[4] = {2, 3, 4, 5};
+  struct gs_handle *a = NULL;
+  assert_int_equal(gs__op_new(ctx, long_name, GS__OP_BROADCAST, GS_FLOAT64, old_shape, 4, &a),
+                   GS_OK);
+  a->req.root_rank = 3;
+  a->req.reduce_op = GS__MAX;
+  a->req.prescale = 0.5;
+  a->req.postscale = 4.0;
+  a->req.group_id = 77;
+  a->req.group_size = 2;
+  a->req.device = GS__DEVICE_GPU;
+  a->result = malloc(16);
+  a->result_bytes = 16;
+  a->rank_dims = malloc(2 * sizeof *a->rank_dims);
+  a->nrank_dims = 2;
+  a->splits = malloc(8);
+  a->error = strdup("old error");
+  a->join_last = 1;
+  a->wait_last_ms = 5;
+  a->fast_id = 9;
+  a->compress = 1;
+  atomic_store(&a->done, 1);
+  gs__handle_unref_n(a, 2); /* the caller's and the library's: back to the cache */
+
+  const int64_t shape[1] = {7};
+  struct gs_handle *b = NULL;
+  assert_int_equal(gs__op_new(ctx, "b", GS__OP_ALLREDUCE, GS_INT32, shape, 1, &b), GS_OK);
+  assert_ptr_equal(b, a); /* the same block: the test is about its leftovers */
+  gs__tensor_request want;
+  gs__tensor_request_init(&want);
+  snprintf(want.name, sizeof want.name, "b");
+  want.op = GS__OP_ALLREDUCE;
+  want.dtype = GS__INT32;
+  want.ndim = 1;
+  want.shape[0] = 7;
+  assert_string_equal(b->req.name, "b");
+  assert_true(gs__tensor_request_equal(&b->req, &want));
+  assert_int_equal(b->req.root_rank, 0);
+  assert_int_equal(b->req.group_id, 0);
+  assert_int_equal(b->req.group_size, 0);
+  assert_true(b->req.prescale == 1.0 && b->req.postscale == 1.0);
+  assert_int_equal(b->count, 7);
+  assert_int_equal(atomic_load(&b->refs), 2);
+  assert_int_equal(atomic_load(&b->done), 0);
+  assert_null(b->error);
+  assert_null(b->result);
+  assert_int_equal(b->result_bytes, 0);
+  assert_null(b->rank_dims);
+  assert_int_equal(b->nrank_dims, 0);
+  assert_null(b->splits);
+  assert_int_equal(b->join_last, 0);
+  assert_int_equal(b->wait_last_ms, 0);
+  assert_int_equal(b->fast_id, 0);
+  assert_int_equal(b->compress, 0);
+  gs__handle_unref_n(b, 2);
+  free(ctx);
+}
+
 /* A handle used after it went back to the cache: must be a report. */
 static int use_after_free(void) {
   volatile unsigned char *h = gs__handle_mem();
@@ -168,6 +237,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reused_zeroed_and_poisoned_meanwhile),
       cmocka_unit_test(test_lists_are_per_thread),
+      cmocka_unit_test(test_reused_block_holds_only_the_new_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
