@@ -138,6 +138,17 @@ static void cold_zero(void *p) {
   if (any) memset((char *)p + GS__HANDLE_HOT, 0, GS__HANDLE_HEADER - GS__HANDLE_HOT);
 }
 
+/* Zeroes a block's hot header with vector stores written out: a memset
+ * of its 192 bytes compiled to "rep stosq", whose start-up was most of
+ * this function's time (perf annotate: 55% of its samples on the
+ * instruction after it). */
+static void hot_zero(void *p) {
+  typedef uint64_t zero_vec __attribute__((vector_size(32)));
+  const zero_vec z = {0, 0, 0, 0};
+  _Static_assert(GS__HANDLE_HOT % sizeof z == 0, "whole vectors");
+  for (size_t i = 0; i < GS__HANDLE_HOT; i += sizeof z) memcpy((char *)p + i, &z, sizeof z);
+}
+
 void *gs__handle_mem(void) {
   thread_cache *t = &tl; /* the thread's address once (see thread_cache) */
   if (!t->registered) {
@@ -152,7 +163,7 @@ void *gs__handle_mem(void) {
     /* defined, as a fresh block's: the cold part is zero, the request's
      * bytes past what gs__op_new writes are the last handle's */
     VG_DEFINED(b, sizeof(struct gs_handle));
-    memset(b, 0, GS__HANDLE_HOT);
+    hot_zero(b);
     return b;
   }
   void *b = aligned_alloc(_Alignof(struct gs_handle), sizeof(struct gs_handle));
