@@ -914,16 +914,17 @@ static void *(*volatile const small_copy)(void *, const void *, size_t) = memcpy
 
 gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
                      const int64_t *shape, int ndim, struct gs_handle **out) {
-  const char *what = gs__op_type_name(op);
   *out = NULL;
-  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", what);
+  /* the op's name only for an error: not a call per submission */
+  if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", gs__op_type_name(op));
   if (!name || !*name)
-    return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty", what);
+    return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty",
+                         gs__op_type_name(op));
   size_t nlen = strlen(name);
   if (nlen > GS__MAX_NAME)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "gs_%s: tensor name '%.40s...' is %zu bytes; the limit is %d", what, name,
-                         nlen, GS__MAX_NAME);
+                         "gs_%s: tensor name '%.40s...' is %zu bytes; the limit is %d",
+                         gs__op_type_name(op), name, nlen, GS__MAX_NAME);
   if ((int)dtype < 0 || (int)dtype >= GS__DTYPE_COUNT)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "tensor '%s': dtype %d is not a gs_dtype (GS_FLOAT32 .. GS_INT16)", name,
@@ -1135,7 +1136,9 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
   struct gs_handle *h;
   gs_status st = make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h);
   if (st) return st;
-  if (gs_is_local(ctx, name)) {
+  /* gs_is_local's first test inline: no call (through the PLT: it is
+   * exported) per submission while no name is local. */
+  if (atomic_load_explicit(&ctx->nlocals, memory_order_acquire) && gs_is_local(ctx, name)) {
     /* Model-parallel: never leaves this rank. */
     if (h->req.device == GS__DEVICE_GPU) {
       free(h);
