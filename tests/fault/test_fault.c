@@ -16,6 +16,7 @@
  * timing, every wait is bounded by a generous hang guard (GUARD_MS per
  * test), and the teardown kills and reaps every process a test started,
  * also when it failed. Single-threaded. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -228,6 +229,85 @@ static void test_crash_rank(void **state) {
            "coordinator at %s",
            j.addr);
   job_expect_output(late, want);
+  expect_no_strays();
+}
+
+/* The state letter of every child of pid ('Z' = exited, not yet reaped),
+ * from /proc/PID/stat; returns how many, at most cap. */
+static size_t children_states(pid_t parent, char *states, size_t cap) {
+  size_t n = 0;
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL && n < cap) {
+    if (de->d_name[0] < '1' || de->d_name[0] > '9') continue;
+    char path[300], buf[512];
+    snprintf(path, sizeof path, "/proc/%s/stat", de->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    const char *close_paren = strrchr(buf, ')'); /* the name may hold anything */
+    char state;
+    int ppid;
+    if (close_paren && sscanf(close_paren + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+      states[n++] = state;
+  }
+  closedir(d);
+  return n;
+}
+
+/* Regression: gradsync-run names the rank that failed first even when it
+ * reaps the ranks late. Rank 2 crashes (status 3) and the others fail
+ * because of it (status 1) while the launcher is stopped (SIGSTOP, as a
+ * loaded machine delays it), so all of them have exited when it reaps:
+ * waitpid(-1) returns rank 0 first, and the launcher used to say "rank 0
+ * exited with status 1" and exit 1. Rank 2 sleeps 3 s before each backward
+ * pass so that the launcher is stopped before it crashes in step 2. */
+static void test_crash_rank_gradsync_run_late_reap(void **state) {
+  (void)state;
+  char *argv[] = {(char *)run_path,
+                  "-np",
+                  "3",
+                  (char *)train_path,
+                  "--steps",
+                  "20",
+                  "--crash-rank",
+                  "2",
+                  "--crash-step",
+                  "2",
+                  "--slow-rank",
+                  "2",
+                  "--slow-ms",
+                  "3000",
+                  NULL};
+  proc *p = proc_spawn("gradsync-run", argv, NULL);
+  if (p == NULL) job_fail("could not start gradsync-run");
+  wait_for_output(p, "[2] rank 2: --slow-rank 2 --slow-ms 3000: sleeping");
+  proc_signal(p, SIGSTOP); /* its own process group: the ranks run on */
+  char st[16];
+  size_t n = children_states(p->pid, st, sizeof st);
+  if (n != 4 || memchr(st, 'Z', n))
+    job_fail("expected gradsyncd and 3 ranks running under the stopped launcher, found %zu "
+             "children (%.*s)",
+             n, (int)n, st);
+  /* Every child gone (the ranks, then gradsyncd once every rank was told),
+   * none reaped: the hang guard bounds this. */
+  while (!((n = children_states(p->pid, st, sizeof st)) == 4 && !memchr(st, 'R', n) &&
+           !memchr(st, 'S', n) && !memchr(st, 'D', n))) {
+    if (proc_guard_left_ms() <= 0) {
+      proc_signal(p, SIGCONT);
+      job_fail("the ranks under the stopped launcher did not all exit");
+    }
+    usleep(20000);
+  }
+  proc_signal(p, SIGCONT);
+  job_expect_exit(p, 3);
+  job_expect_output(p, "[2] rank 2: --crash-rank 2 --crash-step 2: exiting with status 3");
+  job_expect_output(p, "gradsync-run: rank 2 exited with status 3; stopping the other ranks");
+  job_expect_no_output(p, "gradsync-run: rank 0 exited", 0);
+  job_expect_no_output(p, "gradsync-run: rank 1 exited", 0);
   expect_no_strays();
 }
 
@@ -519,6 +599,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ctrl_c_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_crash_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_crash_rank_gradsync_run_late_reap, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_shm_leader, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_shm_member, setup, job_teardown),
@@ -532,5 +613,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_coordinator_killed, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_never_joined, setup, job_teardown),
   };
+  /* GS_TEST_FILTER=test_name (a glob) runs only the tests it matches */
+  if (getenv("GS_TEST_FILTER")) cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
   return cmocka_run_group_tests_name("fault", tests, NULL, NULL);
 }

@@ -1171,10 +1171,26 @@ static proc *find_proc(launcher *L, pid_t pid, int *rank) {
   return NULL;
 }
 
-static void reap_children(launcher *L) {
+/* Reaps every child that has exited, the one that exited first before the
+ * others. first is the pid the pending SIGCHLD was raised for: SIGCHLD is a
+ * standard signal, so while it is pending later children's exits add no
+ * instance and its siginfo stays that of the first exit since we last read
+ * it. Without it, waitpid(-1) returns the exited children oldest first, and
+ * when several ranks were gone by the time we got to run (a loaded machine,
+ * a crash and the others' failures within a millisecond) the first rank
+ * reported would be the lowest one, whose failure was only a consequence of
+ * the crash. */
+static void reap_children(launcher *L, pid_t first) {
   for (;;) {
     int st;
-    pid_t pid = waitpid(-1, &st, WNOHANG);
+    pid_t pid = -1;
+    if (first > 0) {
+      pid = waitpid(first, &st, WNOHANG);
+      first = 0;
+      if (pid <= 0) continue; /* already reaped, or not ours: in any order then */
+    } else {
+      pid = waitpid(-1, &st, WNOHANG);
+    }
     if (pid < 0 && errno == EINTR) continue;
     if (pid <= 0) return;
     int rank;
@@ -1240,7 +1256,7 @@ static void read_signals(launcher *L) {
     if (n < 0 && errno == EINTR) continue;
     if (n != (ssize_t)sizeof si) return;
     if (si.ssi_signo == SIGCHLD)
-      reap_children(L);
+      reap_children(L, (pid_t)si.ssi_pid);
     else
       on_signal(L, (int)si.ssi_signo);
   }
