@@ -171,6 +171,9 @@ struct gs__engine {
    * not once per escalation. */
   int32_t fast_first_rank, fast_cursor;
   uint64_t fast_first_round;
+  /* The plan that carried this episode's marker: the last plan any rank
+   * gets before it escalates (a lost rank's report, membership.c). */
+  uint64_t fast_marker_seq;
   /* The backoff (fast.c): an episode that escalated at its first round
    * for an op the fast path cannot run was a wasted round; from the second
    * in a row (fast_backoff_level counts them) the marker waits for the next

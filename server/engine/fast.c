@@ -170,6 +170,7 @@ static void reset_ranks(gs__engine *e) {
 
 void gs__eng_fast_enter(gs__engine *e) {
   e->fast = 1;
+  e->fast_marker_seq = e->next_plan_seq - 1; /* called once the marker's plan has its number */
   e->fast_recalled = 0;
   e->fast_entries++;
   e->fast_op_escalated = e->fast_told_stop = 0;

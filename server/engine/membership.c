@@ -219,13 +219,43 @@ void gs__eng_lose_rank(gs__engine *e, int32_t rank, const char *detail, gs__outb
     more = more > more_before ? more_before + rp->nnames : more + rp->nmore;
   }
   gs__eng_append_more(running, sizeof running, more);
-  snprintf(text, sizeof text,
-           "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s%s%s%s. The job cannot "
-           "continue without it: look at rank %d's log for why it stopped, then restart the job",
-           rank, gs__eng_rank_host(e, rank), s->pid,
-           detail && *detail ? detail : "its session ended", names,
-           running[0] ? "; scheduled but not finished by it: [" : "", running,
-           running[0] ? "]" : "", rank);
+  /* In fast mode (it had not escalated) the ranks agree on cached tensors
+   * among themselves: gradsyncd does not see which it was reducing, only
+   * what it reported waiting on for over a second, and no plan went out
+   * after the marker. A rank reports finished plans with its next message,
+   * in fast mode its next heartbeat, so one that died early in the episode
+   * has most likely run the plans up to the marker, the last step's
+   * tensors, without saying so: calling them "not finished" would name
+   * tensors it never submitted in the step it died in. */
+  char fast[512] = "", plans[1280] = "";
+  if (e->fast && !s->escalated) {
+    char waited[256] = "";
+    size_t wmore = 0;
+    for (size_t i = 0; i < s->nfast_pending; i++)
+      gs__eng_append_name(waited, sizeof waited, s->fast_pending[i].name, &wmore);
+    gs__eng_append_more(waited, sizeof waited, wmore);
+    snprintf(fast, sizeof fast,
+             "; it was in fast mode after plan %llu, where the ranks agree on cached tensors "
+             "among themselves: gradsyncd does not know which of them it was reducing%s%s%s",
+             (unsigned long long)e->fast_marker_seq,
+             waited[0] ? " (it last reported waiting on [" : "", waited, waited[0] ? "])" : "");
+    if (running[0])
+      snprintf(plans, sizeof plans,
+               "; plans up to %llu it had not reported finished, which it may well have run "
+               "(ranks report finished plans with their next message): [%s]",
+               (unsigned long long)e->fast_marker_seq, running);
+  } else if (running[0]) {
+    snprintf(plans, sizeof plans, "; scheduled but not finished by it: [%s]", running);
+  }
+  text[0] = 0;
+  gs__eng_append(text, sizeof text, "rank %d (%s, pid %d) was lost: %s. Tensors in flight: %s",
+                 rank, gs__eng_rank_host(e, rank), s->pid,
+                 detail && *detail ? detail : "its session ended", names);
+  gs__eng_append(text, sizeof text, "%s%s", fast, plans);
+  gs__eng_append(text, sizeof text,
+                 ". The job cannot continue without it: look at rank %d's log for why it "
+                 "stopped, then restart the job",
+                 rank);
   e->aborted = 1;
   e->ranks_lost++;
   gs__eng_out_event(box, GS__LOG_ERROR, GS__EV_RANK_LOST, rank, "%s", text);

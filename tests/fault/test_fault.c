@@ -217,7 +217,6 @@ static void test_crash_rank(void **state) {
     expect_named_lost(&j, j.ranks[r], 2);
   }
   job_expect_coordinator_failed(&j);
-
   char *join[] = {(char *)worker_path, "join", NULL};
   char *env[] = {"GRADSYNC_JOIN_TIMEOUT_MS=3000", NULL};
   proc *late = job_start_rank(&j, 2, join[0], join + 1, env);
@@ -229,6 +228,39 @@ static void test_crash_rank(void **state) {
            "coordinator at %s",
            j.addr);
   job_expect_output(late, want);
+  expect_no_strays();
+}
+
+/* Regression: the docs' crash demo (troubleshooting.md: --steps 100
+ * --crash-rank 2 --crash-step 5, the fast path on by default). Rank 2 dies
+ * in step 5 before it submits fc1's gradients, in fast mode (entered after
+ * step 1's last plan); finished plans ride with a rank's next message, so
+ * the coordinator had no report of step 1's plans from it and used to call
+ * them "scheduled but not finished by it: [..., fc1/weight, fc1/bias]".
+ * The report must say it was in fast mode (and, if rank 2 had not sent a
+ * heartbeat since, that those plans were only not reported: not asserted,
+ * as that depends on timing); the survivors get the same text. */
+static void test_crash_rank_report_in_fast_mode(void **state) {
+  (void)state;
+  char *train_args[] = {"--steps", "100", "--crash-rank", "2", "--crash-step", "5", NULL};
+  job j;
+  start_train_job(&j, 3, NULL, train_args);
+  job_expect_exit(j.ranks[2], 3);
+  for (int r = 0; r < 2; r++) {
+    job_expect_exit(j.ranks[r], 1);
+    expect_named_lost(&j, j.ranks[r], 2);
+  }
+  job_expect_coordinator_failed(&j);
+  char want[256];
+  snprintf(want, sizeof want,
+           "rank 2 (%s, pid %d) was lost: its session stream ended without a leave message (the "
+           "process exited or crashed). Tensors in flight: []; it was in fast mode after plan ",
+           g_host, (int)j.ranks[2]->pid);
+  job_expect_output(j.coord, want);
+  job_expect_output(j.coord, ", where the ranks agree on cached tensors among themselves: "
+                             "gradsyncd does not know which of them it was reducing");
+  job_expect_no_output(j.coord, "scheduled but not finished", 0);
+  for (int r = 0; r < 2; r++) job_expect_no_output(j.ranks[r], "scheduled but not finished", 0);
   expect_no_strays();
 }
 
@@ -599,6 +631,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_desync_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ctrl_c_gradsync_run, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_crash_rank, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_crash_rank_report_in_fast_mode, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_crash_rank_gradsync_run_late_reap, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_rank, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigkill_shm_leader, setup, job_teardown),

@@ -823,6 +823,89 @@ static void test_fast_pending_in_views_and_stalls(void **state) {
   assert_contains(o->msg.text, "Tensors in flight: [t, a, barrier.1]");
 }
 
+static void send_done(fx *f, int32_t rank, uint64_t seq) {
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  m.ndone = 1;
+  m.done_plans = &seq;
+  send_msg(f, rank, &m);
+}
+
+/* The abort's text when rank `rank` is lost now (its session ended). */
+static const char *lose(fx *f, int32_t rank) {
+  gs__outbox_clear(&f->box);
+  gs__engine_session_closed(f->e, rank, "its connection dropped", f->now, &f->box);
+  const gs__out *o = msg_at(f, 0);
+  assert_int_equal(o->msg.kind, GS__MSG_ABORT);
+  return o->msg.text;
+}
+
+/* Regression: a rank lost in fast mode used to be reported with the plans
+ * before the marker as "scheduled but not finished by it", although it had
+ * most likely run them (finished plans ride with a rank's next message, in
+ * fast mode its next heartbeat): after gradsync-train --crash-rank 2
+ * --crash-step 5 the report named fc1's tensors, which rank 2 never
+ * submitted in step 5. Now it says the rank was in fast mode, what it
+ * reported waiting on there, and that those plans were only not reported. */
+static void test_rank_lost_in_fast_mode(void **state) {
+  fx *f = *state;
+  /* Lost right after the marker (plan 1): it may not have run plan 1. */
+  start(f, 3);
+  first_step(f, "a");
+  assert_string_equal(lose(f, 2),
+                      "rank 2 (host-2, pid 1002) was lost: its connection dropped. Tensors in "
+                      "flight: []; it was in fast mode after plan 1, where the ranks agree on "
+                      "cached tensors among themselves: gradsyncd does not know which of them it "
+                      "was reducing; plans up to 1 it had not reported finished, which it may "
+                      "well have run (ranks report finished plans with their next message): [a]. "
+                      "The job cannot continue without it: look at rank 2's log for why it "
+                      "stopped, then restart the job");
+
+  /* Its heartbeat said plan 1 ran and that it waits on a in a fast round. */
+  start(f, 3);
+  uint32_t id = first_step(f, "a");
+  send_done(f, 2, 1);
+  gs__fast_pending p2[2] = {fp_of("a", id, 1500), fp_of("b", id + 1, 1500)};
+  send_fast_pending(f, 2, p2, 2);
+  assert_string_equal(lose(f, 2),
+                      "rank 2 (host-2, pid 1002) was lost: its connection dropped. Tensors in "
+                      "flight: []; it was in fast mode after plan 1, where the ranks agree on "
+                      "cached tensors among themselves: gradsyncd does not know which of them it "
+                      "was reducing (it last reported waiting on [a, b]). The job cannot "
+                      "continue without it: look at rank 2's log for why it stopped, then "
+                      "restart the job");
+
+  /* It had escalated (its ops came to the coordinator with its finished
+   * plans): the usual report. */
+  start(f, 3);
+  first_step(f, "a");
+  gs__rank_msg m;
+  memset(&m, 0, sizeof m);
+  uint64_t done = 1;
+  gs__tensor_request c = ar("c");
+  m.ndone = 1;
+  m.done_plans = &done;
+  m.nrequests = 1;
+  m.requests = &c;
+  m.escalate_round = 3;
+  send_msg(f, 2, &m);
+  assert_string_equal(lose(f, 2),
+                      "rank 2 (host-2, pid 1002) was lost: its connection dropped. Tensors in "
+                      "flight: [c]. The job cannot continue without it: look at rank 2's log for "
+                      "why it stopped, then restart the job");
+
+  /* The fast path off: plans it has not reported are "scheduled but not
+   * finished", as before. */
+  start_ex(f, 3, 0, 1024);
+  for (int32_t r = 0; r < 3; r++) send_full(f, r, ar("a"));
+  assert_int_equal(only_plan(f)->fast_after, 0);
+  send_done(f, 0, 1);
+  assert_string_equal(lose(f, 2),
+                      "rank 2 (host-2, pid 1002) was lost: its connection dropped. Tensors in "
+                      "flight: []; scheduled but not finished by it: [a]. The job cannot continue "
+                      "without it: look at rank 2's log for why it stopped, then restart the job");
+}
+
 /* Stall shutdown counts the age of fast ops as the table's. */
 static void test_fast_pending_stall_shutdown(void **state) {
   fx *f = *state;
@@ -1270,6 +1353,7 @@ int main(void) {
       T(test_fast_reports_in_status),
       T(test_fast_pending_in_views_and_stalls),
       T(test_fast_pending_stall_shutdown),
+      T(test_rank_lost_in_fast_mode),
       T(test_fast_pending_bounded_and_dropped),
       T(test_held_entries_name_ranks_not_escalated),
       T(test_backoff_when_every_step_escalates),
