@@ -399,7 +399,7 @@ static void timeline_rank_msg(gs__coordinator *co, int32_t rank, const gs__rank_
     gs__engine_stats st;
     gs__engine_get_stats(co->engine, &st);
     for (size_t i = 0; i < m->ndone; i++)
-      gs__timeline_done(co->timeline, m->done_plans[i], rank, st.connected, now);
+      gs__timeline_done(co->timeline, m->done_plans[i], rank, st.connected, st.world_size, now);
   }
   for (size_t i = 0; i < m->nrequests; i++)
     gs__timeline_submit(co->timeline, m->requests[i].name, m->requests[i].op, rank, now);
@@ -415,7 +415,9 @@ static void timeline_stop(gs__coordinator *co, const char *why) {
   if (!co->timeline) return;
   char path[GS__DIAG_MAX_PATH];
   snprintf(path, sizeof path, "%s", gs__timeline_path(co->timeline));
-  uint64_t n = gs__timeline_stop(co->timeline, gs__now_us());
+  gs__engine_stats st;
+  gs__engine_get_stats(co->engine, &st);
+  uint64_t n = gs__timeline_stop(co->timeline, st.world_size, gs__now_us());
   co->timeline = NULL;
   gs__engine_set_timeline(co->engine, 0, gs__now_ms(), &co->box);
   GS_LOG_INFO("timeline %s stopped (%s): %llu events", path, why, (unsigned long long)n);
@@ -835,7 +837,9 @@ int gs__coordinator_timeline_start(gs__coordinator *co, const char *path, char *
 int gs__coordinator_timeline_stop(gs__coordinator *co, char *path, size_t cap, uint64_t *events) {
   if (!co->timeline) return -1;
   snprintf(path, cap, "%s", gs__timeline_path(co->timeline));
-  *events = gs__timeline_stop(co->timeline, gs__now_us());
+  gs__engine_stats st;
+  gs__engine_get_stats(co->engine, &st);
+  *events = gs__timeline_stop(co->timeline, st.world_size, gs__now_us());
   co->timeline = NULL;
   gs__engine_set_timeline(co->engine, 0, gs__now_ms(), &co->box);
   GS_LOG_INFO("timeline %s stopped (StopTimeline): %llu events", path, (unsigned long long)*events);

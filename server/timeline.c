@@ -35,9 +35,18 @@ typedef struct open_plan {
   uint64_t seq;
   struct row **rows;
   size_t n;
-  int32_t done;
+  int32_t done;  /* ranks that reported it */
+  int closed;    /* its spans ended: every rank connected then reported it */
+  uint8_t *seen; /* bit r: rank r reported it (a repeated report counts once) */
+  size_t seen_bytes;
   UT_hash_handle hh;
 } open_plan;
+
+static void plan_free(open_plan *p) {
+  free(p->rows);
+  free(p->seen);
+  free(p);
+}
 
 typedef struct tmpl {
   uint32_t id;
@@ -231,39 +240,100 @@ void gs__timeline_plan(gs__timeline *t, const gs__plan *plan, uint64_t now_us) {
   }
   if (p && p->n)
     HASH_ADD(hh, t->plans, seq, sizeof p->seq, p);
-  else if (p) {
-    free(p->rows);
-    free(p);
-  }
+  else if (p)
+    plan_free(p);
 }
 
-void gs__timeline_done(gs__timeline *t, uint64_t seq, int32_t rank, int32_t world,
-                       uint64_t now_us) {
+void gs__timeline_done(gs__timeline *t, uint64_t seq, int32_t rank, int32_t connected,
+                       int32_t world, uint64_t now_us) {
   open_plan *p = NULL;
   HASH_FIND(hh, t->plans, &seq, sizeof seq, p);
-  if (!p) return;
+  if (!p || rank < 0) return;
+  /* rank < the world size (the engine checked it at the join) */
+  size_t byte = (size_t)rank / 8;
+  if (byte >= p->seen_bytes) {
+    uint8_t *b = realloc(p->seen, byte + 1);
+    if (!b) return;
+    memset(b + p->seen_bytes, 0, byte + 1 - p->seen_bytes);
+    p->seen = b;
+    p->seen_bytes = byte + 1;
+  }
+  uint8_t bit = (uint8_t)(1u << (rank % 8));
+  if (p->seen[byte] & bit) return;
+  p->seen[byte] |= bit;
   for (size_t i = 0; i < p->n; i++) {
     ev_begin(t, "i", p->rows[i]->pid, now_us);
     fprintf(t->f, ",\"s\":\"p\",\"name\":\"rank %d done\",\"args\":{\"rank\":%d,\"plan\":%llu}}",
             rank, rank, (unsigned long long)seq);
   }
-  if (++p->done < world) return;
-  for (size_t i = 0; i < p->n; i++) {
-    row *r = p->rows[i];
-    if (r->executing) {
-      r->executing = 0;
-      ev_begin(t, "E", r->pid, now_us);
-      fputs("}", t->f);
+  p->done++;
+  if (!p->closed && p->done >= connected) {
+    /* The span ends with the last report of the ranks still connected;
+     * one that left or was lost without reporting is said at the stop. */
+    p->closed = 1;
+    for (size_t i = 0; i < p->n; i++) {
+      row *r = p->rows[i];
+      if (r->executing) {
+        r->executing = 0;
+        ev_begin(t, "E", r->pid, now_us);
+        fputs("}", t->f);
+      }
     }
   }
+  if (p->done < world) return;
   HASH_DEL(t->plans, p);
-  free(p->rows);
-  free(p);
+  plan_free(p);
 }
 
-uint64_t gs__timeline_stop(gs__timeline *t, uint64_t now_us) {
+/* A plan still open at the stop: says on each of its rows, as an instant
+ * event, which ranks of the world never reported it done, and appends
+ * "plan N (name) from ranks [..]" to the log line in missing. Returns
+ * whether any rank was missing. */
+static int plan_missing(gs__timeline *t, const open_plan *p, int32_t world, uint64_t now_us,
+                        char *missing, size_t cap) {
+  char ranks[256] = "";
+  size_t len = 0;
+  int32_t n = 0;
+  for (int32_t r = 0; r < world; r++) {
+    size_t byte = (size_t)r / 8;
+    if (byte < p->seen_bytes && (p->seen[byte] & (1u << (r % 8)))) continue;
+    if (len + 24 < sizeof ranks) /* room for one more and ", ... N more" */
+      len += (size_t)snprintf(ranks + len, sizeof ranks - len, "%s%d", n ? "," : "", r);
+    n++;
+  }
+  if (!n) return 0;
+  int32_t listed = 0;
+  for (const char *c = ranks; *c; c++) listed += *c == ',';
+  listed += ranks[0] != 0;
+  if (listed < n) snprintf(ranks + len, sizeof ranks - len, ", ... %d more", n - listed);
+  for (size_t i = 0; i < p->n; i++) {
+    ev_begin(t, "i", p->rows[i]->pid, now_us);
+    fprintf(t->f,
+            ",\"s\":\"p\",\"name\":\"done not reported by ranks [%s]\",\"args\":{\"plan\":%llu,"
+            "\"ranks_missing\":%d}}",
+            ranks, (unsigned long long)p->seq, n);
+  }
+  size_t used = strlen(missing);
+  if (used + 1 < cap)
+    snprintf(missing + used, cap - used, "%splan %llu (%s) from ranks [%s]", used ? "; " : "",
+             (unsigned long long)p->seq, p->rows[0]->name, ranks);
+  return 1;
+}
+
+uint64_t gs__timeline_stop(gs__timeline *t, int32_t world, uint64_t now_us) {
   if (!t) return 0;
   if (!t->t0_us) t->t0_us = now_us;
+  /* Done reports that never came (a rank lost, a stop mid-step, a client
+   * that does not report them), before the spans close. */
+  char missing[1024] = "";
+  size_t nmissing = 0;
+  open_plan *op, *opt;
+  HASH_ITER(hh, t->plans, op, opt)
+  nmissing += (size_t)plan_missing(t, op, world, now_us, missing, sizeof missing);
+  if (nmissing)
+    GS_LOG_WARN("timeline %s: %zu plan(s) not reported done by every rank before it stopped "
+                "(the spans end at the stop): %s",
+                t->path, nmissing, missing);
   row *r, *rt;
   HASH_ITER(hh, t->rows, r, rt) {
     for (int k = 0; k < r->negotiating + r->executing; k++) {
@@ -276,8 +346,7 @@ uint64_t gs__timeline_stop(gs__timeline *t, uint64_t now_us) {
   open_plan *p, *pt;
   HASH_ITER(hh, t->plans, p, pt) {
     HASH_DEL(t->plans, p);
-    free(p->rows);
-    free(p);
+    plan_free(p);
   }
   tmpl *tp, *tt;
   HASH_ITER(hh, t->templates, tp, tt) template_forget(t, tp->id);

@@ -24,10 +24,16 @@ void gs__timeline_submit(gs__timeline *t, const char *name, gs__op_type op, int3
                          uint64_t now_us);
 /* A plan went out to every rank. */
 void gs__timeline_plan(gs__timeline *t, const gs__plan *plan, uint64_t now_us);
-/* rank reported plan seq executed; world = ranks that execute plans. */
-void gs__timeline_done(gs__timeline *t, uint64_t seq, int32_t rank, int32_t world, uint64_t now_us);
+/* rank reported plan seq executed. The plan's spans end once `connected`
+ * ranks (those still connected) reported it; it is forgotten once `world`
+ * ranks (the world size) did, or said at the stop. */
+void gs__timeline_done(gs__timeline *t, uint64_t seq, int32_t rank, int32_t connected,
+                       int32_t world, uint64_t now_us);
 /* Closes open spans, ends the JSON array, closes the file and frees t.
- * Returns the number of events written. NULL is a no-op (0). */
-uint64_t gs__timeline_stop(gs__timeline *t, uint64_t now_us);
+ * A plan some rank of the world (ranks 0..world-1) has not reported done
+ * gets an instant "done not reported by ranks [..]" on its rows, and a
+ * warning in the log names them. Returns the number of events written.
+ * NULL is a no-op (0). */
+uint64_t gs__timeline_stop(gs__timeline *t, int32_t world, uint64_t now_us);
 
 #endif

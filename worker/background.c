@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "clock.h"
 #include "handoff_trace.h"
@@ -772,6 +773,30 @@ out_free:
  * thread; this only caps the wait if it never came). */
 #define SEND_WAIT_MS 1000
 
+/* Bounds the wait for the exec thread's plan before the leave. */
+#define LEAVE_PLAN_WAIT_MS 1000
+
+/* Before the leave, this rank's last message: the exec thread completes a
+ * plan's ops (which wakes the application, which may then call
+ * gs_shutdown at once) before it records the plan as done, so a leave sent
+ * meanwhile lacked the job's last plan, and nothing is sent after a
+ * leave: the coordinator's timeline missed that rank's "done" of it (1 run
+ * in 7 of a 2-rank job). Wait for the plan the exec thread is running to
+ * be recorded. Bounded: an op still in flight at gs_shutdown may wait on
+ * peers. Never for a fast round, which may wait for ranks that wait for
+ * this leave (the coordinator ends theirs when it gets it). */
+static void await_exec_plan(gs_ctx *ctx) {
+  uint64_t until = gs__now_ms() + LEAVE_PLAN_WAIT_MS;
+  pthread_mutex_lock(&ctx->mu);
+  while (ctx->exec_busy && !ctx->fast_in_round && ctx->fatal == GS_OK && gs__now_ms() < until) {
+    pthread_mutex_unlock(&ctx->mu);
+    struct timespec ts = {0, 100000}; /* the window is a few microseconds */
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&ctx->mu);
+  }
+  pthread_mutex_unlock(&ctx->mu);
+}
+
 void *gs__background_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
@@ -817,6 +842,7 @@ void *gs__background_main(void *arg) {
     pthread_mutex_unlock(&ctx->mu);
     if (failed) break; /* e.g. the data plane failed on the exec thread */
     if (idle) {
+      if (stopping) await_exec_plan(ctx);
       if (send_cycle(ctx, stopping, &next_ms, err, sizeof err) != GS__OK) {
         fail_job(ctx, GS_ERR_COORDINATOR_LOST, err);
         break;
