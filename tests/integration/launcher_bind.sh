@@ -214,6 +214,7 @@ gradsync-run: --bind-to core was refused on $RH (see above); stopping the other 
 say "a remote host without taskset: rank not started, the job ends"
 mkdir -p "$TMP/notaskset" "$TMP/badtaskset"
 ln -s "$(command -v setsid)" "$TMP/notaskset/setsid"
+ln -s "$(command -v sed)" "$TMP/notaskset/sed"
 run notaskset "$BIN/gradsync-run" -np 1 -H "$RH:1" --rsh "env PATH=$TMP/notaskset $TMP/rsh" \
   --bind-to core
 [ "$RC" = 127 ] || fail "a remote host without taskset exited $RC, not 127"
