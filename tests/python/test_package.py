@@ -206,3 +206,61 @@ def test_python_texts():
         "this collective can never complete")
     plain = "tensor 'a': mismatched shapes: ranks [0] sent [3], ranks [1] sent [4] (gs_wait)"
     assert t(plain) == plain
+
+
+DOCSTRING_PROBE = r'''
+import inspect
+import gradsync
+import gradsync.torch as hvd
+from gradsync.torch.optimizer import _DistributedOptimizer
+
+
+def own_doc(o):
+    d = vars(o).get("__doc__") if inspect.isclass(o) else getattr(o, "__doc__", None)
+    return (d or "").strip()
+
+
+missing, classes = [], []
+for mod in (gradsync, hvd):
+    for n in mod.__all__:
+        o = getattr(mod, n)
+        if not callable(o):
+            continue
+        if not own_doc(o):
+            missing.append("%s.%s" % (mod.__name__, n))
+        if inspect.isclass(o) and o.__module__.startswith("gradsync"):
+            classes.append(("%s.%s" % (mod.__name__, n), o))
+# what DistributedOptimizer() returns: its methods are the optimizer's API
+classes.append(("DistributedOptimizer(...)", _DistributedOptimizer))
+seen = set()
+while classes:
+    cname, c = classes.pop()
+    if c in seen:
+        continue
+    seen.add(c)
+    for m, v in vars(c).items():
+        if m.startswith("_"):
+            continue
+        if inspect.isclass(v):  # Compression.none, .fp16, ...
+            if not own_doc(v):
+                missing.append("%s.%s" % (cname, m))
+            classes.append(("%s.%s" % (cname, m), v))
+            continue
+        f = getattr(c, m)  # unwraps staticmethod / classmethod
+        if isinstance(v, property):
+            f = v
+        if (callable(f) or isinstance(v, property)) and not own_doc(f):
+            missing.append("%s.%s" % (cname, m))
+print("MISSING", " ".join(missing))
+'''
+
+
+def test_every_public_callable_has_a_docstring():
+    """help(hvd.broadcast) and the like must say something: every public
+    callable of gradsync and gradsync.torch (the names in __all__), and the
+    public methods of their classes and of the DistributedOptimizer object,
+    has a non-empty docstring of its own (not one inherited from torch)."""
+    p = py(DOCSTRING_PROBE, {"PYTHONPATH": os.path.join(REPO, "python"), "GRADSYNC_LIB": LIB})
+    assert p.returncode == 0, p.stdout
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("MISSING")][-1]
+    assert line.split()[1:] == [], "no docstring: " + line

@@ -18,12 +18,16 @@ class Compressor:
 
 
 class NoneCompressor(Compressor):
+    """No compression: tensors travel in their own dtype."""
+
     @staticmethod
     def compress(tensor):
+        """Returns (tensor, None): the tensor itself, not a copy."""
         return tensor, None
 
     @staticmethod
     def decompress(tensor, ctx):
+        """Returns tensor itself."""
         return tensor
 
 

@@ -50,6 +50,9 @@ class GradsyncStore(dist.Store):
         return ("%s/%s" % (self._prefix, key)).encode()
 
     def set(self, key, value):
+        """Sets key to value (bytes, or a str stored UTF-8 encoded) in the
+        job's kv store, replacing any earlier value. Raises RuntimeError with
+        gradsync's message when the coordinator refuses it or is lost."""
         if isinstance(value, str):
             value = value.encode()
         value = bytes(value)
@@ -73,6 +76,10 @@ class GradsyncStore(dist.Store):
             lib.gs_free(v)
 
     def get(self, key):
+        """The bytes set for key by any rank, waiting in bounded slices up
+        to the store's timeout for a rank to set it. Raises RuntimeError
+        naming the key, this rank and the timeout when nobody set it in
+        time, or with gradsync's message when the job failed."""
         deadline = time.monotonic() + self._timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -86,6 +93,10 @@ class GradsyncStore(dist.Store):
                     % (key, self._timeout_s, rank(), size()))
 
     def add(self, key, amount):
+        """Adds amount to the counter key and returns its value: the sum of
+        what every rank added so far (this rank's adds always included,
+        other ranks' as far as they have landed; exact once all landed).
+        Raises RuntimeError as set()."""
         # A counter without an atomic add at the coordinator: each rank
         # publishes its own running total, and the value is the sum of all
         # ranks' totals. Monotonic and exact once every rank's adds landed,
@@ -102,20 +113,29 @@ class GradsyncStore(dist.Store):
         return total
 
     def wait(self, keys, timeout=None):
+        """Returns once every key of keys is set; each key waits up to the
+        store's timeout (the timeout argument is not used) and raises
+        RuntimeError as get() when it is not set in time."""
         for k in keys:
             self.get(k)
 
     def check(self, keys):
+        """True when every key of keys is set now; never waits."""
         return all(self._get(k, 0) is not None for k in keys)
 
     def compare_set(self, key, expected, desired):
+        """Not supported (the coordinator's kv store has no atomic
+        compare-and-set): always raises NotImplementedError."""
         raise NotImplementedError("gradsync store: compare_set is not supported (the "
                                   "coordinator's kv store has no atomic compare-and-set)")
 
     def delete_key(self, key):
+        """The kv store cannot delete keys: deletes nothing and returns
+        False."""
         return False
 
     def num_keys(self):
+        """Not supported: always raises NotImplementedError."""
         raise NotImplementedError("gradsync store: num_keys is not supported")
 
 

@@ -28,6 +28,9 @@ def register_local_parameter(p):
 
 
 def is_local_parameter(p):
+    """True when p itself (by identity, not by value) was registered local to
+    this rank, with register_local_parameter() or DistributedOptimizer's
+    local_parameters; such parameters are never communicated."""
     return _local.get(id(p)) is p
 
 

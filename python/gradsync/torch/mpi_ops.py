@@ -68,12 +68,15 @@ class ProcessSet:
         self.process_set_id = 0
 
     def size(self):
+        """size(): the global set holds every rank."""
         return size()
 
     def rank(self):
+        """rank(): a rank's index in the global set is its rank."""
         return rank()
 
     def included(self):
+        """True: every rank is in the global set."""
         return True
 
     def __repr__(self):
@@ -84,12 +87,17 @@ global_process_set = ProcessSet()
 
 
 def add_process_set(process_set):
+    """Horovod's add_process_set. gradsync has only the global process set, so
+    this always raises NotImplementedError; pass no process_set (the default,
+    global_process_set) to the collectives."""
     raise NotImplementedError(
         "gradsync does not support process sets other than the global one yet; "
         "use the default process_set")
 
 
 def remove_process_set(process_set):
+    """Horovod's remove_process_set. gradsync has only the global process set,
+    which cannot be removed: always raises NotImplementedError."""
     raise NotImplementedError("gradsync has only the global process set")
 
 
@@ -117,25 +125,36 @@ def shutdown():
 
 
 def is_initialized():
+    """True between init() and shutdown() (or the interpreter's exit), else
+    False. Never raises."""
     return _core.initialized()
 
 
 def size():
+    """Number of ranks in the job (every process gradsync-run started).
+    Raises ValueError before init()."""
     _core.ctx()
     return _core._state.size
 
 
 def rank():
+    """This process's rank in the job, 0 <= rank() < size(). Raises
+    ValueError before init()."""
     _core.ctx()
     return _core._state.rank
 
 
 def local_size():
+    """Number of ranks of the job on this rank's host. Raises ValueError
+    before init()."""
     _core.ctx()
     return _core._state.local_size
 
 
 def local_rank():
+    """This rank's index among the ranks on its host, 0 <= local_rank() <
+    local_size(), e.g. to pick a GPU: torch.cuda.set_device(hvd.local_rank()).
+    Raises ValueError before init()."""
     _core.ctx()
     return _core._state.local_rank
 
@@ -154,15 +173,21 @@ def cross_rank():
 
 
 def is_homogeneous():
+    """True when size() is a multiple of local_size(), i.e., as gradsync-run -H
+    lays ranks out (local_size() consecutive ranks per host), when every host
+    runs the same number of ranks. Only this host's local_size() is looked at.
+    Raises ValueError before init()."""
     _core.ctx()
     return _core._state.size % max(1, _core._state.local_size) == 0
 
 
 def mpi_threads_supported():
+    """False: gradsync does not use MPI. Works before init()."""
     return False
 
 
 def mpi_enabled():
+    """False: gradsync does not use MPI (see mpi_built()). Works before init()."""
     return False
 
 
@@ -172,6 +197,9 @@ def mpi_built():
 
 
 def gloo_enabled():
+    """False: gradsync's collectives do not run on Gloo (see gloo_built());
+    init_process_group() still makes a Gloo group for torch.distributed itself.
+    Works before init()."""
     return False
 
 
@@ -188,27 +216,38 @@ def nccl_built():
 
 
 def cuda_built():
+    """True when the library was built with its nccl backend (nccl_built() > 0),
+    which takes CUDA tensors; says nothing about GPUs being present. Works
+    before init()."""
     return nccl_built() > 0
 
 
 def rocm_built():
+    """False: gradsync has no ROCm backend. Works before init()."""
     return False
 
 
 def ddl_built():
+    """False: gradsync has no IBM DDL backend. Works before init()."""
     return False
 
 
 def ccl_built():
+    """False: gradsync has no oneCCL backend. Works before init()."""
     return False
 
 
 def start_timeline(file_path, mark_cycles=False):
+    """Horovod's start_timeline: always raises NotImplementedError. gradsync
+    records the timeline at the coordinator, for the whole job (gradsyncctl,
+    docs/operations.md); file_path and mark_cycles are not used."""
     raise NotImplementedError("gradsync records the timeline at the coordinator; "
                               "see docs/pytorch.md")
 
 
 def stop_timeline():
+    """Horovod's stop_timeline: always raises NotImplementedError (see
+    start_timeline())."""
     raise NotImplementedError("gradsync records the timeline at the coordinator; "
                               "see docs/pytorch.md")
 
@@ -425,6 +464,28 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
+    """Starts averaging (or summing, ...) a list of tensors over all ranks as one
+    group: the coordinator negotiates them together and runs them in one plan.
+    Returns a handle for poll()/synchronize(); synchronize() returns a list of
+    new tensors, one per input, in order. The inputs are not modified.
+
+    tensors: a non-empty list of contiguous tensors, all of one dtype (int32,
+    int64, float16, bfloat16, float32 or float64); every rank must pass the
+    same number of tensors with the same shapes. They are named
+    "grouped_allreduce.<name>.<i>" ("grouped_allreduce.noname.<n>.<i>" when
+    name is None). op: Average (the default), Sum, Min, Max or Product;
+    average (deprecated): True for Average, False for Sum. prescale_factor
+    multiplies the inputs and postscale_factor the results, in each tensor's
+    precision; an Average is a Sum postscaled by 1/size(). CUDA tensors are
+    passed as device pointers with the first tensor's current stream.
+
+    Raises ValueError at the call for an empty list, mixed dtypes, an
+    unsupported dtype, a non-contiguous tensor, a name already in flight on
+    this rank, both op and average given, or before init();
+    NotImplementedError for Adasum or a process set other than the global one;
+    HorovodInternalError when the job has already failed. A collective that
+    fails (e.g. shapes that differ across ranks) raises HorovodInternalError
+    from synchronize()."""
     op = _resolve_op(op, average)
     outputs = [t.new(t.shape) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
@@ -433,6 +494,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped_allreduce_async: each tensor receives its own result;
+    synchronize() returns the list of the tensors given. Arguments and errors
+    as grouped_allreduce_async()."""
     op = _resolve_op(op, average)
     return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor,
                                     postscale_factor, process_set)
@@ -460,6 +524,13 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Averages (or sums, ...) a list of tensors over all ranks as one group and
+    returns a list of new tensors, one per input, in order; blocks until done.
+    Differentiable: the gradients are grouped-allreduced with the same op and
+    factors. compression (Compression.none, .fp16 or .bf16) is applied to
+    each tensor before the reduction and undone after. Other arguments as
+    grouped_allreduce_async(); raises the same errors at the call, and
+    HorovodInternalError when the collective fails."""
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
     reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
                                             postscale_factor, process_set, *compressed)
@@ -468,6 +539,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce: each tensor receives its own result; blocks
+    and returns the list of the tensors given. Arguments and errors as
+    grouped_allreduce_async(); HorovodInternalError when the collective fails."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
@@ -544,6 +618,19 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts an allgather of each tensor of a list (named
+    "grouped_allgather.<name>.<i>"); returns a handle whose synchronize()
+    gives the list of results, in order: for each tensor, the concatenation
+    of every rank's tensor along the first dimension (which may differ per
+    rank; the other dimensions must agree), built as a new CPU tensor. The
+    inputs are not modified.
+
+    Dtypes: those of allreduce plus uint8, int8 and int16; tensors must be
+    contiguous. Raises ValueError at the call for an unsupported dtype, a
+    non-contiguous tensor, a name already in flight or before init() (tensors
+    of the list already submitted then still complete and are freed);
+    NotImplementedError for a process set other than the global one. A failed
+    collective raises HorovodInternalError from synchronize()."""
     _check_ps(process_set)
     tensors = list(tensors)
     base = _op_name("grouped_allgather", name)
@@ -561,6 +648,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Blocking grouped_allgather_async(): returns the list of gathered tensors
+    (new CPU tensors), in the order of tensors. Unlike allgather(), records no
+    autograd graph. Errors as grouped_allgather_async(), and
+    HorovodInternalError when the collective fails."""
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -584,10 +675,30 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting root_rank's tensor to every rank into a new tensor (a
+    copy of tensor, on its device, overwritten with root_rank's values);
+    tensor itself is not modified. Returns a handle whose synchronize() gives
+    the new tensor.
+
+    tensor: contiguous, of dtype int32, int64, float16, bfloat16, float32,
+    float64, uint8, int8 or int16, with the same number of elements and
+    dtype on every rank. root_rank: the rank whose values every rank receives.
+    name: the op is named "broadcast.<name>" ("broadcast.noname.<n>" when
+    None). A CUDA tensor is passed as a device pointer with its device's
+    current stream.
+
+    Raises ValueError at the call for an unsupported dtype, a non-contiguous
+    tensor, a root_rank that is not a rank of the job, a name already in
+    flight or before init(); NotImplementedError for a process set other than
+    the global one; HorovodInternalError when the job has already failed. A
+    collective that fails raises HorovodInternalError from synchronize()."""
     return _broadcast_async(tensor, tensor.new(tensor.shape), root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast_async: starts overwriting tensor with root_rank's
+    values; synchronize() returns tensor. Arguments and errors as
+    broadcast_async()."""
     return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
@@ -608,10 +719,18 @@ class HorovodBroadcast(torch.autograd.Function):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns a new tensor holding root_rank's tensor, on every rank; tensor is
+    not modified. Blocks until done. Differentiable as in Horovod: the
+    gradient is averaged over all ranks and is zero on every rank but
+    root_rank. Arguments and errors as broadcast_async();
+    HorovodInternalError when the collective fails."""
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast: overwrites tensor with root_rank's values, blocks
+    until done and returns tensor. Arguments and errors as broadcast_async();
+    HorovodInternalError when the collective fails."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -748,6 +867,23 @@ class HorovodReducescatter(torch.autograd.Function):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces tensor over all ranks and returns this rank's share of the result
+    along the first dimension, as a new CPU tensor: the rows are split as
+    evenly as possible, lower ranks getting the extra ones. Blocks until done.
+
+    tensor: contiguous, at least one dimension, of dtype int32, int64,
+    float16, bfloat16, float32 or float64, of the same shape on every rank.
+    op: Average (the default) or Sum. compression (Compression.none, .fp16 or
+    .bf16) is applied before and undone after. prescale_factor multiplies the
+    input and postscale_factor the result, in the tensor's precision; an
+    Average is a Sum postscaled by 1/size(). Differentiable: the gradient is
+    the allgather of the output's gradient times prescale_factor *
+    postscale_factor (divided by size() for Average).
+
+    Raises ValueError for another op, a 0-dimensional tensor, an unsupported
+    dtype, a non-contiguous tensor, a name already in flight or before init();
+    NotImplementedError for a process set other than the global one;
+    HorovodInternalError when the collective fails."""
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                      postscale_factor)
@@ -756,6 +892,19 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a reducescatter of each tensor of a list (named
+    "grouped_reducescatter.<name>.<i>"); returns a handle whose synchronize()
+    gives the list of this rank's shares (new CPU tensors), in order, each as
+    reducescatter() computes it. op: Average (the default) or Sum;
+    prescale_factor / postscale_factor as reducescatter(). The inputs are not
+    modified.
+
+    Raises ValueError at the call for another op, a 0-dimensional tensor, an
+    unsupported dtype, a non-contiguous tensor, a name already in flight or
+    before init() (tensors of the list already submitted then still complete
+    and are freed); NotImplementedError for a process set other than the
+    global one. A failed collective raises HorovodInternalError from
+    synchronize()."""
     _check_ps(process_set)
     tensors = list(tensors)
     base = _op_name("grouped_reducescatter", name)
@@ -778,6 +927,11 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
+    """Blocking grouped_reducescatter_async(): returns the list of this rank's
+    shares (new CPU tensors), in the order of tensors. compression is applied
+    to each tensor before and undone after. Unlike reducescatter(), records no
+    autograd graph. Errors as grouped_reducescatter_async(), and
+    HorovodInternalError when the collective fails."""
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
     outs = synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set,
                                                    prescale_factor, postscale_factor))

@@ -262,6 +262,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        """synchronize() (unless inside skip_synchronize()), then the wrapped
+        optimizer's step(closure); returns what that returns. Warns when
+        called after a manual synchronize() outside skip_synchronize(). A
+        failed allreduce raises its HorovodInternalError here, after every
+        gradient's op was waited for, and the step is not taken."""
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without "
@@ -275,6 +280,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
+        """The wrapped optimizer's zero_grad(). Raises AssertionError while
+        gradients are being allreduced (after backward(), before step() or
+        synchronize()): zeroing them would race with the allreduce."""
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize(). "

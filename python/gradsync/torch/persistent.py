@@ -159,6 +159,9 @@ class PersistentAllreduce:
 
     @property
     def freed(self):
+        """True once the op was freed (free(), garbage collection or
+        shutdown()); start(), test(), wait() and error() then raise
+        ValueError."""
         return self._state.freed
 
     def __repr__(self):
