@@ -263,27 +263,32 @@ static void usage(FILE *f) {
         "\n"
         "  -np N, -n N, --np N       number of ranks (1..4096; with hosts: default all\n"
         "                            their slots)\n"
-        "  -H, --hosts, --host LIST  HOST[:SLOTS],... (SLOTS default 1; IPv6 as [ADDR]:SLOTS)\n"
-        "  --hostfile FILE           one host a line: 'HOST:SLOTS' or 'HOST slots=N'; # comments\n"
-        "                            (also -hostfile)\n"
+        "  -H, --hosts, --host LIST  HOST[:SLOTS],... (SLOTS default 1; IPv6 as\n"
+        "                            [ADDR]:SLOTS)\n"
+        "  --hostfile FILE           one host a line: 'HOST:SLOTS' or 'HOST slots=N';\n"
+        "                            comments start with # (also -hostfile)\n"
         "  -p, --ssh-port PORT       ssh port of the remote hosts\n"
         "  -i, --ssh-identity FILE   ssh private key (also --ssh-identity-file)\n"
         "  --rsh CMD                 remote shell instead of ssh, called as\n"
-        "                            'CMD [-p PORT] [-i FILE] HOST COMMAND' (like mpirun's\n"
-        "                            plm_rsh_agent; also --launcher-agent)\n"
-        "  --coordinator-addr HOST   address the remote hosts reach this machine by (default:\n"
-        "                            the local address of the route toward them)\n"
-        "  -x VAR, -x VAR=VALUE      give VAR (this environment's value, or VALUE) to every rank\n"
-        "  --tag-output              prefix output with '[RANK@HOST] ' instead of '[RANK] '\n"
-        "  --bind-to core|none       core: the i-th rank on this machine runs on the i-th cpu\n"
-        "                            gradsync-run may use (its affinity mask), every thread of\n"
-        "                            it; the i-th rank on a remote host on the i-th cpu its\n"
-        "                            ssh session may use there (bound with taskset, which the\n"
-        "                            host needs); more ranks than cpus on a host is refused.\n"
-        "                            none (default, as torchrun and horovodrun): the ranks\n"
-        "                            keep the cpus they are given, since a rank with\n"
-        "                            dataloader processes bound to one core can be slower\n"
-        "                            (mpirun binds to core at np <= 2).\n"
+        "                            'CMD [-p PORT] [-i FILE] HOST COMMAND' (like\n"
+        "                            mpirun's plm_rsh_agent; also --launcher-agent)\n"
+        "  --coordinator-addr HOST   address the remote hosts reach this machine by\n"
+        "                            (default: the local address of the route toward\n"
+        "                            them)\n"
+        "  -x VAR, -x VAR=VALUE      give VAR (this environment's value, or VALUE) to\n"
+        "                            every rank\n"
+        "  --tag-output              prefix output with '[RANK@HOST] ' instead of\n"
+        "                            '[RANK] '\n"
+        "  --bind-to core|none       core: the i-th rank on this machine runs on the\n"
+        "                            i-th cpu gradsync-run may use (its affinity mask),\n"
+        "                            every thread of it; the i-th rank on a remote host\n"
+        "                            on the i-th cpu its ssh session may use there\n"
+        "                            (bound with taskset, which the host needs); more\n"
+        "                            ranks than cpus on a host is refused.\n"
+        "                            none (default, as torchrun and horovodrun): the\n"
+        "                            ranks keep the cpus they are given, since a rank\n"
+        "                            with dataloader processes bound to one core can be\n"
+        "                            slower (mpirun binds to core at np <= 2).\n"
         "  --report-bindings         say on stderr which cpus each rank runs on\n",
         f);
   fputs("  horovodrun's flags for the gradsyncd started here, as its own:\n", f);
@@ -292,12 +297,13 @@ static void usage(FILE *f) {
     if (!d->run_flag) continue;
     char left[80];
     snprintf(left, sizeof left, "%s %s", d->run_flag, d->run_metavar);
-    fprintf(f, "    %-40s gradsyncd %s%s\n", left, d->flag,
-            d->run_scale == 1048576 ? " (MiB to bytes)" : "");
+    /* 4 + 38 + 1 + "gradsyncd --fusion-threshold, in MiB" = 79 columns */
+    fprintf(f, "    %-38s gradsyncd %s%s\n", left, d->flag,
+            d->run_scale == 1048576 ? ", in MiB" : "");
   }
   fputs("  --coordinator HOST:PORT   use a running gradsyncd instead of starting one\n"
-        "  --token-file FILE         the job token of that gradsyncd (first line of FILE);\n"
-        "                            default: GRADSYNC_JOB_TOKEN as inherited\n"
+        "  --token-file FILE         the job token of that gradsyncd (first line of\n"
+        "                            FILE); default: GRADSYNC_JOB_TOKEN as inherited\n"
         "  --coord-arg ARG           pass ARG to the gradsyncd started here (repeatable)\n"
         "  --timeout SECONDS         stop everything after SECONDS and exit 124\n"
         "  --version                 print the version\n"
