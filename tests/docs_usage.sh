@@ -36,10 +36,14 @@ check gradsync-run worker/launcher/gradsync_run.c \
 check gradsyncctl server/ctl/gradsyncctl.c 'strcmp\((a|argv\[i\]), "-[-a-z0-9]*"\)'
 check gradsync-train examples/train.c '\{"--[-a-z0-9]*", |strcmp\((a|key), "-[-a-z0-9]*"\)|"--(seed|lr|wait)"'
 
+# Every line of every program's --help fits 80 columns (a terminal, and
+# the docs that paste it).
 # Usage text pasted into the docs must be what the program prints: a fenced
 # block that starts with "usage: PROGRAM" must be PROGRAM --help whole, and
-# a block with at least 2 option lines of a --help (an excerpt) must have
-# all its option lines in it.
+# a block with at least 2 option lines whose options (the text before the
+# description column, e.g. "  --bind-to core|none") start lines of a
+# --help (an excerpt) must have all its lines in that --help, so a
+# rewrapped description cannot leave a stale paste behind.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for prog in gradsync-run gradsyncctl gradsync-train gradsyncd; do
@@ -48,12 +52,27 @@ done
 if ! python3 - "$src" "$tmp" <<'EOF'
 import glob, os, re, sys
 src, tmp = sys.argv[1], sys.argv[2]
-helps = {}
+helps, heads = {}, {}
+bad, blocks = 0, 0
+
+
+def head(line):
+    """The option part of an option line: "  -x VAR, -x VAR=VALUE"."""
+    m = re.match(r"^( +-\S.*?)(  |$)", line)
+    return m.group(1) if m else None
+
+
 for prog in ("gradsync-run", "gradsyncctl", "gradsync-train", "gradsyncd"):
     with open(os.path.join(tmp, prog)) as f:
-        helps[prog] = set(f.read().splitlines())
+        lines = f.read().splitlines()
+    helps[prog] = set(lines)
+    heads[prog] = {head(l) for l in lines if head(l)}
+    for n, l in enumerate(lines, 1):
+        if len(l) > 80:
+            print("docs_usage: %s --help line %d is %d columns (at most 80): %r"
+                  % (prog, n, len(l), l))
+            bad = 1
 docs = [os.path.join(src, "README.md")] + sorted(glob.glob(os.path.join(src, "docs", "*.md")))
-bad, blocks = 0, 0
 for path in docs:
     with open(path) as f:
         text = f.read()
@@ -68,12 +87,12 @@ for path in docs:
                           % (os.path.relpath(path, src), m.group(1)))
                     bad = 1
             continue
-        opts = [l for l in block.splitlines() if re.match(r"^  +-", l)]
+        opts = [head(l) for l in block.splitlines() if head(l)]
         for prog, h in helps.items():
-            if len(opts) < 2 or sum(l in h for l in opts) < 2:
+            if len(opts) < 2 or sum(o in heads[prog] for o in opts) < 2:
                 continue
             blocks += 1
-            for l in opts:
+            for l in block.splitlines():
                 if l not in h:
                     print("docs_usage: %s pastes a line that %s --help does not print: %r"
                           % (os.path.relpath(path, src), prog, l))
