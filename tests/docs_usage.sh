@@ -5,7 +5,8 @@
 # parsers' sources (the names passed to take_opt/strcmp, and the option
 # tables), so a flag added to a parser without a line in its usage text
 # fails here. gradsyncd's flags come from the settings table and are checked
-# by test_settings (test_usage_is_whole).
+# by test_settings (test_usage_is_whole). gradsync-train's synopsis must show
+# every option but -h/--help/--version.
 #   docs_usage.sh SOURCE_DIR BIN_DIR
 set -euo pipefail
 src=${1:?usage: docs_usage.sh SOURCE_DIR BIN_DIR}
@@ -35,6 +36,17 @@ check gradsync-run worker/launcher/gradsync_run.c \
   'take_opt\(argc, argv, &i, "-[-a-z0-9]*"|strcmp\(a, "-[-a-z0-9]*"\)'
 check gradsyncctl server/ctl/gradsyncctl.c 'strcmp\((a|argv\[i\]), "-[-a-z0-9]*"\)'
 check gradsync-train examples/train.c '\{"--[-a-z0-9]*", |strcmp\((a|key), "-[-a-z0-9]*"\)|"--(seed|lr|wait)"'
+
+# gradsync-train's synopsis (the lines before the first blank one) lists its
+# options one by one: each option of its parser but -h/--help/--version.
+synopsis=$("$bin/gradsync-train" --help | sed '/^$/q')
+for o in $(grep -oE '\{"--[-a-z0-9]*", |"--(seed|lr|wait)"' "$src/examples/train.c" |
+  grep -oE '"--[-a-z0-9]*"' | tr -d '"' | sort -u); do
+  if ! grep -qE -- "\[([^]]* )?${o}( [^]]*)?\]" <<<"$synopsis"; then
+    echo "docs_usage: gradsync-train accepts $o but its usage synopsis does not show it"
+    bad=1
+  fi
+done
 
 # Every line of every program's --help fits 80 columns (a terminal, and
 # the docs that paste it).
