@@ -264,3 +264,23 @@ def test_every_public_callable_has_a_docstring():
     assert p.returncode == 0, p.stdout
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("MISSING")][-1]
     assert line.split()[1:] == [], "no docstring: " + line
+
+
+def test_an_unknown_reduce_op_is_a_value_error():
+    """op=42 is refused with the same ValueError by every allreduce, the
+    grouped ones included (they raised KeyError), before any job is needed."""
+    code = (
+        "import torch, gradsync.torch as hvd\n"
+        "for f in (hvd.allreduce_async, hvd.grouped_allreduce_async,"
+        " hvd.grouped_allreduce_async_):\n"
+        "    arg = torch.zeros(2) if f is hvd.allreduce_async else [torch.zeros(2)]\n"
+        "    try:\n"
+        "        f(arg, op=42)\n"
+        "    except Exception as e:\n"
+        "        print(f.__name__, type(e).__name__, e)\n")
+    p = py(code, {"PYTHONPATH": os.path.join(REPO, "python"), "GRADSYNC_LIB": LIB})
+    assert p.returncode == 0, p.stdout
+    want = "ValueError op 42 is not one of Average, Sum, Min, Max, Product, Adasum"
+    assert p.stdout.splitlines() == [
+        "allreduce_async " + want, "grouped_allreduce_async " + want,
+        "grouped_allreduce_async_ " + want], p.stdout

@@ -425,9 +425,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped allreduce needs at least one tensor")
-    if op == Adasum:
-        raise NotImplementedError(
-            "gradsync does not support the Adasum reduction yet; use op=Average or op=Sum")
+    _check_reduce_op(op)
     dts = {t.dtype for t in tensors}
     if len(dts) > 1:
         raise ValueError("grouped allreduce: all tensors must have the same dtype, got %s"
