@@ -725,6 +725,7 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
 out_stop_exec:
   pthread_mutex_lock(&ctx->mu);
   ctx->exec_stop = 1;
+  gs__exec_bell_locked(ctx);
   pthread_cond_broadcast(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
   pthread_join(ctx->exec_thread, NULL);

@@ -191,6 +191,7 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
   struct gs_handle *h, *tmp;
   HASH_ITER(hh, ctx->inflight, h, tmp) complete_locked(ctx, h, ctx->fatal, ctx->fatal_msg);
   pthread_cond_broadcast(&ctx->cv); /* waits, and the exec thread awaiting a verdict */
+  gs__exec_bell_locked(ctx);
   pthread_cond_broadcast(&ctx->exec_cv);
   int kick = gs__comm_wake_locked(ctx, 0); /* the comm thread ends the session */
   pthread_mutex_unlock(&ctx->mu);
@@ -416,6 +417,7 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
   else
     ctx->plans_head = n;
   ctx->plans_tail = n;
+  gs__exec_bell_locked(ctx);
   pthread_cond_signal(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
 }
@@ -875,6 +877,7 @@ void *gs__background_main(void *arg) {
   gs__client_session_close(ctx->client, 2000);
   pthread_mutex_lock(&ctx->mu);
   ctx->exec_stop = 1;
+  gs__exec_bell_locked(ctx);
   pthread_cond_broadcast(&ctx->exec_cv);
   pthread_mutex_unlock(&ctx->mu);
   return NULL;

@@ -4,11 +4,13 @@
  * Owns the backend's collectives (the comm thread may only call abort);
  * takes plans from ctx->plans_* and reports finished plan numbers into
  * ctx->done_plans, both under ctx->mu. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dtype.h"
 #include "fusion_layout.h"
 #include "handoff_trace.h"
@@ -721,11 +723,62 @@ void gs__await_verdict(gs_ctx *ctx) {
   pthread_mutex_unlock(&ctx->mu);
 }
 
+/* Right after a fast round the exec thread does not sleep at once: its
+ * next work is usually microseconds away (the application, which the round
+ * just served, submits its next ops or barrier), and a thread that sleeps
+ * lets an otherwise idle vCPU halt, whose wake-up goes through the
+ * hypervisor (hundreds of us: docs/benchmarks.md "Idle vCPUs"). It yields
+ * between looks at exec_bell for up to EXEC_SPIN_US, then sleeps on exec_cv
+ * as before. Once the bell rang it keeps yielding while it keeps ringing (a
+ * burst of submissions), for up to SETTLE_US, so that the next round takes
+ * the burst whole, as a thread woken from its sleep did: a round of the
+ * burst's first op alone would cost every rank one more agreement. Only
+ * where this thread may run on more than one cpu: on one (a rank bound to
+ * a core) the submitting thread runs only when this one does not, so
+ * looking in between only takes its turns (np=2 bound: 2 us slower).
+ * Measured (np=4 on 2 vCPUs, ResNet-50 control-only): see "Exec thread's
+ * yield-spin" in docs/benchmarks.md. Cost: after a round that nothing
+ * follows soon (once per training step), up to EXEC_SPIN_US of a cpu that
+ * nothing else wanted (a yield lets any runnable thread run first); a job
+ * whose ranks wait for nothing spins never. */
+#define EXEC_SPIN_US 500
+#define SETTLE_US 100
+
+static int spin_pays(void) {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) > 1;
+}
+
+static void await_work(gs_ctx *ctx, unsigned bell) {
+  uint64_t t0 = gs__now_us();
+  unsigned b;
+  while ((b = atomic_load_explicit(&ctx->exec_bell, memory_order_relaxed)) == bell) {
+    if (gs__now_us() - t0 >= EXEC_SPIN_US) return;
+    sched_yield();
+  }
+  t0 = gs__now_us();
+  for (;;) {
+    sched_yield();
+    unsigned b2 = atomic_load_explicit(&ctx->exec_bell, memory_order_relaxed);
+    if (b2 == b || gs__now_us() - t0 >= SETTLE_US) return;
+    b = b2;
+  }
+}
+
 void *gs__executor_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
+  int after_round = 0; /* a fast round just ended: see await_work */
   pthread_mutex_lock(&ctx->mu);
   for (;;) {
+    if (after_round && ctx->fast && !ctx->plans_head && !ctx->exec_stop &&
+        !gs__fast_work_locked(ctx)) {
+      unsigned bell = atomic_load_explicit(&ctx->exec_bell, memory_order_relaxed);
+      pthread_mutex_unlock(&ctx->mu);
+      if (spin_pays()) await_work(ctx, bell);
+      pthread_mutex_lock(&ctx->mu);
+    }
+    after_round = 0;
     /* exec_idle: see worker.h for why a submission in fast mode never
      * finds this thread asleep with work queued. */
     while (!ctx->plans_head && !ctx->exec_stop && !gs__fast_work_locked(ctx)) {
@@ -739,6 +792,7 @@ void *gs__executor_main(void *arg) {
       gs__fast_round(ctx);
       pthread_mutex_lock(&ctx->mu);
       ctx->exec_busy = 0;
+      after_round = 1;
       continue;
     }
     if (!ctx->plans_head) break; /* stopped and drained */

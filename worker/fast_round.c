@@ -191,6 +191,7 @@ void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms) {
     ctx->fast_head = h;
   ctx->fast_tail = h;
   ctx->nfast++;
+  gs__exec_bell_locked(ctx);
 }
 
 void gs__fast_enter_locked(gs_ctx *ctx) {
@@ -222,6 +223,7 @@ void gs__fast_enter_locked(gs_ctx *ctx) {
    * wait on them only, with nothing to start a round with while the others
    * wait in theirs. A round is due at once, and says "not clear". */
   if (ctx->nunplanned && !ctx->fast_stop) ctx->fast_stop = 1;
+  gs__exec_bell_locked(ctx);
   if ((ctx->fast_head || ctx->fast_stop) && ctx->exec_idle) {
     ctx->exec_idle = 0;
     pthread_cond_signal(&ctx->exec_cv);
@@ -262,6 +264,7 @@ void gs__fast_stop(gs_ctx *ctx, int abort_round, const char *reason) {
       pthread_cond_broadcast(&ctx->cv); /* an exec thread awaiting a verdict */
     }
     /* Idle: a round is due now (gs__fast_work_locked). */
+    gs__exec_bell_locked(ctx);
     if (ctx->exec_idle) {
       ctx->exec_idle = 0;
       pthread_cond_signal(&ctx->exec_cv);

@@ -394,8 +394,16 @@ struct gs_ctx {
    * thread already waiting; one made before it is seen by that read.
    * A submitter that finds exec_idle = 0 is either before that read or
    * after another submitter's signal, which wakes the thread to read the
-   * queue again. FastStop, failure and stop wake it by broadcast. */
+   * queue again. FastStop, failure and stop wake it by broadcast.
+   *
+   * exec_bell counts work handed to the exec thread (bumped, under mu,
+   * with every fast-queue op, FastStop, plan, stop and failure: see
+   * gs__exec_bell_locked): right after a fast round the thread looks at
+   * it without mu for a moment, yielding, before it sleeps (executor.c,
+   * EXEC_SPIN_US). Only a hint: the thread always takes mu and reads the
+   * queues before it runs or sleeps, so the rule above still holds. */
   int exec_idle;
+  atomic_uint exec_bell;
   /* The exec thread is inside a fast round (from its snapshot to the end
    * of the common set's collectives): a FastStop with abort_round aborts
    * the backends only then. */
@@ -463,6 +471,11 @@ void gs__fast_enter_locked(gs_ctx *ctx);
 /* Whether the exec thread has fast work: a round to run, or an escalation
  * to make at once (FastStop with abort_round). */
 int gs__fast_work_locked(const gs_ctx *ctx);
+/* Tells an exec thread that spins after a round that work came (see
+ * exec_bell). Caller holds ctx->mu. */
+static inline void gs__exec_bell_locked(gs_ctx *ctx) {
+  atomic_fetch_add_explicit(&ctx->exec_bell, 1, memory_order_relaxed);
+}
 /* Runs one fast round, or escalates (exec thread, without ctx->mu). */
 void gs__fast_round(gs_ctx *ctx);
 /* Puts h at the end of the fast queue, stamped now_ms, with its slot and

@@ -15,7 +15,11 @@
  * Usage: gs-fast-worker MODE STEPS [ARG] (environment as gradsync-run sets)
  *   steps N WAIT       N steps; WAIT = block | timed (gs_wait(h, 50) in a
  *                      loop) | poll (gs_test every 1 ms) | paced (block,
- *                      then 40 ms between steps)
+ *                      then 40 ms between steps) | short (gs_wait(h, 1) in
+ *                      a loop while the last rank submits each step 10 ms
+ *                      late: every timed-out wait must have lasted its 1
+ *                      ms, with the usual text; prints "fast: rank R short
+ *                      timeouts=T")
  *   vary N             N steps, each also allreducing 'fast/vary' first, as
  *                      float32 average of 5, int32 sum of 9, float64 max of
  *                      shape [3, 2] (postscale 2) in turn: a cached name
@@ -129,7 +133,15 @@ static void sleep_ms(long ms) {
   }
 }
 
-typedef enum wait_style { WAIT_BLOCK, WAIT_TIMED, WAIT_POLL, WAIT_PACED } wait_style;
+typedef enum wait_style { WAIT_BLOCK, WAIT_TIMED, WAIT_POLL, WAIT_PACED, WAIT_SHORT } wait_style;
+
+static int g_short_timeouts; /* WAIT_SHORT: gs_wait(h, 1) calls that timed out */
+
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 /* One op of a step. */
 typedef struct op {
@@ -189,6 +201,25 @@ static void submit(gs_ctx *ctx, op *o) {
 /* Waits for o in the given style; returns its status. */
 static gs_status wait_op(op *o, wait_style style, int timeout_ms) {
   if (style == WAIT_BLOCK || style == WAIT_PACED) return gs_wait(o->h, timeout_ms);
+  if (style == WAIT_SHORT) {
+    /* gs_wait's timeout is a promise both ways: not GS_ERR_TIMEOUT before
+     * it has passed (a wait may spin first: it must still honour it). */
+    for (double start = mono_ms();;) {
+      double t0 = mono_ms();
+      gs_status st = gs_wait(o->h, 1);
+      double took = mono_ms() - t0;
+      if (st != GS_ERR_TIMEOUT) return st;
+      if (took < 1.0)
+        wu_die("tensor '%s': gs_wait(h, 1) returned GS_ERR_TIMEOUT after %.3f ms, before its "
+               "timeout",
+               o->name, took);
+      const char *e = gs_last_error(NULL);
+      if (!e || !strstr(e, "gs_wait: timed out after 1 ms; the op is still pending"))
+        wu_die("tensor '%s': timeout text: %s", o->name, e ? e : "(none)");
+      g_short_timeouts++;
+      if (mono_ms() - start > timeout_ms) return GS_ERR_TIMEOUT;
+    }
+  }
   for (int waited = 0; waited < timeout_ms;) {
     if (style == WAIT_TIMED) {
       gs_status st = gs_wait(o->h, 50);
@@ -364,6 +395,7 @@ static void step(gs_ctx *ctx, int s, wait_style style, int reverse, op *extra) {
       list[i] = list[n - 1 - i];
       list[n - 1 - i] = t;
     }
+  if (style == WAIT_SHORT && g_rank == g_size - 1) sleep_ms(10); /* the others' rounds wait */
   gs_stats a = stats_now(ctx);
   for (size_t k = 0; k < n; k++) {
     size_t i = list[k] == extra ? 100 : (size_t)(list[k] - g_ops);
@@ -946,11 +978,13 @@ int main(int argc, char **argv) {
     wait_style style = !strcmp(argv[3], "timed")   ? WAIT_TIMED
                        : !strcmp(argv[3], "poll")  ? WAIT_POLL
                        : !strcmp(argv[3], "paced") ? WAIT_PACED
+                       : !strcmp(argv[3], "short") ? WAIT_SHORT
                                                    : WAIT_BLOCK;
     for (int s = 1; s <= n; s++) {
       step(ctx, s, style, 0, NULL);
       if (style == WAIT_PACED) sleep_ms(40);
     }
+    if (style == WAIT_SHORT) printf("fast: rank %d short timeouts=%d\n", g_rank, g_short_timeouts);
   } else if (!strcmp(mode, "ride")) {
     if (argc != 4 || k < 1 || k > n) usage();
     for (size_t i = 0; i < NRIDE; i++) g_rops[i].buf = wu_xcalloc(g_rops[i].count, 4);

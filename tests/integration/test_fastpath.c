@@ -167,6 +167,30 @@ static void test_timed_waits_np2(void **state) {
   steps_world(2, "timed");
 }
 
+/* gs_wait(h, 1) in a loop while the rounds wait for the last rank (it
+ * submits each step 10 ms late, while the others' exec threads yield-spin
+ * after their rounds, executor.c): each wait must time out no earlier than
+ * its 1 ms, with the usual text (the worker checks), and the steps complete
+ * with the right values in fast rounds. */
+static void test_short_timed_waits_np3(void **state) {
+  (void)state;
+  char *args[] = {"steps", "6", "short", NULL};
+  job w;
+  start_world(&w, 3, NULL, args);
+  expect_passed(&w);
+  for (int s = 3; s <= 6; s++) expect_fast_step_ex(&w, s, STEP_OPS, s == 6);
+  char *out = proc_output(w.ranks[0]);
+  int timeouts = -1;
+  char *line = strstr(out, "fast: rank 0 short timeouts=");
+  if (line) sscanf(line, "fast: rank 0 short timeouts=%d", &timeouts);
+  free(out);
+  if (timeouts < 6)
+    job_fail("rank 0: %d timed-out gs_wait(h, 1) over 6 steps; expected at least 6 (the last "
+             "rank submits each step 10 ms late)",
+             timeouts);
+  job_stop_coordinator(&w);
+}
+
 static void test_polling_np3(void **state) {
   (void)state;
   steps_world(3, "poll");
@@ -872,6 +896,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_values_np4, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_timed_waits_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_polling_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_short_timed_waits_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_np4, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_tcp_np2, setup, job_teardown),
