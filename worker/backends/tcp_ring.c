@@ -93,7 +93,12 @@
  * so a rank whose peers are away blocks after that (agree: for as long as
  * they are away, at no CPU cost). Measured with gs-transport-bench
  * (docs/benchmarks.md): 20, 50 and 100 us gave the same np=2 figures; 50
- * us was needed at np=4 on 2 cores. */
+ * us was needed at np=4 on 2 cores. 500 us since, as shm's (its SPIN_NS):
+ * a fast round's agreement often waits longer than 50 us for the last
+ * rank, and the rank that slept then let its idle vCPU halt (np=4 on 2
+ * vCPUs, ResNet-50 control-only over the ring: 0.251 -> 0.141 ms, np=2
+ * unchanged; docs/benchmarks.md "The exec thread's yield-spin"). The cost
+ * is idle cpu burned for up to 500 us per wait. */
 #define SPIN_BYTES (64u * 1024u)
 /* An allreduce (agree included) of up to this many bytes moves as one
  * chunk: one token that goes round the ring twice (reduce, then
@@ -104,7 +109,7 @@
  * across hosts each hop then carries size times the bytes, which a
  * 10 Gb/s link pays for from a few KiB on: hence 8 KiB. */
 #define ONE_CHUNK_BYTES (8u * 1024u)
-#define SPIN_NS 50000
+#define SPIN_NS 500000
 
 typedef struct piece {
   char *p;
