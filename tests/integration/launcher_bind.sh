@@ -41,16 +41,8 @@ fail() {
 for v in $(env | sed -n 's/^\(GRADSYNC_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 
 # The cpus this test may use, as the kernel lists them ("0-3,8"), and expanded.
-MASK=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
-CPUS=()
-IFS=, read -ra parts <<<"$MASK"
-for p in "${parts[@]}"; do
-  if [[ $p == *-* ]]; then
-    for ((c = ${p%-*}; c <= ${p#*-}; c++)); do CPUS+=("$c"); done
-  else
-    CPUS+=("$p")
-  fi
-done
+# shellcheck source=tests/integration/cpus.sh
+. "$(dirname "$0")/cpus.sh"
 [ "${#CPUS[@]}" -ge 1 ] || fail "cannot read this test's cpus from /proc/self/status ('$MASK')"
 HOST=$(uname -n)
 say "this test may use ${#CPUS[@]} cpu(s): $MASK"

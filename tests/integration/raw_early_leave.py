@@ -14,9 +14,9 @@ one-job coordinator would exit 3 then).
 
 usage: raw_early_leave.py BIN_DIR SOURCE_DIR     (exit 77: grpcio/protoc missing)
 """
-import os, queue, signal, sys, time
+import os, signal, sys, time
 
-from rawproto import load_messages, raw_rank, start_gradsyncd
+from rawproto import join_raw_ranks, load_messages, next_message, start_gradsyncd
 
 import grpc
 
@@ -33,27 +33,10 @@ coord, addr, out_lines = start_gradsyncd(
     bin_dir, ["--world-size", "2", "--deadlock-time-ms", "0", "--serve-forever"], fail)
 try:
     ch = grpc.insecure_channel(addr)
-    ups, downs = [], []
-    for r in range(2):
-        up, down = raw_rank(ch, pb, r, 2, 60)
-        ups.append(up)
-        downs.append(down)
+    ups, downs = join_raw_ranks(ch, pb, 2, 60, fail)
 
     def next_msg(r, deadline):
-        try:
-            m = downs[r].get(timeout=max(0.1, deadline - time.time()))
-        except queue.Empty:
-            fail("rank %d: nothing from gradsyncd in time" % r)
-        if isinstance(m, grpc.RpcError):
-            fail("rank %d: session ended: %s %s" % (r, m.code(), m.details()))
-        return m
-
-    deadline = time.time() + 20
-    for r in range(2):
-        while True:
-            m = next_msg(r, deadline)
-            if m.WhichOneof("kind") == "world" and m.world.ready:
-                break
+        return next_message(downs, r, deadline, fail)
 
     def req(name):
         return pb.TensorRequest(name=name, op=pb.OP_ALLREDUCE, dtype=pb.DT_FLOAT32, shape=[4],

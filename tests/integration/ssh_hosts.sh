@@ -168,16 +168,8 @@ EOF
 # The cpus this test may use ("0-3,8" and expanded). The third host's sshd
 # runs under `taskset -c LAST`: its sessions, and the ranks there, may use
 # only the last of them (job E binds by each host's own cpus).
-MASK=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
-CPUS=()
-IFS=, read -ra parts <<<"$MASK"
-for p in "${parts[@]}"; do
-  if [[ $p == *-* ]]; then
-    for ((c = ${p%-*}; c <= ${p#*-}; c++)); do CPUS+=("$c"); done
-  else
-    CPUS+=("$p")
-  fi
-done
+# shellcheck source=tests/integration/cpus.sh
+. "$(dirname "$0")/cpus.sh"
 LAST=${CPUS[${#CPUS[@]} - 1]}
 for i in 0 1 2; do
   pin=()

@@ -80,7 +80,7 @@ try:
     # 2. A done report that never comes.
     try:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from rawproto import load_messages, raw_rank, start_gradsyncd  # exits 77 without grpcio
+        from rawproto import join_raw_ranks, load_messages, next_message, start_gradsyncd  # exits 77 without grpcio
     except SystemExit:
         print("timeline_done: part 2 skipped (python3-grpcio or protoc missing); part 1 passed")
         sys.exit(0)
@@ -92,27 +92,10 @@ try:
         bin_dir, ["--world-size", "2", "--timeline", path, "--deadlock-time-ms", "0"], fail)
     try:
         ch = grpc.insecure_channel(addr)
-        ups, downs = [], []
-        for r in range(2):
-            up, down = raw_rank(ch, pb, r, 2, 60)
-            ups.append(up)
-            downs.append(down)
+        ups, downs = join_raw_ranks(ch, pb, 2, 60, fail)
 
         def next_msg(r, deadline):
-            try:
-                m = downs[r].get(timeout=max(0.1, deadline - time.time()))
-            except Exception:
-                fail("rank %d: nothing from gradsyncd in time" % r)
-            if isinstance(m, grpc.RpcError):
-                fail("rank %d: session ended: %s %s" % (r, m.code(), m.details()))
-            return m
-
-        deadline = time.time() + 20
-        for r in range(2):
-            while True:
-                m = next_msg(r, deadline)
-                if m.WhichOneof("kind") == "world" and m.world.ready:
-                    break
+            return next_message(downs, r, deadline, fail)
         req = pb.TensorRequest(name="raw/grad", op=pb.OP_ALLREDUCE, dtype=pb.DT_FLOAT32,
                                shape=[4], prescale=1.0, postscale=1.0)
         for r in range(2):
