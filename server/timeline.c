@@ -293,18 +293,17 @@ static int plan_missing(gs__timeline *t, const open_plan *p, int32_t world, uint
                         char *missing, size_t cap) {
   char ranks[256] = "";
   size_t len = 0;
-  int32_t n = 0;
+  int32_t n = 0, listed = 0;
   for (int32_t r = 0; r < world; r++) {
     size_t byte = (size_t)r / 8;
     if (byte < p->seen_bytes && (p->seen[byte] & (1u << (r % 8)))) continue;
-    if (len + 24 < sizeof ranks) /* room for one more and ", ... N more" */
+    if (len + 24 < sizeof ranks) { /* room for one more and ", ... N more" */
       len += (size_t)snprintf(ranks + len, sizeof ranks - len, "%s%d", n ? "," : "", r);
+      listed++;
+    }
     n++;
   }
   if (!n) return 0;
-  int32_t listed = 0;
-  for (const char *c = ranks; *c; c++) listed += *c == ',';
-  listed += ranks[0] != 0;
   if (listed < n) snprintf(ranks + len, sizeof ranks - len, ", ... %d more", n - listed);
   for (size_t i = 0; i < p->n; i++) {
     ev_begin(t, "i", p->rows[i]->pid, now_us);
