@@ -1619,16 +1619,60 @@ gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
 gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes) {
   if (!h || !data || !bytes)
     return gs__set_error(GS_ERR_INVALID_ARG, "gs_handle_result: NULL argument");
-  if (!atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire) || h->status != GS_OK)
-    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the op has no result (it is %s)",
-                         h->req.name, h->done ? "failed" : "still pending");
+  if (!atomic_load_explicit(&((gs_handle *)h)->done, memory_order_acquire))
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': the op is still pending, so it has no result yet; wait "
+                         "for it first (gs_wait, gs_test)",
+                         h->req.name);
+  if (h->status != GS_OK)
+    return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the op failed, so it has no result (%s)",
+                         h->req.name, h->error ? h->error : gs_status_str(h->status));
   if (!h->result && h->req.op != GS__OP_ALLGATHER)
     return gs__set_error(GS_ERR_INVALID_ARG,
-                         "tensor '%s': only allgather, alltoall and reducescatter results live in "
-                         "the handle; a %s writes into your buffer",
+                         "tensor '%s': %s writes into your buffer; only allgather, alltoall, "
+                         "reducescatter and sparse results live in the handle",
                          h->req.name, gs__op_type_name(h->req.op));
   *data = h->result;
   *bytes = h->result_bytes;
+  return GS_OK;
+}
+
+/* The result lives in the memory of the op's device (the executor allocates
+ * it with that device's backend); the device copy is nccl.c's, through the
+ * factory, so this file includes nothing from CUDA. */
+gs_status gs_handle_result_copy(const gs_handle *h, void *dst, size_t bytes) {
+  if (!h) return gs__set_error(GS_ERR_INVALID_ARG, "gs_handle_result_copy: the handle is NULL");
+  const void *src;
+  size_t have;
+  gs_status st = gs_handle_result(h, &src, &have);
+  if (st) return st;
+  if (bytes != have)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': gs_handle_result_copy was given %zu bytes for a result of "
+                         "%zu bytes; pass a buffer of exactly the result's size "
+                         "(gs_handle_result's bytes)",
+                         h->req.name, bytes, have);
+  if (!bytes) return GS_OK;
+  if (!dst)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': gs_handle_result_copy: dst is NULL for a result of %zu "
+                         "bytes",
+                         h->req.name, bytes);
+  gs__device where = h->req.device, to = gs__pointer_device(dst, NULL);
+  if (to != where)
+    return gs__set_error(GS_ERR_INVALID_ARG,
+                         "tensor '%s': the result is in %s memory (where the op ran) but "
+                         "gs_handle_result_copy's dst is in %s memory; allocate dst on the "
+                         "input's device",
+                         h->req.name, gs__device_name(where), gs__device_name(to));
+  if (where == GS__DEVICE_CPU) {
+    memcpy(dst, src, bytes);
+    return GS_OK;
+  }
+  char err[512];
+  int rc = gs__device_result_copy(dst, src, bytes, h->stream, err, sizeof err);
+  if (rc)
+    return gs__set_error((gs_status)rc, "tensor '%s': gs_handle_result_copy: %s", h->req.name, err);
   return GS_OK;
 }
 

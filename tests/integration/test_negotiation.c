@@ -328,6 +328,9 @@ static void allgather_world(int size) {
              d1, t1);
     expect_same_line(&w, prefix, want);
   }
+  expect_same_line(&w, "allgather: gs_handle_result_copy: ",
+                   "allgather: gs_handle_result_copy: results copied whole; pending op, "
+                   "allreduce, NULL handle, wrong sizes and NULL dst refused");
 }
 
 static void test_allgather_uneven_2(void **state) {

@@ -31,7 +31,9 @@
  *   workload PATH STEPS     a "name dtype shape" tensor list (float32),
  *                           gradients in reverse order, averaged; stats deltas
  *   allgather ROUNDS        [d_r,2,3] int32 and [d_r'] float64 with per-rank
- *                           first dims (0 on one rank); prints the dims
+ *                           first dims (0 on one rank); prints the dims;
+ *                           gs_handle_result_copy of each result, and its
+ *                           refusals (pending op, allreduce, sizes, NULLs)
  *   bcast-barrier ROOT      float64 and int8 broadcast from ROOT, then three
  *                           barriers checked with marks in $GS_TEST_DIR
  *   grouped ROUNDS          a 3-tensor gs_grouped_allreduce_async; stats deltas
@@ -692,6 +694,17 @@ static void mm_after(gs_ctx *ctx, int c, const char *failed_name) {
   gs_handle_free(hb);
 }
 
+/* gs_handle_result_copy(h, dst, bytes) must fail with GS_ERR_INVALID_ARG
+ * and exactly the text want. */
+static void copy_refused(gs_ctx *ctx, const gs_handle *h, void *dst, size_t bytes, const char *want,
+                         const char *what) {
+  gs_status s = gs_handle_result_copy(h, dst, bytes);
+  const char *msg = gs_last_error(ctx);
+  if (s != GS_ERR_INVALID_ARG || strcmp(msg, want) != 0)
+    wu_die("gs_handle_result_copy (%s): expected GS_ERR_INVALID_ARG \"%s\", got %s \"%s\"", what,
+           want, wu_status_name(s), msg);
+}
+
 static int mode_mismatch_all(gs_ctx *ctx) {
   if (g_size != 3) wu_die("mismatch-all needs exactly 3 ranks (got %d)", g_size);
   double buf[64];
@@ -709,6 +722,10 @@ static int mode_mismatch_all(gs_ctx *ctx) {
     size_t bytes = 0;
     if (gs_handle_result(h, &data, &bytes) != GS_ERR_INVALID_ARG)
       wu_die("tensor '%s': gs_handle_result gave a result for a failed op", name);
+    char want[1024];
+    snprintf(want, sizeof want, "tensor '%s': the op failed, so it has no result (%s)", name,
+             gs_handle_error(h));
+    copy_refused(ctx, h, buf, sizeof buf, want, "failed op");
     gs_handle_free(h);
     mm_after(ctx, c, name);
     printf("neg-mismatch: rank %d: %s: later tensors ok\n", g_rank, mm_cases[c]);
@@ -913,7 +930,98 @@ static void ag_dims_line(char *buf, size_t cap, const gs_handle *h, const char *
            (long long)dims[0]);
 }
 
+/* The copies of a completed op's result (data, bytes: gs_handle_result's):
+ * into a buffer of exactly its size they equal the result, twice (the
+ * handle is not changed); a size off by one either way and a NULL dst are
+ * refused with their texts and write nothing. */
+static void result_copy_checks(gs_ctx *ctx, const gs_handle *h, const char *name, const void *data,
+                               size_t bytes) {
+  unsigned char *dst = wu_xmalloc(bytes + 1);
+  for (int pass = 0; pass < 2; pass++) {
+    memset(dst, 0xa5, bytes + 1);
+    gs_status s = gs_handle_result_copy(h, bytes ? dst : NULL, bytes);
+    if (s != GS_OK)
+      wu_die("tensor '%s': gs_handle_result_copy of %zu bytes: %s: %s", name, bytes,
+             wu_status_name(s), gs_last_error(ctx));
+    if (bytes && memcmp(dst, data, bytes) != 0)
+      wu_die("tensor '%s': gs_handle_result_copy's %zu bytes differ from gs_handle_result's", name,
+             bytes);
+    if (dst[bytes] != 0xa5) wu_die("tensor '%s': gs_handle_result_copy wrote past dst", name);
+  }
+  memset(dst, 0xa5, bytes + 1);
+  char want[512];
+  snprintf(want, sizeof want,
+           "tensor '%s': gs_handle_result_copy was given %zu bytes for a result of %zu bytes; "
+           "pass a buffer of exactly the result's size (gs_handle_result's bytes)",
+           name, bytes + 1, bytes);
+  copy_refused(ctx, h, dst, bytes + 1, want, "one byte too many");
+  if (bytes) {
+    snprintf(want, sizeof want,
+             "tensor '%s': gs_handle_result_copy was given %zu bytes for a result of %zu bytes; "
+             "pass a buffer of exactly the result's size (gs_handle_result's bytes)",
+             name, bytes - 1, bytes);
+    copy_refused(ctx, h, dst, bytes - 1, want, "one byte short");
+    snprintf(want, sizeof want,
+             "tensor '%s': gs_handle_result_copy: dst is NULL for a result of %zu bytes", name,
+             bytes);
+    copy_refused(ctx, h, NULL, bytes, want, "NULL dst");
+  }
+  for (size_t i = 0; i <= bytes; i++)
+    if (dst[i] != 0xa5) wu_die("tensor '%s': a refused gs_handle_result_copy wrote to dst", name);
+  free(dst);
+}
+
+/* gs_handle_result_copy on what has no result: a NULL handle, an op still
+ * pending (rank 0 tries before the other ranks submit it: they wait for its
+ * kv key), an allreduce; then the pending op's copy once it completed. */
+static void result_copy_refusals(gs_ctx *ctx) {
+  int32_t mine = 100 + g_rank, got[64];
+  float one = 1.0f;
+  if (g_size > 64) wu_die("allgather mode takes at most 64 ranks");
+  copy_refused(ctx, NULL, got, sizeof got, "gs_handle_result_copy: the handle is NULL",
+               "NULL handle");
+  int64_t shape[1] = {1};
+  gs_handle *h = NULL, *ha = NULL;
+  if (g_rank != 0) {
+    void *v = NULL;
+    size_t n = 0;
+    gs_status s = gs_kv_get(ctx, "gather/pending-checked", 30000, &v, &n);
+    if (s != GS_OK) wu_die("gs_kv_get gather/pending-checked: %s", wu_status_name(s));
+    gs_free(v);
+  }
+  submitted_or_die(ctx,
+                   gs_allgather_async(ctx, "gather/pending", &mine, shape, 1, GS_INT32, NULL, &h),
+                   "gather/pending", "gs_allgather_async");
+  if (g_rank == 0) {
+    copy_refused(ctx, h, got, sizeof(int32_t) * (size_t)g_size,
+                 "tensor 'gather/pending': the op is still pending, so it has no result yet; wait "
+                 "for it first (gs_wait, gs_test)",
+                 "pending op");
+    if (gs_kv_set(ctx, "gather/pending-checked", "1", 1) != GS_OK)
+      wu_die("gs_kv_set gather/pending-checked: %s", gs_last_error(ctx));
+  }
+  wait_ok(h, "gather/pending");
+  memset(got, 0, sizeof got);
+  gs_status s = gs_handle_result_copy(h, got, sizeof(int32_t) * (size_t)g_size);
+  if (s != GS_OK) wu_die("gather/pending: gs_handle_result_copy: %s", gs_last_error(ctx));
+  for (int r = 0; r < g_size; r++)
+    if (got[r] != 100 + r)
+      wu_die("gather/pending: element %d copied as %d, expected %d", r, got[r], 100 + r);
+  gs_handle_free(h);
+  submitted_or_die(
+      ctx,
+      gs_allreduce_async(ctx, "gather/allreduce", &one, &one, 1, GS_FLOAT32, GS_SUM, NULL, &ha),
+      "gather/allreduce", "gs_allreduce_async");
+  wait_ok(ha, "gather/allreduce");
+  copy_refused(ctx, ha, got, 4,
+               "tensor 'gather/allreduce': allreduce writes into your buffer; only allgather, "
+               "alltoall, reducescatter and sparse results live in the handle",
+               "allreduce");
+  gs_handle_free(ha);
+}
+
 static int mode_allgather(gs_ctx *ctx, int rounds) {
+  result_copy_refusals(ctx);
   for (int k = 0; k < rounds; k++) {
     /* [d, 2, 3] int32 and [d'] float64, both in flight at once. */
     int64_t d3 = ag_dim(g_rank, k, g_size), d1 = ag_dim(g_rank, k + 1, g_size);
@@ -967,6 +1075,9 @@ static int mode_allgather(gs_ctx *ctx, int rounds) {
           wu_die(
               "gather/1d (round %d): element %zu: got %.9g, expected %.9g (rank %d element %lld)",
               k, at, out1[at], ag_val1(r, k, i), r, (long long)i);
+    result_copy_checks(ctx, h1, "gather/1d", data, bytes);
+    gs_handle_result(h3, &data, &bytes);
+    result_copy_checks(ctx, h3, "gather/3d", data, bytes);
     printf("allgather: round %d: 3d dims %s total %lld; 1d dims %s total %lld\n", k, line3,
            (long long)total3, line1, (long long)total1);
     gs_handle_free(h3);
@@ -974,6 +1085,8 @@ static int mode_allgather(gs_ctx *ctx, int rounds) {
     free(in3);
     free(in1);
   }
+  printf("allgather: gs_handle_result_copy: results copied whole; pending op, allreduce, NULL "
+         "handle, wrong sizes and NULL dst refused\n");
   printf("allgather: passed (rank %d of %d, %d rounds)\n", g_rank, g_size, rounds);
   return 0;
 }

@@ -296,6 +296,17 @@ int gs__backend_usable(gs__backend_kind kind, int *ndevices, char *why, size_t w
  * receives the CUDA device ordinal of GPU memory (may be NULL). */
 gs__device gs__pointer_device(const void *p, int *device);
 
+/* Copies a result buffer of a GPU backend (its mem_alloc's: allgather,
+ * alltoall, reducescatter) to dst, device memory of any CUDA device:
+ * enqueued on stream (a cudaStream_t of the result's device; NULL = the
+ * legacy default stream) after the work queued there, without waiting for
+ * it; the buffer's mem_free, whenever it comes, is ordered after the copy.
+ * For gs_handle_result_copy; any thread. GS__ERR_DATA_PLANE or
+ * GS__ERR_NO_MEMORY with the CUDA call and its error in err;
+ * GS__ERR_UNSUPPORTED when built without CUDA. */
+int gs__device_result_copy(void *dst, const void *src, size_t bytes, void *stream, char *err,
+                           size_t errlen);
+
 /* dtype and reduce op checks of the host backends' allreduce and
  * reducescatter; who ("tcp ring", "shm") and what name them in err. */
 int gs__host_reduce_args(const char *who, const char *what, gs__dtype dt, gs__reduce_op op,

@@ -18,6 +18,8 @@
 /* nccl.c */
 int gs__cuda_usable(int *ndevices, char *why, size_t whylen);
 gs__device gs__cuda_pointer_device(const void *p, int *device);
+int gs__cuda_result_copy(void *dst, const void *src, size_t bytes, void *stream, char *err,
+                         size_t errlen);
 int gs__nccl_version(void);
 #endif
 
@@ -93,6 +95,17 @@ gs__device gs__pointer_device(const void *p, int *device) {
   (void)p;
 #endif
   return GS__DEVICE_CPU;
+}
+
+int gs__device_result_copy(void *dst, const void *src, size_t bytes, void *stream, char *err,
+                           size_t errlen) {
+#ifdef GS_HAVE_NCCL
+  return gs__cuda_result_copy(dst, src, bytes, stream, err, errlen);
+#else
+  (void)dst, (void)src, (void)bytes, (void)stream;
+  snprintf(err, errlen, "this libgradsync was built without CUDA; it holds no device results");
+  return GS__ERR_UNSUPPORTED;
+#endif
 }
 
 int gs__host_reduce_args(const char *who, const char *what, gs__dtype dt, gs__reduce_op op,

@@ -72,9 +72,11 @@ static void nap(int *us) {
 /* ---- the one place where CUDA and NCCL errors become ours --------------- */
 
 static int cuda_fail(nccl_be *nb, cudaError_t e, const char *what, char *err, size_t errlen) {
-  snprintf(err, errlen, "nccl backend (rank %d, CUDA device %d): %s failed: %s (%s)",
-           nb ? nb->rank : -1, nb ? nb->device : -1, what, cudaGetErrorString(e),
-           cudaGetErrorName(e));
+  if (nb)
+    snprintf(err, errlen, "nccl backend (rank %d, CUDA device %d): %s failed: %s (%s)", nb->rank,
+             nb->device, what, cudaGetErrorString(e), cudaGetErrorName(e));
+  else /* outside a backend (gs__cuda_result_copy): what names the device */
+    snprintf(err, errlen, "%s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
   if (nb) {
     nb->broken = 1;
     snprintf(nb->broken_msg, sizeof nb->broken_msg, "%s", err);
@@ -196,6 +198,59 @@ gs__device gs__cuda_pointer_device(const void *p, int *device) {
     return GS__DEVICE_GPU;
   }
   return GS__DEVICE_CPU;
+}
+
+/* gs_handle_result_copy of a device result (see backend.h). The result was
+ * allocated by mem_alloc_vt and is released by mem_free_vt with
+ * cudaFreeAsync on the legacy default stream: when the copy runs on another
+ * stream, that stream records an event the legacy stream waits for, so
+ * neither the free nor whatever the pool hands the memory to next can
+ * overtake the copy. No host wait. The copy is made with the result's
+ * device current (the op's stream is that device's); the caller's current
+ * device is kept. */
+int gs__cuda_result_copy(void *dst, const void *src, size_t bytes, void *stream, char *err,
+                         size_t errlen) {
+  char what[160] = "";
+  int prev = -1, dev = -1;
+  if (gs__cuda_pointer_device(src, &dev) != GS__DEVICE_GPU || dev < 0) {
+    snprintf(err, errlen, "internal: the result (%p) is not in CUDA device memory", src);
+    return GS__ERR_INTERNAL;
+  }
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e != cudaSuccess) return cuda_fail(NULL, e, "cudaGetDevice", err, errlen);
+  if (prev != dev && (e = cudaSetDevice(dev)) != cudaSuccess) {
+    snprintf(what, sizeof what, "cudaSetDevice(%d) for the copy of the result", dev);
+    return cuda_fail(NULL, e, what, err, errlen);
+  }
+  cudaStream_t s = (cudaStream_t)stream;
+  e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
+  if (e != cudaSuccess) {
+    snprintf(what, sizeof what,
+             "cudaMemcpyAsync of the %zu-byte result (CUDA device %d) into dst on stream %p", bytes,
+             dev, stream);
+    goto out_restore_device;
+  }
+  if (s != NULL && s != cudaStreamLegacy) {
+    cudaEvent_t ev;
+    e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(ev, s);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(cudaStreamLegacy, ev, 0);
+      cudaEventDestroy(ev); /* released once it completed */
+    }
+    if (e != cudaSuccess) {
+      /* The copy stays enqueued but may read a released buffer: dst may
+       * hold garbage, which the failure tells the caller. No host wait. */
+      snprintf(what, sizeof what,
+               "ordering the release of the result after its copy on stream %p (CUDA device %d)",
+               stream, dev);
+      goto out_restore_device;
+    }
+  }
+out_restore_device:
+  if (prev >= 0 && prev != dev) (void)cudaSetDevice(prev);
+  if (e != cudaSuccess) return cuda_fail(NULL, e, what, err, errlen);
+  return GS__OK;
 }
 
 /* ---- rendezvous ---------------------------------------------------------- */

@@ -378,10 +378,41 @@ GS_API gs_status gs_allgather_async(gs_ctx *ctx, const char *name, const void *s
                                     const int64_t *shape, int ndim, gs_dtype dtype,
                                     const gs_op_opts *opts, gs_handle **out);
 
-/* The result buffer of a completed allgather: *data is borrowed from the
- * handle (valid until gs_handle_free), *bytes its size. GS_ERR_INVALID_ARG
- * for ops without a result or not completed successfully. */
+/* The result buffer of a completed allgather (alltoall, reducescatter,
+ * sparse op): *data is borrowed from the handle (valid until
+ * gs_handle_free), *bytes its size. It lives where the op ran: CUDA device
+ * memory for an op on device buffers (nccl), host memory otherwise;
+ * gs_handle_result_copy copies it into a buffer of either kind.
+ * GS_ERR_INVALID_ARG for ops without a result or not completed
+ * successfully. */
 GS_API gs_status gs_handle_result(const gs_handle *h, const void **data, size_t *bytes);
+
+/* Copies the result of a completed allgather, alltoall, reducescatter or
+ * sparse op (the buffer gs_handle_result names) into dst, which receives
+ * exactly bytes bytes: the result's size, gs_handle_result's *bytes (0:
+ * nothing is copied and dst may be NULL). The result lives where the op
+ * ran, and dst must be memory of the same kind:
+ * - an op on host buffers (tcp, shm): dst is host memory; a memcpy, done
+ *   when the call returns.
+ * - an op on device buffers (nccl): dst is CUDA device memory (usually
+ *   on the op's device; another device's is copied to as a peer). The
+ *   copy is enqueued on the op's stream (its options' stream; NULL = the
+ *   legacy default stream), after the work the caller queued there, and
+ *   the call returns without waiting for it: dst is ready for work
+ *   enqueued on that stream afterwards (host code synchronizes the stream
+ *   before reading). The handle may be freed at once: the library releases
+ *   the result buffer only after the copy. The calling thread's current
+ *   CUDA device is left as it was.
+ * Unlike reading gs_handle_result's pointer, this works the same for both
+ * kinds, so a binding can fill a tensor allocated on the input's device.
+ * GS_ERR_INVALID_ARG, with a message naming the tensor, for: a NULL h; an
+ * op still pending, failed, or without a result buffer (allreduce and
+ * broadcast write into the caller's buffer); bytes not the result's size;
+ * a NULL dst with bytes > 0; dst in host memory for a result in GPU memory
+ * or the reverse. GS_ERR_DATA_PLANE (GS_ERR_NO_MEMORY) when CUDA refuses
+ * the copy; the message names the CUDA call and its error. Any thread; the
+ * handle is not changed, so a result may be copied any number of times. */
+GS_API gs_status gs_handle_result_copy(const gs_handle *h, void *dst, size_t bytes);
 
 /* The first dimension each rank contributed to a completed allgather:
  * writes min(n, size) entries to rank_dims (may be NULL when n is 0) and
