@@ -146,6 +146,7 @@ _PROTOTYPES = {
                                           c_int, ctypes.POINTER(gs_sparse_opts), _PP]),
     "gs_sparse_result": (c_int, [_P, ctypes.POINTER(_I64P), _PP, ctypes.POINTER(c_size_t)]),
     "gs_handle_result": (c_int, [_P, _PP, ctypes.POINTER(c_size_t)]),
+    "gs_handle_result_copy": (c_int, [_P, _P, c_size_t]),
     "gs_allgather_dims": (c_int, [_P, _I64P, c_size_t, _I64P]),
     "gs_barrier": (c_int, [_P]),
     "gs_join": (c_int, [_P, ctypes.POINTER(c_int)]),
@@ -306,6 +307,7 @@ PY_PHRASES = (
     ("wait for it to complete (gs_wait) before submitting the name again",
      "wait for it to complete (synchronize() its handle, or wait() of a persistent op) before "
      "submitting the name again"),
+    ("wait for it first (gs_wait, gs_test)", "wait for it first (synchronize(), poll())"),
     ("gs_shutdown has been called", "shutdown() has been called"),
     ("gs_shutdown was called while this op was in flight",
      "shutdown() was called while this op was in flight"),

@@ -179,6 +179,16 @@ def mode_collectives():
         same(out, want, "alltoall with splits %s" % dt)
         same(recv, torch.full([n], r + 1, dtype=torch.int32), "alltoall received splits %s" % dt)
         count += 8
+    # results of no bytes (gs_handle_result_copy of 0 bytes): an allgather
+    # of 0 rows everywhere, and reducescatter shares of 0 rows (1 row over n
+    # ranks: only rank 0 gets it)
+    same(hvd.allgather(torch.zeros(0, 3), name="ag.empty"), torch.zeros(0, 3),
+         "allgather of 0 rows on every rank")
+    x = torch.tensor([[1.0, 2.0]]) * (r + 1)
+    want = torch.tensor([[1.0, 2.0]]) * sum(q + 1 for q in range(n))
+    same(hvd.reducescatter(x, name="rs.one-row", op=hvd.Sum), want if r == 0 else want[:0],
+         "reducescatter of 1 row over %d ranks" % n)
+    count += 2
     # poll() is False until the op completed: rank 1 submits only after
     # rank 0 has polled (told through the job's kv store)
     store = hvd.GradsyncStore(prefix="test-poll")

@@ -10,7 +10,7 @@ from conftest import expect_ok, run_ranks
 @pytest.mark.parametrize("np_", [3])
 def test_collectives(np_):
     job = run_ranks(np_, "collectives")
-    expect_ok(job, np_, "collectives: ok (232 checks)")
+    expect_ok(job, np_, "collectives: ok (234 checks)")
 
 
 def test_persistent_allreduce_np2():

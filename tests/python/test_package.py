@@ -284,3 +284,68 @@ def test_an_unknown_reduce_op_is_a_value_error():
     assert p.stdout.splitlines() == [
         "allreduce_async " + want, "grouped_allreduce_async " + want,
         "grouped_allreduce_async_ " + want], p.stdout
+
+
+PROCESS_SET_PROBE = r'''
+import torch, gradsync.torch as hvd
+t, ts = torch.zeros(4, 2), [torch.zeros(4, 2), torch.zeros(2)]
+sp = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1, 2), (4, 2))
+calls = {
+    "allreduce_async": lambda ps: hvd.allreduce_async(t, process_set=ps),
+    "allreduce": lambda ps: hvd.allreduce(t, process_set=ps),
+    "allreduce_": lambda ps: hvd.allreduce_(t, process_set=ps),
+    "grouped_allreduce_async": lambda ps: hvd.grouped_allreduce_async(ts, process_set=ps),
+    "grouped_allreduce": lambda ps: hvd.grouped_allreduce(ts, process_set=ps),
+    "grouped_allreduce_": lambda ps: hvd.grouped_allreduce_(ts, process_set=ps),
+    "allgather_async": lambda ps: hvd.allgather_async(t, process_set=ps),
+    "allgather": lambda ps: hvd.allgather(t, process_set=ps),
+    "grouped_allgather_async": lambda ps: hvd.grouped_allgather_async(ts, process_set=ps),
+    "grouped_allgather": lambda ps: hvd.grouped_allgather(ts, process_set=ps),
+    "broadcast_async": lambda ps: hvd.broadcast_async(t, 0, process_set=ps),
+    "broadcast": lambda ps: hvd.broadcast(t, 0, process_set=ps),
+    "broadcast_": lambda ps: hvd.broadcast_(t, 0, process_set=ps),
+    "alltoall_async": lambda ps: hvd.alltoall_async(t, process_set=ps),
+    "alltoall": lambda ps: hvd.alltoall(t, process_set=ps),
+    "reducescatter_async": lambda ps: hvd.reducescatter_async(t, process_set=ps),
+    "reducescatter": lambda ps: hvd.reducescatter(t, process_set=ps),
+    "grouped_reducescatter_async": lambda ps: hvd.grouped_reducescatter_async(
+        ts, process_set=ps),
+    "grouped_reducescatter": lambda ps: hvd.grouped_reducescatter(ts, process_set=ps),
+    "sparse_allreduce_async": lambda ps: hvd.sparse_allreduce_async(sp, "s", hvd.Average,
+                                                                    process_set=ps),
+    "barrier": lambda ps: hvd.barrier(process_set=ps),
+    "broadcast_object": lambda ps: hvd.broadcast_object(1, process_set=ps),
+    "allgather_object": lambda ps: hvd.allgather_object(1, process_set=ps),
+    "DistributedOptimizer": lambda ps: hvd.DistributedOptimizer(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1), process_set=ps),
+}
+class Registered:  # what another library's registered set looks like
+    process_set_id = 3
+for ps in (hvd.ProcessSet([0]), hvd.ProcessSet([0, 1]), Registered()):
+    for name, call in calls.items():
+        try:
+            call(ps)
+            print(name, "ACCEPTED")
+        except Exception as e:
+            print(name, type(e).__name__, e)
+print("repr", repr(hvd.ProcessSet([0])), repr(hvd.global_process_set))
+'''
+
+
+def test_a_process_set_other_than_the_global_one_is_refused_at_the_call():
+    """Every collective, the grouped ones included, and DistributedOptimizer
+    refuse a process set other than the global one with NotImplementedError
+    when called, before any job is needed (the check comes first): a set
+    made from a list of ranks (Horovod's unregistered set, which ran on every
+    rank before) as well as one with another process_set_id."""
+    p = py(PROCESS_SET_PROBE, {"PYTHONPATH": os.path.join(REPO, "python"), "GRADSYNC_LIB": LIB})
+    assert p.returncode == 0, p.stdout
+    want = ("NotImplementedError gradsync does not support process sets other than the global "
+            "one yet; pass no process_set (the default, global_process_set)")
+    lines = p.stdout.splitlines()
+    names = [ln.split()[0] for ln in lines[:-1]]
+    assert len(lines) == 3 * 24 + 1 and len(set(names)) == 24, p.stdout
+    for ln in lines[:-1]:
+        assert ln.split(" ", 1)[1] == want, ln
+    assert lines[-1] == ("repr ProcessSet(process_set_id=None, ranks=[0]) "
+                         "ProcessSet(process_set_id=0, ranks=all)"), lines[-1]

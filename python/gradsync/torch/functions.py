@@ -9,8 +9,8 @@ import weakref
 import torch
 
 from . import _core
-from .mpi_ops import (allgather, broadcast_, broadcast_async_, global_process_set, rank,
-                      synchronize)
+from .mpi_ops import (_check_ps, allgather, broadcast_, broadcast_async_, global_process_set,
+                      rank, synchronize)
 
 # Parameters registered local (model parallel), by identity.
 _local = weakref.WeakValueDictionary()
@@ -74,6 +74,7 @@ def _from_bytes(b):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Serializes obj on root_rank and returns a copy of it on every rank."""
+    _check_ps(process_set)
     name = name or type(obj).__name__
     if rank() == root_rank:
         b = _to_bytes(obj)
@@ -93,6 +94,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's obj, in rank order."""
+    _check_ps(process_set)
     name = name or type(obj).__name__
     b = _to_bytes(obj)
     t = torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else \

@@ -61,11 +61,14 @@ _handle_map = {}
 # ---- process sets: only the global one ------------------------------------
 
 class ProcessSet:
-    """Horovod's process set; gradsync has only the global one so far."""
+    """Horovod's process set; gradsync has only the global one so far. As in
+    Horovod, a set made with a list of ranks has no process_set_id (None)
+    until it is registered, which gradsync cannot do (add_process_set):
+    the collectives refuse it at the call rather than run on every rank."""
 
     def __init__(self, ranks=None):
         self.ranks = ranks
-        self.process_set_id = 0
+        self.process_set_id = 0 if ranks is None else None
 
     def size(self):
         """size(): the global set holds every rank."""
@@ -80,7 +83,9 @@ class ProcessSet:
         return True
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=0, ranks=all)"
+        if self.ranks is None:
+            return "ProcessSet(process_set_id=0, ranks=all)"
+        return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
 
 
 global_process_set = ProcessSet()
@@ -102,9 +107,11 @@ def remove_process_set(process_set):
 
 
 def _check_ps(process_set):
+    """Refuses, at the call, any process set but the global one."""
     if process_set is not global_process_set and getattr(process_set, "process_set_id", 0) != 0:
         raise NotImplementedError(
-            "gradsync does not support process sets other than the global one yet")
+            "gradsync does not support process sets other than the global one yet; pass no "
+            "process_set (the default, global_process_set)")
 
 
 # ---- basics ----------------------------------------------------------------
@@ -313,6 +320,13 @@ def _cuda_stream_of(tensor):
     if tensor.is_cuda:
         return torch.cuda.current_stream(tensor.device).cuda_stream
     return None
+
+
+def _torch_stream_of(tensor):
+    """The current stream of a CUDA tensor's device (None for a CPU tensor):
+    the op's stream, on which the library orders its work and a gathering
+    op's result copy."""
+    return torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
 
 
 # ---- allreduce ---------------------------------------------------------------
@@ -546,19 +560,32 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # ---- allgather ------------------------------------------------------------------
 
-def _result_bytes(h):
+def _result_size(h):
+    """The size in bytes of a completed op's result (gs_handle_result)."""
     data = ctypes.c_void_p()
     nbytes = ctypes.c_size_t()
     st = lib.gs_handle_result(h, ctypes.byref(data), ctypes.byref(nbytes))
     if st != _lib.GS_OK:
         raise HorovodInternalError(_core.last_error())
-    return data.value, nbytes.value
+    return nbytes.value
 
 
-def _copy_out(data, nbytes, shape, dtype):
-    out = torch.empty(shape, dtype=dtype)
-    if nbytes:
-        ctypes.memmove(out.data_ptr(), data, nbytes)
+def _result_tensor(h, nbytes, shape, like, stream):
+    """A new tensor of shape, with like's dtype, on like's device, holding
+    the op's result: the library copies it there (gs_handle_result_copy) from
+    where the op ran, a memcpy for a CPU tensor and, for a CUDA tensor, a
+    device copy on the op's stream (stream: the torch stream current when
+    the op was submitted; the tensor is allocated on it). Raises
+    HorovodInternalError when the library refuses (a shape that does not
+    match the result's size names both)."""
+    if like.is_cuda:
+        with torch.cuda.device(like.device), torch.cuda.stream(stream):
+            out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    else:
+        out = torch.empty(shape, dtype=like.dtype)
+    st = lib.gs_handle_result_copy(h, out.data_ptr() if nbytes else None, nbytes)
+    if st != _lib.GS_OK:
+        raise HorovodInternalError(_core.last_error())
     return out
 
 
@@ -572,24 +599,26 @@ def _allgather_submit(tensor, full):
                                 ctypes.byref(opts), ctypes.byref(h))
     if st != _lib.GS_OK:
         _core.raise_submit_error(st, full)
-    return h.value
+    return h.value, _torch_stream_of(tensor)
 
 
-def _allgather_finish(h, tensor):
-    data, nbytes = _result_bytes(h)
+def _allgather_finish(h, tensor, stream):
+    nbytes = _result_size(h)
     total = ctypes.c_int64()
     lib.gs_allgather_dims(h, None, 0, ctypes.byref(total))
     rest = list(tensor.shape[1:]) if tensor.dim() > 0 else []
-    return _copy_out(data, nbytes, [total.value] + rest, tensor.dtype)
+    return _result_tensor(h, nbytes, [total.value] + rest, tensor, stream)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's tensor along the first dimension
-    (which may differ per rank); returns a handle."""
+    (which may differ per rank); returns a handle whose synchronize() gives
+    the result, a new tensor on tensor's device (for a CUDA tensor, written
+    on the stream that was current at this call)."""
     _check_ps(process_set)
     full = _op_name("allgather", name)
-    h = _allgather_submit(tensor, full)
-    op_ = _core.submit([h], (tensor,), lambda hs: _allgather_finish(hs[0], tensor), full)
+    h, stream = _allgather_submit(tensor, full)
+    op_ = _core.submit([h], (tensor,), lambda hs: _allgather_finish(hs[0], tensor, stream), full)
     return _register(op_)
 
 
@@ -611,7 +640,8 @@ class HorovodAllgather(torch.autograd.Function):
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenation of every rank's tensor along the first dimension."""
+    """Concatenation of every rank's tensor along the first dimension, as a
+    new tensor on tensor's device."""
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
@@ -620,8 +650,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     "grouped_allgather.<name>.<i>"); returns a handle whose synchronize()
     gives the list of results, in order: for each tensor, the concatenation
     of every rank's tensor along the first dimension (which may differ per
-    rank; the other dimensions must agree), built as a new CPU tensor. The
-    inputs are not modified.
+    rank; the other dimensions must agree), built as a new tensor on that
+    tensor's device. The inputs are not modified.
 
     Dtypes: those of allreduce plus uint8, int8 and int16; tensors must be
     contiguous. Raises ValueError at the call for an unsupported dtype, a
@@ -632,24 +662,28 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     _check_ps(process_set)
     tensors = list(tensors)
     base = _op_name("grouped_allgather", name)
-    hs = []
+    hs, streams = [], []
     try:
         for i, t in enumerate(tensors):
-            hs.append(_allgather_submit(t, "%s.%d" % (base, i)))
+            h, s = _allgather_submit(t, "%s.%d" % (base, i))
+            hs.append(h)
+            streams.append(s)
     except BaseException:
         for h in hs:  # the ones already submitted complete and are freed
             _core.release(_core.submit([h], None, None, base))
         raise
     op_ = _core.submit(hs, (tensors,),
-                       lambda hh: [_allgather_finish(h, t) for h, t in zip(hh, tensors)], base)
+                       lambda hh: [_allgather_finish(h, t, s)
+                                   for h, t, s in zip(hh, tensors, streams)], base)
     return _register(op_)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Blocking grouped_allgather_async(): returns the list of gathered tensors
-    (new CPU tensors), in the order of tensors. Unlike allgather(), records no
-    autograd graph. Errors as grouped_allgather_async(), and
-    HorovodInternalError when the collective fails."""
+    (new tensors, each on its input's device), in the order of tensors.
+    Unlike allgather(), records no autograd graph. Errors as
+    grouped_allgather_async(), and HorovodInternalError when the collective
+    fails."""
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -736,7 +770,9 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends splits[q] rows of tensor to rank q (equal parts when splits is
-    None); synchronize() returns (output, received_splits)."""
+    None); synchronize() returns (output, received_splits), output a new
+    tensor on tensor's device (for a CUDA tensor, written on the stream that
+    was current at this call)."""
     _check_ps(process_set)
     gdt = _gs_dtype(tensor, _MOVE_DTYPES)
     c = _core.ctx()
@@ -759,12 +795,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if st != _lib.GS_OK:
         _core.raise_submit_error(st, full)
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    stream = _torch_stream_of(tensor)
 
     def finish(hs):
-        data, nbytes = _result_bytes(hs[0])
+        nbytes = _result_size(hs[0])
         recv = (ctypes.c_int64 * n)()
         lib.gs_alltoall_recv_splits(hs[0], recv, n)
-        out = _copy_out(data, nbytes, [sum(recv)] + list(tensor.shape[1:]), tensor.dtype)
+        out = _result_tensor(hs[0], nbytes, [sum(recv)] + list(tensor.shape[1:]), tensor, stream)
         return out, torch.tensor(list(recv), dtype=splits_dtype)
 
     op_ = _core.submit([h.value], (tensor, c_splits), finish, full)
@@ -790,8 +827,9 @@ class HorovodAlltoall(torch.autograd.Function):
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """The rows every rank sent to this one, in rank order; with splits
-    given, also the tensor of rows received from each rank."""
+    """The rows every rank sent to this one, in rank order, as a new tensor
+    on tensor's device; with splits given, also the tensor of rows received
+    from each rank."""
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -818,8 +856,8 @@ def _reducescatter_submit(tensor, full, op, prescale_factor):
     return h.value, send
 
 
-def _reducescatter_finish(h, tensor, op, postscale_factor):
-    data, nbytes = _result_bytes(h)
+def _reducescatter_finish(h, tensor, op, postscale_factor, stream):
+    nbytes = _result_size(h)
     rest = list(tensor.shape[1:])
     row = tensor.element_size()
     for d in rest:
@@ -829,22 +867,29 @@ def _reducescatter_finish(h, tensor, op, postscale_factor):
     else:  # rows of zero elements: this rank's share of the first dimension
         n, r, d0 = _core._state.size, _core._state.rank, tensor.shape[0]
         rows = d0 // n + (1 if r < d0 % n else 0)
-    out = _copy_out(data, nbytes, [rows] + rest, tensor.dtype)
+    out = _result_tensor(h, nbytes, [rows] + rest, tensor, stream)
     post = float(postscale_factor)
     if op == Average:
         post = post / _core._state.size
-    return _scale_(out, post)
+    if stream is None:
+        return _scale_(out, post)
+    with torch.cuda.device(tensor.device), torch.cuda.stream(stream):
+        return _scale_(out, post)  # on the op's stream, after the copy
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Reduces tensor over ranks and leaves this rank its share of the first
-    dimension (lower ranks get the extra rows)."""
+    dimension (lower ranks get the extra rows), a new tensor on tensor's
+    device (for a CUDA tensor, written on the stream that was current at
+    this call)."""
     _check_ps(process_set)
     full = _op_name("reducescatter", name)
     h, send = _reducescatter_submit(tensor, full, op, prescale_factor)
+    stream = _torch_stream_of(tensor)
     op_ = _core.submit([h], (tensor, send),
-                       lambda hs: _reducescatter_finish(hs[0], tensor, op, postscale_factor), full)
+                       lambda hs: _reducescatter_finish(hs[0], tensor, op, postscale_factor,
+                                                        stream), full)
     return _register(op_)
 
 
@@ -866,8 +911,9 @@ class HorovodReducescatter(torch.autograd.Function):
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces tensor over all ranks and returns this rank's share of the result
-    along the first dimension, as a new CPU tensor: the rows are split as
-    evenly as possible, lower ranks getting the extra ones. Blocks until done.
+    along the first dimension, as a new tensor on tensor's device: the rows
+    are split as evenly as possible, lower ranks getting the extra ones.
+    Blocks until done.
 
     tensor: contiguous, at least one dimension, of dtype int32, int64,
     float16, bfloat16, float32 or float64, of the same shape on every rank.
@@ -892,10 +938,10 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter of each tensor of a list (named
     "grouped_reducescatter.<name>.<i>"); returns a handle whose synchronize()
-    gives the list of this rank's shares (new CPU tensors), in order, each as
-    reducescatter() computes it. op: Average (the default) or Sum;
-    prescale_factor / postscale_factor as reducescatter(). The inputs are not
-    modified.
+    gives the list of this rank's shares (new tensors, each on its input's
+    device), in order, each as reducescatter() computes it. op: Average (the
+    default) or Sum; prescale_factor / postscale_factor as reducescatter().
+    The inputs are not modified.
 
     Raises ValueError at the call for another op, a 0-dimensional tensor, an
     unsupported dtype, a non-contiguous tensor, a name already in flight or
@@ -916,9 +962,10 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         for h in hs:
             _core.release(_core.submit([h], (sends,), None, base))
         raise
+    streams = [_torch_stream_of(t) for t in tensors]
     op_ = _core.submit(hs, (tensors, sends),
-                       lambda hh: [_reducescatter_finish(h, t, op, postscale_factor)
-                                   for h, t in zip(hh, tensors)], base)
+                       lambda hh: [_reducescatter_finish(h, t, op, postscale_factor, s)
+                                   for h, t, s in zip(hh, tensors, streams)], base)
     return _register(op_)
 
 
@@ -926,9 +973,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Blocking grouped_reducescatter_async(): returns the list of this rank's
-    shares (new CPU tensors), in the order of tensors. compression is applied
-    to each tensor before and undone after. Unlike reducescatter(), records no
-    autograd graph. Errors as grouped_reducescatter_async(), and
+    shares (new tensors, each on its input's device), in the order of
+    tensors. compression is applied to each tensor before and undone after.
+    Unlike reducescatter(), records no autograd graph. Errors as grouped_reducescatter_async(), and
     HorovodInternalError when the collective fails."""
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
     outs = synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set,
@@ -941,13 +988,18 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts reducing a sparse COO gradient by gathering every rank's
     (index, row) pairs; returns a callable that waits and returns the
-    (uncoalesced) sparse result, values divided by size for Average."""
+    (uncoalesced) sparse result, values divided by size for Average, on the
+    tensor's device. A CPU tensor with one sparse dimension goes through the
+    library's sparse op (one packed allgather, host memory only); a CUDA
+    tensor, or one with several sparse dimensions, is gathered as two
+    allgathers (indices, values) on its own device, as in Horovod. Every
+    rank must pass the same kind of tensor (the op names differ)."""
     _check_ps(process_set)
     if op not in (Average, Sum):
         raise ValueError("sparse allreduce supports op=Average and op=Sum")
     t = tensor
-    if t.sparse_dim() != 1:
-        # several sparse dimensions: indices and values gathered separately
+    if t.sparse_dim() != 1 or t.is_cuda:
+        # indices and values gathered separately, on the tensor's device
         ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name="%s.indices" % name,
                              process_set=process_set)
         vh = allgather_async(t._values().contiguous(), name="%s.values" % name,
@@ -985,10 +1037,13 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
                                 ctypes.byref(total)) != _lib.GS_OK:
             raise HorovodInternalError(_core.last_error())
         m = total.value
+        # Sparse ops run on host buffers only, so the indices are host
+        # memory; the values are the handle's result.
         idx = torch.empty([m], dtype=torch.int64)
         if m:
             ctypes.memmove(idx.data_ptr(), ctypes.cast(ip, ctypes.c_void_p).value, m * 8)
-        vals = _copy_out(vp.value, m * row_len * values.element_size(), [m] + rest, values.dtype)
+        vals = _result_tensor(hs[0], m * row_len * values.element_size(), [m] + rest, values,
+                              None)
         return torch.sparse_coo_tensor(idx.view(1, m), vals, t.size())
 
     op_ = _core.submit([h.value], (indices, values), finish, full)

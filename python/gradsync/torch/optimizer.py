@@ -22,7 +22,7 @@ from .._lib import lib
 from . import _core
 from .compression import Compression
 from .functions import _local, is_local_parameter
-from .mpi_ops import (Adasum, Average, global_process_set, grouped_allreduce_async_,
+from .mpi_ops import (Adasum, Average, _check_ps, global_process_set, grouped_allreduce_async_,
                       allreduce_async_, size, sparse_allreduce_async, synchronize)
 
 
@@ -305,6 +305,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                   "use op=hvd.Average")
     if num_groups != 0 and groups is not None:
         raise ValueError("num_groups and groups are mutually exclusive; give one of them")
+    _check_ps(process_set)  # here, not at the first step()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
