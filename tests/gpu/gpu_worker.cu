@@ -5,7 +5,10 @@
 //                              gradsync (GRADSYNC_BACKEND=nccl, world size
 //                              1 through the real coordinator) against host
 //                              references; input produced on the caller's
-//                              stream behind a delay kernel (ordering)
+//                              stream behind a delay kernel (ordering);
+//                              gathering results copied with
+//                              gs_handle_result_copy behind a delay kernel,
+//                              the handle freed at once
 //   gs-gpu-worker timeout      a collective queued behind a kernel that
 //                              never ends fails after the data-plane timeout
 //   gs-gpu-worker abort        the same, ended by the coordinator's loss
@@ -193,6 +196,68 @@ static std::vector<unsigned char> to_host(const void *d, size_t bytes) {
   return h;
 }
 
+// gs_handle_result_copy of the device result of h (res, bytes: from
+// gs_handle_result) into a new device buffer, on stream s (the op's) behind
+// a 20 ms spin kernel; h is freed right after the call and the same op runs
+// again at once on another stream (not ordered after s), so a result
+// released before its copy ran would be overwritten (the pool hands the
+// memory out again) and the copy would read the new op's bytes. Also the
+// refusals: a host dst, a size off by one.
+static int check_result_copy(gs_ctx *ctx, gs_handle *h, const char *name, const void *res,
+                             size_t bytes, const dev_tensor &x, cudaStream_t s, int *flag) {
+  static cudaStream_t other;
+  if (!other) CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  gs_op_opts oo;
+  gs_op_opts_init(&oo);
+  oo.stream = other;
+  std::vector<unsigned char> want = to_host(res, bytes);
+  std::vector<unsigned char> host(bytes + 1);
+  char text[256];
+  snprintf(text, sizeof text,
+           "tensor '%s': the result is in GPU memory (where the op ran) but "
+           "gs_handle_result_copy's dst is in CPU memory; allocate dst on the input's device",
+           name);
+  if (gs_handle_result_copy(h, host.data(), bytes) != GS_ERR_INVALID_ARG ||
+      strcmp(gs_last_error(ctx), text) != 0)
+    die("%s: gs_handle_result_copy into host memory: \"%s\"", name, gs_last_error(ctx));
+  unsigned char *d;
+  CK(cudaMalloc(&d, bytes + 1));
+  CK(cudaMemset(d, 0x5c, bytes + 1));
+  CK(cudaDeviceSynchronize());
+  if (gs_handle_result_copy(h, d, bytes + 1) != GS_ERR_INVALID_ARG ||
+      !strstr(gs_last_error(ctx), "pass a buffer of exactly the result's size"))
+    die("%s: gs_handle_result_copy of one byte too many: \"%s\"", name, gs_last_error(ctx));
+  spin<<<1, 1, 0, s>>>(flag, cycles_per_ms() * 20);
+  must(gs_handle_result_copy(h, d, bytes), name);
+  gs_handle_free(h);
+  // the same op again, other data, at once: its result may take the memory
+  char again[80];
+  snprintf(again, sizeof again, "%s/again", name);
+  std::vector<unsigned char> garbage(x.n * gs_dtype_size(x.t), 0x33);
+  // (not on the legacy stream: it waits for the copy, which is the point)
+  CK(cudaMemcpyAsync(x.d, garbage.data(), garbage.size(), cudaMemcpyHostToDevice, other));
+  CK(cudaStreamSynchronize(other));
+  int64_t shape[2] = {(int64_t)x.n / 10, 10};
+  gs_handle *h2;
+  if (!strncmp(name, "ag/", 3))
+    must(gs_allgather_async(ctx, again, x.d, shape, 2, x.t, &oo, &h2), again);
+  else if (!strncmp(name, "rs/", 3))
+    must(gs_reducescatter_async(ctx, again, x.d, shape, 2, x.t, GS_SUM, &oo, &h2), again);
+  else
+    must(gs_alltoall_async(ctx, again, x.d, shape, 2, x.t, NULL, &oo, &h2), again);
+  must(gs_wait(h2, 60000), again);
+  gs_handle_free(h2);
+  CK(cudaStreamSynchronize(s));
+  std::vector<unsigned char> got = to_host(d, bytes + 1);
+  if (memcmp(got.data(), want.data(), bytes) != 0)
+    die("%s: gs_handle_result_copy's bytes differ from the result (released before the copy?)",
+        name);
+  if (got[bytes] != 0x5c) die("%s: gs_handle_result_copy wrote past dst", name);
+  CK(cudaMemcpy(x.d, x.host.data(), x.host.size(), cudaMemcpyHostToDevice));
+  cudaFree(d);
+  return 1;
+}
+
 static int mode_ops() {
   gs_ctx *ctx = init_nccl();
   cudaStream_t s;
@@ -200,7 +265,7 @@ static int mode_ops() {
   int *flag;
   CK(cudaMalloc(&flag, sizeof(int)));
   CK(cudaMemset(flag, 0, sizeof(int)));
-  int checks = 0;
+  int checks = 0, copies = 0;
   const size_t N = 1000;
   static const gs_reduce_op ops[] = {GS_SUM, GS_AVERAGE, GS_MIN, GS_MAX, GS_PRODUCT};
   static const char *opn[] = {"sum", "average", "min", "max", "product"};
@@ -247,7 +312,7 @@ static int mode_ops() {
     must(gs_handle_result(h, &res, &bytes), name);
     if (bytes != N * gs_dtype_size(t)) die("%s: result of %zu bytes", name, bytes);
     check_equal(name, to_host(res, bytes).data(), x.host.data(), t, N, 0);
-    gs_handle_free(h);
+    copies += check_result_copy(ctx, h, name, res, bytes, x, s, flag);
     checks++;
     snprintf(name, sizeof name, "bc/%s", tname(t));
     must(gs_broadcast_async(ctx, name, x.d, N, t, 0, &oo, &h), name);
@@ -260,14 +325,14 @@ static int mode_ops() {
     must(gs_wait(h, 60000), name);
     must(gs_handle_result(h, &res, &bytes), name);
     check_equal(name, to_host(res, bytes).data(), x.host.data(), t, N, 0);
-    gs_handle_free(h);
+    copies += check_result_copy(ctx, h, name, res, bytes, x, s, flag);
     checks++;
     snprintf(name, sizeof name, "a2a/%s", tname(t));
     must(gs_alltoall_async(ctx, name, x.d, shape, 2, t, NULL, &oo, &h), name);
     must(gs_wait(h, 60000), name);
     must(gs_handle_result(h, &res, &bytes), name);
     check_equal(name, to_host(res, bytes).data(), x.host.data(), t, N, 0);
-    gs_handle_free(h);
+    copies += check_result_copy(ctx, h, name, res, bytes, x, s, flag);
     checks++;
     cudaFree(x.d);
   }
@@ -325,6 +390,8 @@ static int mode_ops() {
         (unsigned long long)st.collectives);
   printf("ops: %d checks passed; %llu collectives, all through NCCL\n", checks,
          (unsigned long long)st.gpu_collectives);
+  printf("result copies: %d device results copied with gs_handle_result_copy, freed at once\n",
+         copies);
   must(gs_shutdown(ctx), "gs_shutdown");
   printf("OK\n");
   return 0;

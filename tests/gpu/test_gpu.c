@@ -41,6 +41,7 @@ static void test_ops(void **state) {
   job_expect_output(p, "backend nccl (GRADSYNC_BACKEND=nccl, CUDA device 0)");
   job_expect_output(p, "fused: 40 tensors in 1 collective(s)");
   job_expect_output(p, "collectives, all through NCCL");
+  job_expect_output(p, "result copies: 24 device results copied with gs_handle_result_copy");
   job_expect_output(p, "OK");
   job_stop_coordinator(&j);
 }

@@ -401,8 +401,10 @@ GS_API gs_status gs_handle_result(const gs_handle *h, const void **data, size_t 
  *   the call returns without waiting for it: dst is ready for work
  *   enqueued on that stream afterwards (host code synchronizes the stream
  *   before reading). The handle may be freed at once: the library releases
- *   the result buffer only after the copy. The calling thread's current
- *   CUDA device is left as it was.
+ *   the result buffer only after the copy (on another stream than the
+ *   legacy default one, by making the legacy default stream wait for the
+ *   copy: work enqueued there later starts after it). The calling thread's
+ *   current CUDA device is left as it was.
  * Unlike reading gs_handle_result's pointer, this works the same for both
  * kinds, so a binding can fill a tensor allocated on the input's device.
  * GS_ERR_INVALID_ARG, with a message naming the tensor, for: a NULL h; an
