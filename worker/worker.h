@@ -396,7 +396,7 @@ struct gs_ctx {
    * after another submitter's signal, which wakes the thread to read the
    * queue again. FastStop, failure and stop wake it by broadcast.
    *
-   * exec_bell counts work handed to the exec thread (bumped, under mu,
+   * exec_bell counts work handed to the exec thread (bumped, only under mu,
    * with every fast-queue op, FastStop, plan, stop and failure: see
    * gs__exec_bell_locked): right after a fast round the thread looks at
    * it without mu for a moment, yielding, before it sleeps (executor.c,
@@ -474,7 +474,13 @@ int gs__fast_work_locked(const gs_ctx *ctx);
 /* Tells an exec thread that spins after a round that work came (see
  * exec_bell). Caller holds ctx->mu. */
 static inline void gs__exec_bell_locked(gs_ctx *ctx) {
-  atomic_fetch_add_explicit(&ctx->exec_bell, 1, memory_order_relaxed);
+  /* Every writer holds mu, so a plain load and store, not a locked add:
+   * this runs at every fast-mode submission, and a locked instruction
+   * waits there for the handle's stores to drain (perf: 30 % of
+   * gs__fast_queue_locked's samples were that add). */
+  atomic_store_explicit(&ctx->exec_bell,
+                        atomic_load_explicit(&ctx->exec_bell, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
 }
 /* Runs one fast round, or escalates (exec thread, without ctx->mu). */
 void gs__fast_round(gs_ctx *ctx);
