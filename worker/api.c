@@ -821,11 +821,10 @@ static void start_reset_locked(struct gs_handle *h) {
  * hashed at gs_allreduce_init, checked and reset here under the lock);
  * all or none. */
 static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n, int start) {
-  /* The name is hashed here once, before taking the lock: the table of ops
-   * in flight keeps the value and the length (hh.hashv, and hh.keylen,
-   * which gs__op_new set), and the response cache, keyed by the same
-   * name, is searched with them (fast_round.c at submission in fast mode,
-   * background.c when the request goes out). */
+  /* The name is hashed here once, before taking the lock, into hh.hashv
+   * (hh.keylen is its length, set by gs__op_new): the op in flight is
+   * found by it in the response cache (whose entry of the name lists the
+   * op, if there is one) or in ctx->inflight (gs__inflight_find_locked). */
   for (size_t i = 0; i < n && !start; i++) {
     unsigned hv;
     HASH_VALUE(hs[i]->req.name, hs[i]->hh.keylen, hv);
@@ -839,29 +838,28 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n, int s
     st =
         gs__set_error(GS_ERR_SHUTDOWN, "tensor '%s': gs_shutdown has been called", hs[0]->req.name);
   }
-  /* Each op enters the table of ops in flight as it is checked, so a name
-   * twice in one call (a group) is found by the same hash lookup, not by
-   * comparing every pair (a group of 161 names spent ~75 us so, under mu);
-   * on a duplicate the ops added are taken out again (all or none). */
+  /* Each op is listed in flight as it is checked, so a name twice in one
+   * call (a group) is found by the same hash lookup, not by comparing
+   * every pair (a group of 161 names spent ~75 us so, under mu); on a
+   * duplicate the ops listed are taken off again (all or none). */
   for (size_t i = 0; i < n && !st; i++) {
-    struct gs_handle *dup = NULL;
+    gs__wcache *entry = NULL;
     if (start && (st = start_check_locked(ctx, hs[i]))) {
-      for (size_t k = 0; k < i; k++) HASH_DELETE(hh, ctx->inflight, hs[k]);
+      for (size_t k = 0; k < i; k++) gs__inflight_del_locked(ctx, hs[k]);
       break;
     }
-    HASH_FIND_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, hs[i]->hh.keylen, hs[i]->hh.hashv,
-                          dup);
+    struct gs_handle *dup =
+        gs__inflight_find_locked(ctx, hs[i]->req.name, hs[i]->hh.keylen, hs[i]->hh.hashv, &entry);
     if (dup == hs[i]) { /* a persistent op listed twice in one gs_startall */
       st = gs__set_error(GS_ERR_DUPLICATE_NAME,
                          "tensor '%s': gs_startall lists this persistent op twice (rank %d, host "
                          "%s); list each op once",
                          hs[i]->req.name, ctx->rank, ctx->host);
-      for (size_t k = 0; k < i; k++) HASH_DELETE(hh, ctx->inflight, hs[k]);
+      for (size_t k = 0; k < i; k++) gs__inflight_del_locked(ctx, hs[k]);
       break;
     }
     if (!dup) {
-      HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, hs[i]->req.name, hs[i]->hh.keylen,
-                                  hs[i]->hh.hashv, hs[i]);
+      gs__inflight_add_locked(ctx, hs[i], entry);
       continue;
     }
     st =
@@ -869,7 +867,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n, int s
                       "tensor '%s': rank %d already has an op of this name in flight; wait for it "
                       "to complete (gs_wait) before submitting the name again, or use another name",
                       hs[i]->req.name, ctx->rank);
-    for (size_t k = 0; k < i; k++) HASH_DELETE(hh, ctx->inflight, hs[k]);
+    for (size_t k = 0; k < i; k++) gs__inflight_del_locked(ctx, hs[k]);
   }
   /* In fast mode the ops go to the fast queue, for the exec thread's next
    * round (fast_round.c); otherwise to the comm thread. */
@@ -1300,9 +1298,11 @@ gs_status gs_register_local(gs_ctx *ctx, const char *name) {
   if (st) return st;
   pthread_mutex_lock(&ctx->mu);
   gs__local *l = NULL;
-  struct gs_handle *busy = NULL;
   HASH_FIND_STR(ctx->locals, name, l);
-  HASH_FIND_STR(ctx->inflight, name, busy);
+  size_t len = strlen(name);
+  unsigned hv;
+  HASH_VALUE(name, len, hv);
+  struct gs_handle *busy = gs__inflight_find_locked(ctx, name, len, hv, NULL);
   if (busy) {
     st = gs__set_error(GS_ERR_INVALID_ARG,
                        "gs_register_local: tensor '%s' has an op in flight on rank %d; register "

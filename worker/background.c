@@ -12,6 +12,7 @@
  *
  * Owns the client session; touches handles, the submission queue, the
  * waiter list and the plan queue only under ctx->mu. */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,7 +139,7 @@ static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status st
   h->status = status;
   h->error = msg ? strdup(msg) : NULL;
   if (!h->planned) ctx->nunplanned--;
-  HASH_DEL(ctx->inflight, h);
+  gs__inflight_del_locked(ctx, h);
   atomic_store_explicit(&h->done, 1, memory_order_release);
   if (wake) pthread_cond_broadcast(&ctx->cv);
   gs__handle_unref_n(h, 1 + extra);
@@ -190,6 +191,10 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {
   ctx->fast = 0;
   struct gs_handle *h, *tmp;
   HASH_ITER(hh, ctx->inflight, h, tmp) complete_locked(ctx, h, ctx->fatal, ctx->fatal_msg);
+  gs__wcache *c, *ctmp; /* and those listed in their cache entry (none leaves the cache) */
+  HASH_ITER(hh_id, ctx->cache_by_id, c, ctmp) {
+    if (c->inflight) complete_locked(ctx, c->inflight, ctx->fatal, ctx->fatal_msg);
+  }
   pthread_cond_broadcast(&ctx->cv); /* waits, and the exec thread awaiting a verdict */
   gs__exec_bell_locked(ctx);
   pthread_cond_broadcast(&ctx->exec_cv);
@@ -211,21 +216,41 @@ void gs__ctx_abort_backends(gs_ctx *ctx) {
     if (ctx->backends[d]) ctx->backends[d]->v->abort(ctx->backends[d]);
 }
 
+/* The op in flight of a NUL-terminated name (caller holds ctx->mu). */
+static struct gs_handle *inflight_find_str_locked(gs_ctx *ctx, const char *name) {
+  size_t len = strlen(name);
+  unsigned hv;
+  HASH_VALUE(name, len, hv);
+  return gs__inflight_find_locked(ctx, name, len, hv, NULL);
+}
+
+/* Forgets a cache entry (caller holds ctx->mu, or no other thread runs);
+ * its op in flight, if any, goes to ctx->inflight (its name has no entry
+ * any more). */
 static void cache_drop(gs_ctx *ctx, gs__wcache *c) {
+  struct gs_handle *h = c->inflight;
+  if (h) {
+    h->wc = NULL;
+    gs__inflight_add_locked(ctx, h, NULL);
+  }
   HASH_DELETE(hh_name, ctx->cache_by_name, c);
   HASH_DELETE(hh_id, ctx->cache_by_id, c);
   free(c);
 }
 
-/* Remembers that req is cached under id (replacing what the name had).
- * req is an op in flight: its hh.hashv is its name's hash. */
-static void cache_put(gs_ctx *ctx, uint32_t id, const struct gs_handle *h) {
+/* Remembers that h's request is cached under id (replacing what the name
+ * had). h is in flight (its hh.hashv is its name's hash); a new entry
+ * lists it (see gs__inflight_add_locked). Caller holds ctx->mu. */
+static void cache_put(gs_ctx *ctx, uint32_t id, struct gs_handle *h) {
   const gs__tensor_request *req = &h->req;
   gs__wcache *c = NULL;
   /* Every plan names the cache id again: in steady state nothing changes,
    * which the id alone finds (no walk by name). */
   HASH_FIND(hh_id, ctx->cache_by_id, &id, sizeof id, c);
-  if (c && gs__tensor_request_equal(&c->req, req)) return;
+  if (c && gs__tensor_request_equal(&c->req, req)) {
+    assert(h->wc == c); /* the entry of its name lists it */
+    return;
+  }
   if (c) cache_drop(ctx, c);
   c = NULL;
   HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, strlen(req->name), h->hh.hashv, c);
@@ -236,6 +261,10 @@ static void cache_put(gs_ctx *ctx, uint32_t id, const struct gs_handle *h) {
   HASH_ADD_KEYPTR_BYHASHVALUE(hh_name, ctx->cache_by_name, c->req.name, strlen(c->req.name),
                               h->hh.hashv, c);
   HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
+  /* The name had no entry (dropped above), so h is in ctx->inflight. */
+  assert(!h->wc);
+  gs__inflight_del_locked(ctx, h);
+  gs__inflight_add_locked(ctx, h, c);
   ctx->live_dirty = 1; /* its fast-vector slot is computed on entering fast mode */
 }
 
@@ -348,7 +377,7 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
       struct gs_handle *h = NULL;
       if (t->cache_id) /* also when this rank holds none */
         gs__live_add_locked(ctx, t->cache_id, &n->plan.responses[i], t);
-      HASH_FIND_STR(ctx->inflight, t->name, h);
+      h = inflight_find_str_locked(ctx, t->name);
       if (!h) continue;
       atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed); /* the node's */
       n->ops[j] = h;
@@ -431,8 +460,7 @@ static int on_message(gs_ctx *ctx, gs__plan_msg *m) {
     return 0;
   case GS__MSG_RANK_ERROR: {
     pthread_mutex_lock(&ctx->mu);
-    struct gs_handle *h = NULL;
-    HASH_FIND_STR(ctx->inflight, m->name, h);
+    struct gs_handle *h = inflight_find_str_locked(ctx, m->name);
     if (h) complete_locked(ctx, h, (gs_status)m->status, m->text ? m->text : "");
     pthread_mutex_unlock(&ctx->mu);
     return 0;
@@ -543,9 +571,7 @@ static int requests_locked(gs_ctx *ctx, struct gs_handle *list, gs__rank_msg *m)
   }
   for (struct gs_handle *h = list; h; h = h->next_submit) {
     h->queued = 0;
-    gs__wcache *c = NULL; /* h is in flight: hh.hashv is its name's hash (submit_many) */
-    HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, h->req.name, strlen(h->req.name),
-                          h->hh.hashv, c);
+    gs__wcache *c = h->wc; /* h is in flight: its name's entry, if any */
     if (c && gs__tensor_request_equal(&c->req, &h->req)) {
       m->cached[m->ncached++] = c->id;
       continue;

@@ -20,8 +20,8 @@
 
 /* The op the plan node holds for a tensor (plan_node.ops: found by the
  * comm thread when the plan came), or NULL when there was none or it has
- * completed since (failed with the job): as a lookup in ctx->inflight
- * now would find, without one. */
+ * completed since (failed with the job): as a lookup of the ops in
+ * flight now would find, without one. */
 static struct gs_handle *live_op(struct gs_handle *h) {
   return h && !atomic_load_explicit(&h->done, memory_order_acquire) ? h : NULL;
 }

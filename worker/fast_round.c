@@ -172,9 +172,9 @@ static void classify_locked(gs_ctx *ctx, struct gs_handle *h) {
    * are in a round's common set or none. */
   if (r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BROADCAST && r->op != GS__OP_REDUCESCATTER)
     return;
-  gs__wcache *c = NULL;
-  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, r->name, h->hh.keylen, h->hh.hashv, c);
-  /* the find compared the names */
+  /* Its name's cache entry, which lists it in flight (found at submission,
+   * which compared the names): gs__inflight_find_locked. */
+  const gs__wcache *c = h->wc;
   if (!c || !gs__tensor_request_equal_but_name(&c->req, r)) return;
   h->fast_id = c->id;
   h->fast_slot = c->slot;

@@ -130,6 +130,7 @@ static inline int gs__key_differs(const void *a, const void *b, size_t n) {
  * and what only some ops use) are zero whenever a block is handed out:
  * the free of the previous handle, which reads them anyway, leaves them
  * so (gs__handle_mem_free). Blocks are 64-byte aligned. */
+struct gs__wcache;
 struct gs_handle {
   /* ---- line 0: the snapshot and completion of a fast round ---- */
   atomic_int refs;
@@ -140,16 +141,21 @@ struct gs_handle {
    * or not eligible: the round then escalates), its cache id (0 = none),
    * when it was submitted or moved there (fast_pending) and its order
    * among the fast queue's ops (escalation keeps submission order). */
-  int fast;
-  int planned; /* a plan names it (under mu) */
-  int queued;  /* on the submission queue, not yet sent (under mu) */
+  unsigned char fast;
+  unsigned char planned; /* a plan names it (under mu) */
+  unsigned char queued;  /* on the submission queue, not yet sent (under mu) */
   uint32_t fast_slot, fast_id;
   struct gs_handle *next_submit; /* submission queue (under mu) */
   size_t count;                  /* elements of send (allgather: of this rank's block) */
   const void *send;
   char *error; /* valid once done; NULL on success */
+  /* In flight: the response-cache entry of its name, which lists it as
+   * its op in flight (wc->inflight == this), or NULL: then it is in
+   * ctx->inflight (see gs__inflight_add_locked). Under mu. */
+  struct gs__wcache *wc;
   /* ---- line 1 ---- */
-  UT_hash_handle hh; /* ctx->inflight by name (under mu) */
+  UT_hash_handle hh; /* ctx->inflight by name when wc is NULL (under mu); hh.hashv and
+                      * hh.keylen are its name's hash and length from submission on */
   int compress;      /* float32 buffers, req.dtype on the wire */
   int persistent;    /* gs_allreduce_init: started again and again (immutable) */
   /* ---- line 2 ---- */
@@ -217,14 +223,18 @@ void gs__plan_node_free(plan_node *n);
 /* The worker's copy of the coordinator's response cache (changed by the comm
  * thread, read by whichever thread sends requests; under ctx->mu). */
 typedef struct gs__wcache {
-  /* A submission in fast mode finds its name here (hh_name's hashv, key,
-   * hh_next), compares the name and the scalars and shape of req, and
-   * takes id and slot: 3 cache lines of the entry (name, scalars, and
-   * hh_name with id and slot), 4 with id and slot first. */
+  /* A submission finds its name here (hh_name's hashv, key, hh_next),
+   * takes or checks inflight, and in fast mode compares the name and the
+   * scalars and shape of req and takes id and slot: 3 cache lines of the
+   * entry (name, scalars, and hh_name with id, slot and inflight). */
   gs__tensor_request req;
   UT_hash_handle hh_name;
   uint32_t id;
   uint32_t slot; /* 1 + its index among the live ids (ctx->live); 0 = none */
+  /* The op of this name in flight on this rank (its wc is this entry), or
+   * NULL: an op in flight whose name has an entry is listed here, never
+   * in ctx->inflight (see gs__inflight_add_locked). */
+  struct gs_handle *inflight;
   UT_hash_handle hh_id;
 } gs__wcache;
 
@@ -269,10 +279,13 @@ struct gs_ctx {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct gs_handle *sub_head, *sub_tail; /* submitted, not yet sent */
-  struct gs_handle *inflight;            /* by name: submitted, not completed */
-  size_t nunplanned;                     /* of those, how many no plan has named yet */
-  int stop;                              /* gs_shutdown asked the loop to end */
-  gs_status fatal;                       /* set once: every op fails with it */
+  /* Ops submitted, not completed, by name, whose name has no entry in the
+   * response-cache copy (those are listed in their entry: see
+   * gs__inflight_add_locked). */
+  struct gs_handle *inflight;
+  size_t nunplanned; /* of those, how many no plan has named yet */
+  int stop;          /* gs_shutdown asked the loop to end */
+  gs_status fatal;   /* set once: every op fails with it */
   char fatal_msg[4096];
   gs__waiter *waiters;      /* threads blocked in a wait */
   struct gs_handle *waited; /* pending ops waited on or tested (see gs_handle) */
@@ -485,8 +498,8 @@ static inline void gs__exec_bell_locked(gs_ctx *ctx) {
 /* Runs one fast round, or escalates (exec thread, without ctx->mu). */
 void gs__fast_round(gs_ctx *ctx);
 /* Puts h at the end of the fast queue, stamped now_ms, with its slot and
- * cache id (caller holds ctx->mu; h is in ctx->inflight, so hh.hashv and
- * hh.keylen are its name's hash and length). */
+ * cache id (caller holds ctx->mu; h is in flight, so h->wc is its name's
+ * cache entry, if any). */
 void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms);
 /* fast_round.c: a plan assigned / evicted cache id id (comm thread, caller
  * holds ctx->mu). Out of memory sets live_oom. */
@@ -544,6 +557,51 @@ gs_status gs__op_submit(gs_ctx *ctx, struct gs_handle *h, gs_handle **out);
 
 /* Frees the worker's response-cache copy (comm thread, or after it ended). */
 void gs__cache_clear(gs_ctx *ctx);
+
+/* The ops in flight, one per name (caller holds ctx->mu). An op whose
+ * name has an entry in the response-cache copy (ctx->cache_by_name) is
+ * listed in that entry (entry->inflight, h->wc), every other one in
+ * ctx->inflight; entries come and go only under mu, and an op moves along
+ * (background.c: cache_put lists the op in flight in a new entry of its
+ * name, cache_drop puts it back in ctx->inflight). So a submission of a
+ * cached name looks its name up once, in the cache, and that lookup is
+ * both the duplicate check and, in fast mode, the cache hit; its
+ * completion deletes nothing from a table; and ctx->inflight, empty in a
+ * steady state, is not made and freed again every step.
+ *
+ * gs__inflight_find_locked: the op of the name in flight (NULL: none);
+ * len and hashv are the name's length and hash (HASH_VALUE); *entry (entry
+ * may be NULL) gets the name's cache entry (NULL: none). */
+static inline struct gs_handle *gs__inflight_find_locked(gs_ctx *ctx, const char *name, size_t len,
+                                                         unsigned hashv, gs__wcache **entry) {
+  gs__wcache *c = NULL;
+  struct gs_handle *h = NULL;
+  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, name, len, hashv, c);
+  if (entry) *entry = c;
+  if (c) return c->inflight; /* a cached name's op is never in ctx->inflight */
+  HASH_FIND_BYHASHVALUE(hh, ctx->inflight, name, len, hashv, h);
+  return h;
+}
+/* Lists h (hh.hashv and hh.keylen set; no op of its name in flight) in
+ * entry, its name's cache entry as gs__inflight_find_locked gave it, or in
+ * ctx->inflight when entry is NULL. */
+static inline void gs__inflight_add_locked(gs_ctx *ctx, struct gs_handle *h, gs__wcache *entry) {
+  if (entry) {
+    entry->inflight = h;
+    h->wc = entry;
+    return;
+  }
+  HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, h->hh.keylen, h->hh.hashv, h);
+}
+/* Takes h, listed by gs__inflight_add_locked, off the list. */
+static inline void gs__inflight_del_locked(gs_ctx *ctx, struct gs_handle *h) {
+  if (h->wc) {
+    h->wc->inflight = NULL;
+    h->wc = NULL;
+    return;
+  }
+  HASH_DELETE(hh, ctx->inflight, h);
+}
 /* Checks where a buffer pair lives and that this rank has a backend for it
  * (recv may be NULL); sets h->req.device. */
 gs_status gs__op_device(gs_ctx *ctx, struct gs_handle *h, const void *send, const void *recv);
