@@ -808,7 +808,7 @@ static void start_reset_locked(struct gs_handle *h) {
   h->error = NULL;
   h->status = GS_OK;
   h->next_submit = NULL;
-  h->queued = h->planned = h->fast = 0;
+  h->queued = h->planned = h->fast = h->round = 0;
   h->fast_slot = h->fast_id = 0;
   h->fast_since_ms = h->fast_seq = 0;
   h->wait_since_ms = h->wait_last_ms = 0;

@@ -104,8 +104,10 @@ int gs__handle_waited_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now) {
 }
 
 /* Caller holds ctx->mu; wakes the waiting threads when wake is set.
- * Releases the table's reference and `extra` more of the caller's (in
- * one atomic), also when h was already complete (then only those). */
+ * Releases the library's reference (unless h is in a fast round: the
+ * round releases it at its end, see gs_handle.round) and `extra` more of
+ * the caller's (in one atomic), also when h was already complete (then
+ * only those). */
 static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status status,
                                   const char *msg, int wake, int extra) {
   if (atomic_load_explicit(&h->done, memory_order_relaxed)) {
@@ -140,9 +142,10 @@ static void complete_quiet_locked(gs_ctx *ctx, struct gs_handle *h, gs_status st
   h->error = msg ? strdup(msg) : NULL;
   if (!h->planned) ctx->nunplanned--;
   gs__inflight_del_locked(ctx, h);
+  int refs = !h->round + extra;
   atomic_store_explicit(&h->done, 1, memory_order_release);
   if (wake) pthread_cond_broadcast(&ctx->cv);
-  gs__handle_unref_n(h, 1 + extra);
+  if (refs) gs__handle_unref_n(h, refs);
 }
 
 /* Caller holds ctx->mu. */

@@ -144,6 +144,12 @@ struct gs_handle {
   unsigned char fast;
   unsigned char planned; /* a plan names it (under mu) */
   unsigned char queued;  /* on the submission queue, not yet sent (under mu) */
+  /* In the exec thread's fast round in progress, which reads it without
+   * mu until the round ends: whoever completes it meanwhile leaves the
+   * library's reference to the round, which releases it at its end
+   * (fast_round.c, release_held_locked): no reference is taken per op
+   * for the round (under mu). */
+  unsigned char round;
   uint32_t fast_slot, fast_id;
   struct gs_handle *next_submit; /* submission queue (under mu) */
   size_t count;                  /* elements of send (allgather: of this rank's block) */
@@ -533,7 +539,8 @@ void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, con
 void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n);
 /* The same, and releases `extra` references of the caller's to each
  * handle (also to one already complete) in the atomic that releases the
- * table's: a fast round's snapshot hands its references over this way. */
+ * library's (unless it is in a fast round: see gs_handle.round): a fast
+ * round hands the library's references of its riders over this way. */
 void gs__handles_complete_ok_unref(gs_ctx *ctx, struct gs_handle *const *hs, size_t n, int extra);
 /* Completes every op in flight and every later submission with status and
  * msg (the first call wins); takes ctx->mu. */
