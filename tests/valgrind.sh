@@ -43,9 +43,11 @@ done
 #                  rank 1 (the round goes on; a later wait completes the op)
 #   persist 6 0    persistent allreduces started every step (gs_startall),
 #                  restarted by a second thread as soon as its wait returns
+#   dup 4          names submitted again while their ops are in flight in
+#                  fast mode (cached: listed in their cache entries; and not)
 run="$dir/bin/gradsync-run" worker="$dir/bin/gs-fast-worker"
 if [ -x "$run" ] && [ -x "$worker" ]; then
-  for job in "steps 6 block" "threads 3" "group 6 4" "timeout 8 3" "persist 6 0"; do
+  for job in "steps 6 block" "threads 3" "group 6 4" "timeout 8 3" "persist 6 0" "dup 4"; do
     name="gs-fast-worker ${job}"
     rm -f "$tmp"/vg.*.log "$tmp"/timedout.*
     # shellcheck disable=SC2086 # job is the worker's arguments, split on purpose

@@ -20,15 +20,16 @@
  *                      late: every timed-out wait must have lasted its 1
  *                      ms, with the usual text; prints "fast: rank R short
  *                      timeouts=T")
- *   dup N              N steps, then step N+1 with refusals while fast/t00 is
- *                      in flight (a cached name, listed in its cache entry):
- *                      gs_allreduce_async of it again, a group naming
- *                      fast/t01 twice (all or none: t01 and t02 are then
- *                      submitted as usual), gs_register_local of it; step
- *                      N+2 adds 'fast/dupnew' (never seen: in the table of
- *                      uncached ops, in fast mode) and submits it twice;
- *                      each refusal prints "fast: rank R dup WHAT: STATUS:
- *                      TEXT"; every value checked; then one more step
+ *   dup N              N steps, then step N+1 with refusals while an op is in
+ *                      flight on rank R: fast/t0<R % 2> (a cached name,
+ *                      listed in its cache entry) submitted again, a group
+ *                      naming fast/t02 twice (all or none: t02 and t03 are
+ *                      then submitted as usual), gs_register_local of it,
+ *                      and on rank 0 'fast/dupnew' (never seen: in the
+ *                      table of uncached ops) twice; each refusal prints
+ *                      "fast: rank R dup WHAT: STATUS: TEXT" (np 2: mark
+ *                      files in $GS_TEST_DIR keep those ops pending
+ *                      meanwhile); every value checked; then two steps
  *   vary N             N steps, each also allreducing 'fast/vary' first, as
  *                      float32 average of 5, int32 sum of 9, float64 max of
  *                      shape [3, 2] (postscale 2) in turn: a cached name
@@ -427,71 +428,6 @@ static void step(gs_ctx *ctx, int s, wait_style style, int reverse, op *extra) {
   print_step(s, &a, &b);
 }
 
-/* dup mode: a call that must be refused; prints "fast: rank R dup WHAT:
- * STATUS: TEXT" (the refusal's gs_last_error). */
-static void expect_refused(gs_ctx *ctx, const char *what, gs_status st, gs_status want) {
-  if (st != want)
-    wu_die("dup %s: got %s, expected %s", what, wu_status_name(st), wu_status_name(want));
-  printf("fast: rank %d dup %s: %s: %s\n", g_rank, what, wu_status_name(st), gs_last_error(ctx));
-}
-
-/* dup mode, step s: as step(), with the refusals of a name in flight made
- * while fast/t00 (and in step `with_new`, 'fast/dupnew' too) is. */
-static void dup_step(gs_ctx *ctx, int s, int with_new) {
-  op extra = {.name = "fast/dupnew", .kind = 0, .count = 5};
-  extra.buf = wu_xcalloc(extra.count, sizeof(float));
-  gs_stats a = stats_now(ctx);
-  for (size_t i = 0; i < g_nops; i++) fill(&g_ops[i], i, s);
-  fill(&extra, 100, s);
-  op *t0 = &g_ops[0], *t1 = &g_ops[1], *t2 = &g_ops[2];
-  submit(ctx, t0);
-  gs_handle *h = NULL;
-  if (!with_new) {
-    gs_status st = gs_allreduce_async(ctx, t0->name, t0->buf, t0->buf, t0->count, GS_FLOAT32,
-                                      GS_AVERAGE, NULL, &h);
-    expect_refused(ctx, "again", st, GS_ERR_DUPLICATE_NAME);
-    if (h) wu_die("dup again: a refused call set its handle");
-    const char *names[3] = {t1->name, t2->name, t1->name};
-    const void *sends[3] = {t1->buf, t2->buf, t1->buf};
-    void *recvs[3] = {t1->buf, t2->buf, t1->buf};
-    size_t counts[3] = {t1->count, t2->count, t1->count};
-    gs_handle *hs[3] = {NULL, NULL, NULL};
-    st = gs_grouped_allreduce_async(ctx, 3, names, sends, recvs, counts, GS_FLOAT32, GS_AVERAGE,
-                                    NULL, hs);
-    expect_refused(ctx, "group", st, GS_ERR_DUPLICATE_NAME);
-    expect_refused(ctx, "register", gs_register_local(ctx, t0->name), GS_ERR_INVALID_ARG);
-  }
-  for (size_t i = 1; i < g_nops; i++) {
-    if (with_new && i == g_nops / 2) {
-      submit(ctx, &extra);
-      gs_status st = gs_allreduce_async(ctx, extra.name, extra.buf, extra.buf, extra.count,
-                                        GS_FLOAT32, GS_AVERAGE, NULL, &h);
-      expect_refused(ctx, "new", st, GS_ERR_DUPLICATE_NAME);
-    }
-    submit(ctx, &g_ops[i]);
-  }
-  for (size_t i = 0; i <= g_nops; i++) {
-    op *o = i < g_nops ? &g_ops[i] : &extra;
-    if (o == &extra && !with_new) break;
-    gs_status st = gs_wait(o->h, WAIT_MS);
-    if (st != GS_OK)
-      wu_die("tensor '%s' (step %d): %s: %s", o->name, s, wu_status_name(st),
-             gs_handle_error(o->h));
-  }
-  gs_stats b = stats_now(ctx);
-  for (size_t i = 0; i < g_nops; i++) {
-    check(&g_ops[i], i, s);
-    gs_handle_free(g_ops[i].h);
-    g_ops[i].h = NULL;
-  }
-  if (with_new) {
-    check(&extra, 100, s);
-    gs_handle_free(extra.h);
-  }
-  free(extra.buf);
-  print_step(s, &a, &b);
-}
-
 /* group mode: fast/t00..t05 as one gs_grouped_allreduce_async (average:
  * all small enough to ride in the agreement), t06 alone, t07..t09 as a
  * second group (t09 rides, t07 and t08 do not), t10 and t11 alone, then
@@ -671,6 +607,81 @@ static void *waiter_main(void *p) {
   a->st = gs_wait(a->o->h, a->timeout_ms);
   snprintf(a->err, sizeof a->err, "%s", gs_handle_error(a->o->h) ? gs_handle_error(a->o->h) : "");
   return NULL;
+}
+
+/* dup mode: a call that must be refused; prints "fast: rank R dup WHAT:
+ * STATUS: TEXT" (the refusal's gs_last_error). */
+static void expect_refused(gs_ctx *ctx, const char *what, gs_status st, gs_status want) {
+  if (st != want)
+    wu_die("dup %s: got %s, expected %s", what, wu_status_name(st), wu_status_name(want));
+  printf("fast: rank %d dup %s: %s: %s\n", g_rank, what, wu_status_name(st), gs_last_error(ctx));
+}
+
+/* dup mode, step s. Rank r first submits only X = fast/t0<r % 2> (cached:
+ * listed in its cache entry), rank 0 also 'fast/dupnew' (never seen: in
+ * the table of uncached ops); neither can complete before every rank has
+ * submitted it, which the others do only after every rank made its
+ * refusals (a mark file each): X again, a group naming fast/t02 twice,
+ * gs_register_local of X, and on rank 0 'fast/dupnew' again. Then the
+ * rest of the step, every value checked (a refused group leaves nothing
+ * in flight: its members are submitted as usual). */
+static void dup_step(gs_ctx *ctx, int s) {
+  op extra = {.name = "fast/dupnew", .kind = 0, .count = 5};
+  extra.buf = wu_xcalloc(extra.count, sizeof(float));
+  for (size_t i = 0; i < g_nops; i++) fill(&g_ops[i], i, s);
+  fill(&extra, 100, s);
+  op *x = &g_ops[g_rank % 2], *t2 = &g_ops[2], *t3 = &g_ops[3];
+  submit(ctx, x);
+  gs_handle *h = NULL;
+  gs_status st =
+      gs_allreduce_async(ctx, x->name, x->buf, x->buf, x->count, GS_FLOAT32, GS_AVERAGE, NULL, &h);
+  expect_refused(ctx, "again", st, GS_ERR_DUPLICATE_NAME);
+  if (h) wu_die("dup again: a refused call set its handle");
+  const char *names[3] = {t2->name, t3->name, t2->name};
+  const void *sends[3] = {t2->buf, t3->buf, t2->buf};
+  void *recvs[3] = {t2->buf, t3->buf, t2->buf};
+  size_t counts[3] = {t2->count, t3->count, t2->count};
+  gs_handle *hs[3] = {NULL, NULL, NULL};
+  st = gs_grouped_allreduce_async(ctx, 3, names, sends, recvs, counts, GS_FLOAT32, GS_AVERAGE, NULL,
+                                  hs);
+  expect_refused(ctx, "group", st, GS_ERR_DUPLICATE_NAME);
+  expect_refused(ctx, "register", gs_register_local(ctx, x->name), GS_ERR_INVALID_ARG);
+  if (g_rank == 0) {
+    submit(ctx, &extra);
+    st = gs_allreduce_async(ctx, extra.name, extra.buf, extra.buf, extra.count, GS_FLOAT32,
+                            GS_AVERAGE, NULL, &h);
+    expect_refused(ctx, "new", st, GS_ERR_DUPLICATE_NAME);
+  }
+  char path[600];
+  mark(1000 + s, g_rank, path, sizeof path);
+  FILE *f = fopen(path, "w");
+  if (!f) wu_die("cannot create %s: %s", path, strerror(errno));
+  fclose(f);
+  for (int r = 0; r < g_size; r++) {
+    mark(1000 + s, r, path, sizeof path);
+    for (int waited = 0; access(path, F_OK) != 0; waited++) {
+      if (waited > ERR_MS) wu_die("dup: rank %d never made its refusals (%s)", r, path);
+      sleep_ms(1);
+    }
+  }
+  for (size_t i = 0; i < g_nops; i++)
+    if (&g_ops[i] != x) submit(ctx, &g_ops[i]);
+  if (g_rank != 0) submit(ctx, &extra);
+  for (size_t i = 0; i <= g_nops; i++) {
+    op *o = i < g_nops ? &g_ops[i] : &extra;
+    st = gs_wait(o->h, WAIT_MS);
+    if (st != GS_OK)
+      wu_die("tensor '%s' (step %d): %s: %s", o->name, s, wu_status_name(st),
+             gs_handle_error(o->h));
+  }
+  for (size_t i = 0; i < g_nops; i++) {
+    check(&g_ops[i], i, s);
+    gs_handle_free(g_ops[i].h);
+    g_ops[i].h = NULL;
+  }
+  check(&extra, 100, s);
+  gs_handle_free(extra.h);
+  free(extra.buf);
 }
 
 /* $GS_TEST_DIR/timedout.S: rank 0's first wait of step S timed out. */
@@ -1099,8 +1110,8 @@ int main(int argc, char **argv) {
     if (argc != 3) usage();
     steps = n + 3;
     for (int s = 1; s <= n; s++) step(ctx, s, WAIT_BLOCK, 0, NULL);
-    dup_step(ctx, n + 1, 0);
-    dup_step(ctx, n + 2, 1);
+    dup_step(ctx, n + 1);
+    step(ctx, n + 2, WAIT_BLOCK, 0, NULL);
     step(ctx, n + 3, WAIT_BLOCK, 0, NULL);
   } else if (!strcmp(mode, "vary")) {
     if (argc != 3) usage();
