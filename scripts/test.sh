@@ -11,13 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
+# Each stage's header says how long the run has taken so far (the CI budget).
+stage() { echo "== $1 == ($SECONDS s in)"; }
 
-echo "== build (RelWithDebInfo) =="
+stage "build (RelWithDebInfo)"
 bash scripts/build.sh build
-echo "== tests =="
+stage "tests"
 (cd build && ctest --output-on-failure --repeat until-pass:2 -j "$jobs")
 
-echo "== build (ASan + UBSan) =="
+stage "build (ASan + UBSan)"
 # Without the nccl backend: ASan reserves the address range the CUDA runtime
 # maps (cudaGetDeviceCount then fails with "out of memory" unless
 # ASAN_OPTIONS=protect_shadow_gap=0), NCCL and libcudart are not built with
@@ -25,16 +27,16 @@ echo "== build (ASan + UBSan) =="
 # above covers the nccl path's CPU side. That also keeps nvcc out of CI twice.
 bash scripts/build.sh build-asan -DGRADSYNC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
   -DGRADSYNC_WITH_NCCL=OFF
-echo "== tests under ASan + UBSan =="
+stage "tests under ASan + UBSan"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd build-asan && ctest --output-on-failure --repeat until-pass:2 -j "$jobs")
 unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
 
-echo "== unit tests and worker processes (np 2) under valgrind =="
+stage "unit tests and worker processes (np 2) under valgrind"
 bash tests/valgrind.sh build
 
-echo "== fuzzing (libFuzzer: codec, codec + engine; 30 s each) =="
+stage "fuzzing (libFuzzer: codec, codec + engine; 30 s each)"
 bash scripts/fuzz.sh build-fuzz 30
-echo "test.sh: all stages passed"
+echo "test.sh: all stages passed in $SECONDS s"
