@@ -23,6 +23,7 @@ static const struct {
     [GS__ERR_INTERNAL] = {"GS_ERR_INTERNAL", "internal error (a gradsync bug)"},
     [GS__ERR_UNAUTHENTICATED] = {"GS_ERR_UNAUTHENTICATED", "not authenticated (job token or TLS)"},
     [GS__ERR_ALREADY_JOINED] = {"GS_ERR_ALREADY_JOINED", "this rank already joined"},
+    [GS__ERR_FORKED] = {"GS_ERR_FORKED", "context used in a forked child process"},
 };
 
 const char *gs__status_name(int status) {

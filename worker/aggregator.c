@@ -51,6 +51,7 @@ gs_status gs_aggregator_create(gs_ctx *ctx, int passes, int average_aggregated,
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_aggregator_create: out is NULL");
   *out = NULL;
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_aggregator_create: ctx is NULL");
+  if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_aggregator_create", NULL);
   if (passes < 1)
     return gs__set_error(GS_ERR_INVALID_ARG,
                          "gs_aggregator_create: passes=%d; the backward passes per step must be "
@@ -176,6 +177,7 @@ gs_status gs_aggregator_allreduce_async(gs_aggregator *agg, const char *name, vo
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "%s: out is NULL", what);
   *out = NULL;
   if (!agg) return gs__set_error(GS_ERR_INVALID_ARG, "%s: agg is NULL", what);
+  if (gs__forked(agg->ctx)) return gs__fork_error(agg->ctx, what, name);
   gs_status st = check_op(what, name, op);
   if (st) return st;
   gs_allreduce_opts ro;
@@ -253,6 +255,7 @@ gs_status gs_aggregator_sparse_allreduce_async(gs_aggregator *agg, const char *n
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "%s: out is NULL", what);
   *out = NULL;
   if (!agg) return gs__set_error(GS_ERR_INVALID_ARG, "%s: agg is NULL", what);
+  if (gs__forked(agg->ctx)) return gs__fork_error(agg->ctx, what, name);
   gs_sparse_opts so;
   gs_sparse_opts_init(&so);
   if (opts) {
@@ -317,6 +320,7 @@ gs_status gs_broadcast_parameters(gs_ctx *ctx, size_t n, const char *const *name
                                   int root) {
   static const char what[] = "gs_broadcast_parameters";
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "%s: ctx is NULL", what);
+  if (gs__forked(ctx)) return gs__fork_error(ctx, what, NULL);
   if (n == 0) return GS_OK;
   if (!names || !bufs || !counts || !dtypes)
     return gs__set_error(GS_ERR_INVALID_ARG,

@@ -27,6 +27,7 @@
 
 _Static_assert((int)GS_ERR_ALREADY_JOINED == GS__ERR_ALREADY_JOINED, "status numbering");
 _Static_assert((int)GS_ERR_MISMATCH == GS__ERR_MISMATCH, "status numbering");
+_Static_assert((int)GS_ERR_FORKED == GS__ERR_FORKED, "status numbering");
 _Static_assert((int)GS_UINT8 == (int)GS__UINT8, "dtype numbering");
 _Static_assert((int)GS_INT16 == (int)GS__INT16, "dtype numbering");
 _Static_assert((int)GS_BFLOAT16 == (int)GS__BFLOAT16, "dtype numbering");
@@ -74,6 +75,7 @@ const char *gs_status_str(gs_status status) {
       "GS_ERR_INTERNAL: internal error (a gradsync bug)",
       "GS_ERR_UNAUTHENTICATED: not authenticated (job token or TLS)",
       "GS_ERR_ALREADY_JOINED: this rank already joined",
+      "GS_ERR_FORKED: this context was made in another process (before a fork)",
   };
   _Static_assert(sizeof text / sizeof *text == GS__STATUS_COUNT, "one text per status");
   if ((int)status < 0 || (int)status >= GS__STATUS_COUNT) return "unknown gradsync status";
@@ -640,6 +642,9 @@ gs_status gs_init(const gs_options *opts, gs_ctx **out) {
   ctx->local_rank = r.local_rank;
   ctx->local_size = r.local_size;
   ctx->scale_local = r.scale_local;
+  gs__fork_watch(); /* before ctx exists for any other thread (fork.c) */
+  ctx->fork_gen = atomic_load_explicit(&gs__fork_gen, memory_order_relaxed);
+  ctx->pid = (int)getpid();
   snprintf(ctx->coordinator, sizeof ctx->coordinator, "%s", r.coordinator);
   if (gethostname(ctx->host, sizeof ctx->host) != 0) snprintf(ctx->host, sizeof ctx->host, "?");
   pthread_mutex_init(&ctx->mu, NULL);
@@ -737,6 +742,7 @@ out_free_ctx:
 
 gs_status gs_shutdown(gs_ctx *ctx) {
   if (!ctx) return GS_OK;
+  if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_shutdown", NULL); /* leaks the copy */
   pthread_mutex_lock(&ctx->mu);
   ctx->stop = 1;
   pthread_cond_broadcast(&ctx->cv);
@@ -916,6 +922,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
   *out = NULL;
   /* the op's name only for an error: not a call per submission */
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", gs__op_type_name(op));
+  if (gs__forked(ctx)) return gs__fork_error(ctx, gs__op_type_name(op), name);
   if (!name || !*name)
     return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: the tensor name is empty",
                          gs__op_type_name(op));
@@ -1218,6 +1225,7 @@ static void start_wait_released(gs_handle *const *hs, size_t n) {
 
 gs_status gs_startall(gs_ctx *ctx, size_t n, gs_handle *const *hs) {
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_startall: ctx is NULL");
+  if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_startall", NULL);
   if (!n) return GS_OK;
   if (!hs) return gs__set_error(GS_ERR_INVALID_ARG, "gs_startall: hs is NULL for %zu ops", n);
   for (size_t i = 0; i < n; i++) {
@@ -1262,6 +1270,10 @@ gs_status gs_reduce_op_from_string(const char *name, gs_reduce_op *out) {
 
 int gs_is_local(gs_ctx *ctx, const char *name) {
   if (!ctx || !name) return 0;
+  if (gs__forked(ctx)) { /* no lock, whoever held it in the parent */
+    gs__fork_error(ctx, "gs_is_local", name);
+    return 0;
+  }
   /* A registration made before this call (in this thread, or published to
    * it) is seen: its count is stored with release order. */
   if (!atomic_load_explicit(&ctx->nlocals, memory_order_acquire)) return 0;
@@ -1287,6 +1299,7 @@ static int push_name(char (**list)[GS__MAX_NAME + 1], size_t *n, size_t *cap, co
 
 static gs_status check_local_name(gs_ctx *ctx, const char *name, const char *what) {
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "%s: ctx is NULL", what);
+  if (gs__forked(ctx)) return gs__fork_error(ctx, what, name);
   if (!name || !*name || strlen(name) > GS__MAX_NAME)
     return gs__set_error(GS_ERR_INVALID_ARG, "%s: the tensor name is empty or over %d bytes", what,
                          GS__MAX_NAME);
@@ -1466,6 +1479,7 @@ gs_status gs_broadcast_async(gs_ctx *ctx, const char *name, void *buf, size_t co
 
 gs_status gs_barrier(gs_ctx *ctx) {
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_barrier: ctx is NULL");
+  if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_barrier", NULL);
   char name[64];
   snprintf(name, sizeof name, "gs.barrier.%lu",
            (unsigned long)atomic_fetch_add(&ctx->barrier_seq, 1));
@@ -1595,6 +1609,7 @@ gs_status gs_reducescatter_async(gs_ctx *ctx, const char *name, const void *send
 
 gs_status gs_join(gs_ctx *ctx, int *last_joined_rank) {
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_join: ctx is NULL");
+  if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_join", NULL);
   struct gs_handle *h;
   gs_status st = gs__op_new(ctx, "gs.join", GS__OP_JOIN, GS_UINT8, NULL, 0, &h);
   if (st) return st;
@@ -1725,6 +1740,7 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
       *index = i;
       return finished(hs[i]);
     }
+  if (gs__forked(hs[0]->ctx)) return gs__fork_error(hs[0]->ctx, fn, hs[0]->req.name);
   if (timeout_ms == 0) return gs__set_error(GS_ERR_TIMEOUT, "%s: the op is still pending", fn);
   gs_ctx *ctx = hs[0]->ctx;
   struct timespec ts;
@@ -1812,6 +1828,7 @@ gs_status gs_test(gs_handle *h, int *done) {
     /* Polling a pending op is waiting on it (deadlock detection). While it
      * is pending its context is alive. */
     gs_ctx *ctx = h->ctx;
+    if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_test", h->req.name);
     pthread_mutex_lock(&ctx->mu);
     int kick = gs__handle_waited_locked(ctx, h, gs__now_ms());
     pthread_mutex_unlock(&ctx->mu);
@@ -1831,6 +1848,7 @@ void gs_handle_free(gs_handle *h) {
 
 gs_status gs_get_stats(const gs_ctx *ctx, gs_stats *out) {
   if (!ctx || !out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_get_stats: NULL argument");
+  if (gs__forked(ctx)) return gs__fork_error(ctx, "gs_get_stats", NULL);
   gs_stats s;
   gs_stats_init(&s);
   size_t given = out->struct_size;
@@ -1855,6 +1873,7 @@ static gs_status app_key(const gs_ctx *ctx, const char *fn, const char *key, cha
   if (!ctx || !key || !*key)
     return gs__set_error(GS_ERR_INVALID_ARG, "%s: %s", fn,
                          !ctx ? "ctx is NULL" : "key is NULL or empty; give a non-empty name");
+  if (gs__forked(ctx)) return gs__fork_error(ctx, fn, NULL);
   size_t klen = strlen(key);
   if (klen > GS_KV_KEY_MAX)
     return gs__set_error(GS_ERR_INVALID_ARG,

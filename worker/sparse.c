@@ -219,6 +219,7 @@ gs_status gs_sparse_allreduce_async(gs_ctx *ctx, const char *name, const int64_t
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "%s: out is NULL", what);
   *out = NULL;
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "%s: ctx is NULL", what);
+  if (gs__forked(ctx)) return gs__fork_error(ctx, what, name);
   gs_status st = gs__sparse_check_op(what, name, op);
   if (st) return st;
   gs_sparse_opts so;

@@ -278,6 +278,11 @@ typedef struct gs__waiter {
 
 struct gs_ctx {
   int rank, size, local_rank, local_size;
+  /* gs__fork_gen and getpid() at gs_init (fork.c): a child of a fork has
+   * a copy of this struct but none of its threads. Set before any other
+   * thread can see ctx, never written again. */
+  unsigned fork_gen;
+  int pid;
   char coordinator[512];
   char host[256];
   gs__join_response join;
@@ -548,6 +553,27 @@ void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);
 /* Records a failed call's message for gs_last_error; returns status. */
 gs_status gs__set_error(gs_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* ---- fork (fork.c) ----
+ * How many times this process's ancestry forked since the library was
+ * loaded, as seen by this process: bumped by the pthread_atfork child
+ * handler that gs__fork_watch installs (once per process, at the first
+ * gs_init). A context whose fork_gen differs was made before a fork, in
+ * another process: its threads, its lock's owner and its connections are
+ * the parent's. */
+extern atomic_uint gs__fork_gen;
+/* Installs the atfork child handler (once; any thread; idempotent). */
+void gs__fork_watch(void);
+/* 1 when ctx was made in another process (the parent of a fork). One
+ * relaxed load: cheap enough for every submission, and no syscall. Every
+ * public entry that would lock ctx->mu, wait, or use its connections
+ * checks this first. */
+static inline int gs__forked(const gs_ctx *ctx) {
+  return atomic_load_explicit(&gs__fork_gen, memory_order_relaxed) != ctx->fork_gen;
+}
+/* Records GS_ERR_FORKED's message for fn (tensor may be NULL) and returns
+ * it. Touches nothing of ctx but its plain fields (rank, host, pid). */
+gs_status gs__fork_error(const gs_ctx *ctx, const char *fn, const char *tensor);
 /* Checks what every op shares (ctx, name, dtype, shape) and builds its
  * handle, not yet submitted (free it with free() if you do not submit). */
 gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,

@@ -4,7 +4,8 @@
  * SIGTERM in the middle of a job (every rank fails with
  * GS_ERR_COORDINATOR_LOST saying the coordinator was shut down, gradsyncd
  * drains with its port open, refusing new ranks, and exits 0), and the refusal of a next job's rank
- * that comes too early. */
+ * that comes too early; a rank that forks after gs_init (the child's calls
+ * fail with GS_ERR_FORKED, the parent's job goes on). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -168,6 +169,57 @@ static void test_next_job_too_early(void **state) {
   job_expect_coordinator_failed(&j);
 }
 
+/* fork after gs_init (a data-loader worker, os.fork()): rank 0 forks with
+ * an op completed and one in flight, a thread in a wait and one taking the
+ * context's lock. In every child each call on the parent's context fails
+ * at once with GS_ERR_FORKED naming the rank, the host and both processes
+ * (gs-test-worker checks the child's pid; the first child prints its
+ * errors), the completed op still reads, gs_shutdown returns without
+ * touching the parent's job, and the child exits 0. The parent's job goes
+ * on with the right values, and every rank leaves cleanly. */
+static void test_fork_child(void **state) {
+  (void)state;
+  job j;
+  job_start_coordinator(&j, 2, NULL);
+  char dir[600];
+  snprintf(dir, sizeof dir, "GS_TEST_DIR=%s", proc_test_dir());
+  char *env[] = {dir, NULL};
+  char *args[] = {"fork", "3", NULL};
+  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, args, env);
+  for (int r = 0; r < 2; r++) job_expect_exit(j.ranks[r], 0);
+  proc *p = j.ranks[0];
+  char made[128];
+  snprintf(made, sizeof made,
+           "this gradsync context was made by process %d before a fork; process ", (int)p->pid);
+  static const char *const calls[] = {
+      "fork-child: gs_allreduce: GS_ERR_FORKED: gs_allreduce (tensor 'fork/child'): rank 0 (host ",
+      "fork-child: gs_wait: GS_ERR_FORKED: gs_wait (tensor 'fork/inflight'): rank 0 (host ",
+      "fork-child: gs_test: GS_ERR_FORKED: gs_test (tensor 'fork/inflight'): rank 0 (host ",
+      "fork-child: gs_wait_any: GS_ERR_FORKED: gs_wait_any (tensor 'fork/inflight'): rank 0 ",
+      "fork-child: gs_barrier: GS_ERR_FORKED: gs_barrier: rank 0 (host ",
+      "fork-child: gs_join: GS_ERR_FORKED: gs_join: rank 0 (host ",
+      "fork-child: gs_register_local: GS_ERR_FORKED: gs_register_local (tensor 'fork/local'): ",
+      "fork-child: gs_kv_set: GS_ERR_FORKED: gs_kv_set: rank 0 (host ",
+      "fork-child: gs_get_stats: GS_ERR_FORKED: gs_get_stats: rank 0 (host ",
+      "fork-child: gs_shutdown: GS_ERR_FORKED: gs_shutdown: rank 0 (host ",
+  };
+  for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) job_expect_output(p, calls[i]);
+  job_expect_output(p, made);
+  job_expect_output(p, " (a forked child) cannot use it: call gradsync only from the process "
+                       "that called gs_init (fork before gs_init, or start child processes with "
+                       "exec");
+  job_expect_output(p, "fork-child: gs_wait on the op completed before the fork: GS_OK, values ok");
+  job_expect_no_output(p, "FAIL", 0);
+  job_expect_output(p, "fork: rank 0: 12 children got GS_ERR_FORKED from every call and exited 0");
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "fork: rank %d: 3 steps after the fork ok", r);
+    job_expect_output(j.ranks[r], want);
+  }
+  job_expect_exit(j.coord, 0);
+  job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_one_job_then_exit, setup, job_teardown),
@@ -175,6 +227,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sigterm_mid_job, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_sigterm_drain, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_next_job_too_early, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fork_child, setup, job_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,12 @@
  *   join-steps STEPS        the last rank joins 2 steps early; averages with a
  *                           joined rank, allgather/broadcast refused, gs_join
  *   duplicate               a name in flight submitted again in every way
+ *   fork STEPS              rank 0 forks (12 children) with an op completed
+ *                           and one in flight, a thread in a wait and one
+ *                           taking the lock; each child's calls on the
+ *                           context fail with GS_ERR_FORKED (printed by
+ *                           the first: "fork-child: CALL: STATUS: TEXT"),
+ *                           the parent goes on (marks in $GS_TEST_DIR)
  *
  * If GS_TEST_WAIT_FILE is set, a successful mode waits (at most 60 s) for
  * that file to exist before gs_shutdown, so a test can inspect the live
@@ -53,12 +59,16 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define WAIT_MS 60000 /* one op never takes this long on a healthy job */
@@ -1596,15 +1606,226 @@ static int mode_kv(gs_ctx *ctx) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: gs-test-worker ops [ROUNDS] | random-order [SEED] | mismatch |\n"
-                  "                      hold MS | hold-file PATH | join | exit-code RANK CODE | "
-                  "mismatch-all |\n"
-                  "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
-                  "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
-                  "                      join-steps STEPS | duplicate | model-diff N |\n"
-                  "                      early-leave N | pending-limit L | allgather-overflow |\n"
-                  "                      kv\n");
+  fprintf(
+      stderr,
+      "usage: gs-test-worker ops [ROUNDS] | random-order [SEED] | mismatch |\n"
+      "                      hold MS | hold-file PATH | join | exit-code RANK CODE | "
+      "mismatch-all |\n"
+      "                      fusion N COUNT STEPS | workload PATH STEPS |\n"
+      "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
+      "                      join-steps STEPS | duplicate | model-diff N |\n"
+      "                      early-leave N | pending-limit L | allgather-overflow | fork STEPS |\n"
+      "                      kv\n");
   exit(2);
+}
+
+/* ---- mode: fork ----------------------------------------------------------------- */
+
+/* Rank 0 forks after some steps, with one op completed and one in flight
+ * (rank 1 submits it only once the children are done: a mark in
+ * GS_TEST_DIR), while one of its threads waits on that op and another
+ * keeps taking the context's lock (gs_test, gs_get_stats). In each child
+ * every call on the parent's context must fail at once with GS_ERR_FORKED
+ * naming the rank, the host and both processes, the completed op must
+ * still read, and the child exits 0; the parent's job must go on with the
+ * right values and shut down cleanly. */
+
+#define FORK_N 64
+#define FORK_CHILDREN 12 /* the first prints its errors; the rest race the lock */
+
+static float fork_expect(int step, size_t j) {
+  float want = 0;
+  for (int r = 0; r < g_size; r++) want += (float)((r + 1) * (step + 1)) + (float)j;
+  return want;
+}
+
+static void fork_step(gs_ctx *ctx, const char *name, int step, float *buf, gs_handle **keep) {
+  float send[FORK_N];
+  for (size_t j = 0; j < FORK_N; j++) send[j] = (float)((g_rank + 1) * (step + 1)) + (float)j;
+  gs_handle *h = NULL;
+  submitted_or_die(ctx,
+                   gs_allreduce_async(ctx, name, send, buf, FORK_N, GS_FLOAT32, GS_SUM, NULL, &h),
+                   name, "gs_allreduce_async");
+  wait_ok(h, name);
+  for (size_t j = 0; j < FORK_N; j++)
+    if (buf[j] != fork_expect(step, j))
+      wu_die("tensor '%s' (step %d): element %zu: got %g, expected %g", name, step, j, buf[j],
+             fork_expect(step, j));
+  if (keep)
+    *keep = h;
+  else
+    gs_handle_free(h);
+}
+
+/* In the child: s and the thread's last error must be the fork error of
+ * call (and tensor). Returns 1 when not. */
+static int fork_check(gs_ctx *ctx, gs_status s, const char *call, const char *tname, pid_t parent,
+                      int verbose) {
+  const char *msg = gs_last_error(ctx);
+  char host[256], want[512];
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+  snprintf(want, sizeof want,
+           "rank %d (host %s): this gradsync context was made by process %d before a fork; "
+           "process %d (a forked child) cannot use it: call gradsync only from the process that "
+           "called gs_init",
+           g_rank, host, (int)parent, (int)getpid());
+  int bad = s != GS_ERR_FORKED || !strstr(msg, want) || strncmp(msg, call, strlen(call)) != 0;
+  if (tname) {
+    char t[200];
+    snprintf(t, sizeof t, "(tensor '%s')", tname);
+    bad |= !strstr(msg, t);
+  }
+  if (verbose || bad)
+    printf("fork-child: %s%s: %s: %s\n", bad ? "FAIL: " : "", call, wu_status_name(s), msg);
+  return bad;
+}
+
+static void fork_child(gs_ctx *ctx, gs_handle *pending, gs_handle *done, const float *done_buf,
+                       pid_t parent, int verbose) {
+  alarm(60); /* hang guard: a call that hangs kills the child, the parent sees it */
+  int bad = 0;
+  float x[4] = {1, 2, 3, 4};
+  gs_handle *h = NULL;
+  bad |=
+      fork_check(ctx, gs_allreduce_async(ctx, "fork/child", x, x, 4, GS_FLOAT32, GS_SUM, NULL, &h),
+                 "gs_allreduce", "fork/child", parent, verbose);
+  bad |= h != NULL;
+  bad |= fork_check(ctx, gs_wait(pending, -1), "gs_wait", "fork/inflight", parent, verbose);
+  int d = 1;
+  bad |= fork_check(ctx, gs_test(pending, &d), "gs_test", "fork/inflight", parent, verbose);
+  bad |= d != 0;
+  size_t idx = 7;
+  bad |= fork_check(ctx, gs_wait_any(&pending, 1, 1000, &idx), "gs_wait_any", "fork/inflight",
+                    parent, verbose);
+  bad |= idx != 7;
+  bad |= fork_check(ctx, gs_barrier(ctx), "gs_barrier", NULL, parent, verbose);
+  bad |= fork_check(ctx, gs_join(ctx, NULL), "gs_join", NULL, parent, verbose);
+  bad |= fork_check(ctx, gs_register_local(ctx, "fork/local"), "gs_register_local", "fork/local",
+                    parent, verbose);
+  bad |= fork_check(ctx, gs_kv_set(ctx, "fork/key", "v", 1), "gs_kv_set", NULL, parent, verbose);
+  gs_stats st;
+  gs_stats_init(&st);
+  bad |= fork_check(ctx, gs_get_stats(ctx, &st), "gs_get_stats", NULL, parent, verbose);
+  /* completed before the fork: readable, as after gs_shutdown */
+  gs_status s = gs_wait(done, -1);
+  if (s != GS_OK || done_buf[0] != fork_expect(99, 0)) {
+    printf("fork-child: FAIL: gs_wait on the op completed before the fork: %s, value %g\n",
+           wu_status_name(s), done_buf[0]);
+    bad = 1;
+  } else if (verbose) {
+    printf("fork-child: gs_wait on the op completed before the fork: GS_OK, values ok\n");
+  }
+  bad |= fork_check(ctx, gs_shutdown(ctx), "gs_shutdown", NULL, parent, verbose);
+  fflush(stdout);
+  _exit(bad ? 1 : 0); /* the parent's atexit handlers are not the child's */
+}
+
+typedef struct fork_hammer {
+  gs_ctx *ctx;
+  gs_handle *h;
+  atomic_int stop;
+  gs_status wait_status;
+} fork_hammer;
+
+static void *fork_waiter_main(void *arg) {
+  fork_hammer *f = arg;
+  f->wait_status = gs_wait(f->h, -1); /* inside a wait when rank 0 forks */
+  return NULL;
+}
+
+static void *fork_locker_main(void *arg) {
+  fork_hammer *f = arg;
+  while (!atomic_load(&f->stop)) { /* takes ctx->mu over and over */
+    int d;
+    gs_test(f->h, &d);
+    gs_stats st;
+    gs_stats_init(&st);
+    gs_get_stats(f->ctx, &st);
+  }
+  return NULL;
+}
+
+static int mode_fork(gs_ctx *ctx, int steps) {
+  const char *dir = getenv("GS_TEST_DIR");
+  if (!dir || !*dir) wu_die("GS_TEST_DIR is not set");
+  char mark[600];
+  snprintf(mark, sizeof mark, "%s/fork-children-done", dir);
+  float buf[FORK_N], done_buf[FORK_N], inflight[FORK_N];
+  for (int s = 0; s < steps; s++) fork_step(ctx, "fork/step", s, buf, NULL);
+  gs_handle *done = NULL;
+  fork_step(ctx, "fork/done", 99, done_buf, &done);
+
+  float send[FORK_N];
+  for (size_t j = 0; j < FORK_N; j++) send[j] = (float)((g_rank + 1) * 101) + (float)j;
+  gs_handle *pending = NULL;
+  if (g_rank != 0) { /* the op stays pending on rank 0 until its children are done */
+    for (int i = 0; access(mark, F_OK) != 0; i++) {
+      if (i == 6000) wu_die("%s did not appear within 60 s", mark);
+      sleep_ms(10);
+    }
+    submitted_or_die(ctx,
+                     gs_allreduce_async(ctx, "fork/inflight", send, inflight, FORK_N, GS_FLOAT32,
+                                        GS_SUM, NULL, &pending),
+                     "fork/inflight", "gs_allreduce_async");
+  } else {
+    submitted_or_die(ctx,
+                     gs_allreduce_async(ctx, "fork/inflight", send, inflight, FORK_N, GS_FLOAT32,
+                                        GS_SUM, NULL, &pending),
+                     "fork/inflight", "gs_allreduce_async");
+    fork_hammer f = {.ctx = ctx, .h = pending};
+    atomic_init(&f.stop, 0);
+    pthread_t waiter, locker;
+    if (pthread_create(&waiter, NULL, fork_waiter_main, &f) != 0) wu_die("pthread_create");
+    sleep_ms(50); /* into its wait (not needed for the checks: the children's calls
+                     must fail however the parent's threads stand) */
+    if (pthread_create(&locker, NULL, fork_locker_main, &f) != 0) wu_die("pthread_create");
+    pid_t parent = getpid();
+    for (int c = 0; c < FORK_CHILDREN; c++) {
+      pid_t pid = fork();
+      if (pid < 0) wu_die("fork: %s", strerror(errno));
+      if (pid == 0) fork_child(ctx, pending, done, done_buf, parent, c == 0);
+      int status = 0;
+      pid_t got = 0;
+      for (int i = 0; (got = waitpid(pid, &status, WNOHANG)) == 0; i++) {
+        if (i == 9000) { /* the child's own alarm is at 60 s */
+          kill(pid, SIGKILL);
+          waitpid(pid, &status, 0);
+          wu_die("fork child %d (pid %d) did not exit within 90 s", c, (int)pid);
+        }
+        sleep_ms(10);
+      }
+      if (got != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        wu_die("fork child %d (pid %d) failed: %s %d", c, (int)pid,
+               WIFSIGNALED(status) ? "signal" : "exit status",
+               WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    }
+    atomic_store(&f.stop, 1);
+    pthread_join(locker, NULL);
+    printf("fork: rank 0: %d children got GS_ERR_FORKED from every call and exited 0\n",
+           FORK_CHILDREN);
+    FILE *m = fopen(mark, "w");
+    if (!m) wu_die("cannot create %s: %s", mark, strerror(errno));
+    fclose(m);
+    pthread_join(waiter, NULL);
+    if (f.wait_status != GS_OK)
+      wu_die("tensor 'fork/inflight': the parent's gs_wait: %s: %s", wu_status_name(f.wait_status),
+             gs_handle_error(pending));
+  }
+  wait_ok(pending, "fork/inflight");
+  for (size_t j = 0; j < FORK_N; j++) {
+    float want = 0;
+    for (int r = 0; r < g_size; r++) want += (float)((r + 1) * 101) + (float)j;
+    if (inflight[j] != want)
+      wu_die("tensor 'fork/inflight': element %zu: got %g, expected %g", j, inflight[j], want);
+  }
+  gs_handle_free(pending);
+  gs_handle_free(done);
+  /* rank 1 submitted the op after it saw the mark: no one reads it again */
+  if (g_rank == 0) unlink(mark);
+  for (int s = 0; s < steps; s++) fork_step(ctx, "fork/step", steps + s, buf, NULL);
+  printf("fork: rank %d: %d steps after the fork ok\n", g_rank, steps);
+  printf("fork: passed (rank %d of %d)\n", g_rank, g_size);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -1722,6 +1943,11 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "kv") == 0) {
     gs_ctx *ctx = join_or_die();
     rc = mode_kv(ctx);
+    shutdown_or_die(ctx);
+  } else if (strcmp(mode, "fork") == 0) {
+    if (argc != 3 || atoi(argv[2]) < 1) usage();
+    gs_ctx *ctx = join_or_die();
+    rc = mode_fork(ctx, atoi(argv[2]));
     shutdown_or_die(ctx);
   } else if (strcmp(mode, "pending-limit") == 0) {
     if (argc != 3 || atoi(argv[2]) < 1) usage();

@@ -76,6 +76,7 @@ const char *wu_status_name(gs_status s) {
       "GS_ERR_INTERNAL",
       "GS_ERR_UNAUTHENTICATED",
       "GS_ERR_ALREADY_JOINED",
+      "GS_ERR_FORKED",
   };
   if ((unsigned)s < sizeof names / sizeof names[0]) return names[s];
   return "GS_ERR_<unknown>";

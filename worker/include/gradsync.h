@@ -72,6 +72,7 @@ typedef enum gs_status {
   GS_ERR_INTERNAL = 16,
   GS_ERR_UNAUTHENTICATED = 17, /* wrong or missing GRADSYNC_JOB_TOKEN */
   GS_ERR_ALREADY_JOINED = 18,  /* another process joined as this rank */
+  GS_ERR_FORKED = 19,          /* the context was made in the parent of a fork */
 } gs_status;
 
 typedef enum gs_dtype {
@@ -159,7 +160,28 @@ GS_API gs_status gs_init(const gs_options *opts, gs_ctx **out);
  * gs_test and gs_handle_error on it still work and return at once, and the
  * caller frees it with gs_handle_free as usual. Other ranks' later ops fail
  * with GS_ERR_SHUTDOWN naming this rank. No other call may use ctx
- * concurrently or afterwards. gs_shutdown(NULL) is a no-op. */
+ * concurrently or afterwards. gs_shutdown(NULL) is a no-op.
+ *
+ * fork: a context belongs to the process that called gs_init. A child
+ * forked after gs_init (a data-loader worker, os.fork(), fork without exec)
+ * has a copy of it without the library's threads and with the parent's
+ * connections, so in the child every call that takes the context, or a
+ * handle of it that is still pending, fails at once with GS_ERR_FORKED and
+ * a message naming the rank, the host, both processes and what to do:
+ * submissions, gs_startall/gs_start, gs_barrier, gs_join, gs_wait,
+ * gs_wait_any(_passive) and gs_test on a pending op, gs_register_local,
+ * gs_unregister_local, gs_broadcast_parameters, the aggregator calls,
+ * gs_get_stats, gs_kv_set/get (gs_is_local answers 0), and gs_shutdown,
+ * which locks nothing, joins nothing, sends nothing and frees nothing: the
+ * child's copy of the context (and of its pending handles) is leaked on
+ * purpose, since the parent's threads own the originals. Nothing the child
+ * does reaches the parent's job. Handles that completed before the fork
+ * stay readable in the child as after gs_shutdown (gs_wait, gs_test,
+ * gs_handle_error, gs_handle_result and the like return what they hold:
+ * plain memory), and gs_handle_free works; gs_rank, gs_size and friends
+ * still answer. Detection is a pthread_atfork child handler installed at
+ * the first gs_init (a child made without fork(), by a raw clone or vfork
+ * without exec, is not detected). The parent is unaffected and goes on. */
 GS_API gs_status gs_shutdown(gs_ctx *ctx);
 
 GS_API int gs_rank(const gs_ctx *ctx);
