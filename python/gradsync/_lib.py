@@ -31,6 +31,7 @@ GS_ERR_MISMATCH = 4
 GS_ERR_DUPLICATE_NAME = 5
 GS_ERR_SHUTDOWN = 12
 GS_ERR_UNSUPPORTED = 15
+GS_ERR_FORKED = 19  # the context was made in the parent of a fork
 
 GS_FLOAT32, GS_FLOAT64, GS_FLOAT16, GS_BFLOAT16 = 0, 1, 2, 3
 GS_INT32, GS_INT64, GS_INT8, GS_UINT8, GS_INT16 = 4, 5, 6, 7, 8
@@ -312,6 +313,8 @@ PY_PHRASES = (
     ("gs_shutdown was called while this op was in flight",
      "shutdown() was called while this op was in flight"),
     ("GRADSYNC_SIZE (or gs_options), ", "GRADSYNC_SIZE, "),
+    ("the process that called gs_init (fork before gs_init, or",
+     "the process that called init() (fork before init(), or"),
 )
 
 # The same for gradsyncd's texts that reach the ranks (in gradsyncd, not in

@@ -636,6 +636,84 @@ def mode_left():
         check(want in str(e), "rank 1 left: %r" % str(e))
 
 
+def mode_fork():
+    """Rank 0 calls os.fork() after some steps, with an op in flight (rank 1
+    submits it only after rank 0's child exited) and one finished: in the
+    child, hvd.allreduce, hvd.synchronize on the pending op and hvd.barrier
+    raise HorovodInternalError at the call with the library's text (rank,
+    host, both pids), synchronize on the finished op returns its result and
+    hvd.shutdown() returns; the child exits 0. The parent's job goes on with
+    the right values."""
+    import signal
+    import socket
+
+    r, n = hvd.rank(), hvd.size()
+
+    def step(s):
+        got = hvd.allreduce(torch.full((4,), float(r + s)), op=hvd.Sum, name="fork.step")
+        same(got, torch.full((4,), float(sum(q + s for q in range(n)))), "step %d" % s)
+
+    for s in range(3):
+        step(s)
+    done = hvd.allreduce_async(torch.full((2,), float(r + 1)), op=hvd.Sum, name="fork.done")
+    while not hvd.poll(done):
+        time.sleep(0.01)
+    want_inflight = torch.full((3,), float(sum(q + 100 for q in range(n))))
+    if r == 0:
+        h = hvd.allreduce_async(torch.full((3,), float(r + 100)), op=hvd.Sum, name="fork.inflight")
+        parent = os.getpid()
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                signal.alarm(60)  # hang guard: a hang kills the child, the parent sees it
+                want = ("rank 0 (host %s): this gradsync context was made by process %d before "
+                        "a fork; process %d (a forked child) cannot use it: call gradsync only "
+                        "from the process that called init() (fork before init()" %
+                        (socket.gethostname(), parent, os.getpid()))
+                calls = (("allreduce", "allreduce() (tensor 'allreduce.fork.child'): ",
+                          lambda: hvd.allreduce(torch.ones(2), name="fork.child")),
+                         ("synchronize", "synchronize() (tensor 'allreduce.fork.inflight'): ",
+                          lambda: hvd.synchronize(h)),
+                         ("barrier", "barrier(): ", hvd.barrier))
+                for what, head, call in calls:
+                    try:
+                        call()
+                        print("fork-child: FAIL: %s did not raise" % what, flush=True)
+                        code = 1
+                    except hvd.HorovodInternalError as e:
+                        if not str(e).startswith(head) or want not in str(e):
+                            print("fork-child: FAIL: %s: %r" % (what, str(e)), flush=True)
+                            code = 1
+                        print("fork-child: %s raised HorovodInternalError: %s" % (what, e),
+                              flush=True)
+                got = hvd.synchronize(done)
+                if not torch.equal(got, torch.full((2,), float(sum(q + 1 for q in range(n))))):
+                    print("fork-child: FAIL: finished op read %s" % got, flush=True)
+                    code = 1
+                hvd.shutdown()
+                print("fork-child: synchronize on the finished op ok; shutdown() returned",
+                      flush=True)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)  # the child's alarm bounds it
+        check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+              "fork child: status %#x" % status)
+        hvd.broadcast_object(True, root_rank=0, name="fork.go")
+        same(hvd.synchronize(h), want_inflight, "the parent's op in flight at the fork")
+    else:
+        check(hvd.broadcast_object(None, root_rank=0, name="fork.go") is True, "go")
+        same(hvd.allreduce(torch.full((3,), float(r + 100)), op=hvd.Sum, name="fork.inflight"),
+             want_inflight, "fork.inflight")
+    hvd.synchronize(done)
+    for s in range(3, 6):
+        step(s)
+
+
 def mode_ddp_deadlock():
     """DDP: rank 1 stops doing backward at step 2 and waits on another
     tensor; rank 0's backward() must raise, not hang."""

@@ -1,7 +1,8 @@
 """Failures surface as exceptions, never hangs: a desynced rank (rank 0
 waits on one tensor, the others on another) gets every rank an exception
 naming both tensors within seconds while the ranks wait in Python
-(synchronize); under DDP the same desync raises from backward()."""
+(synchronize); under DDP the same desync raises from backward(); a forked
+child's collectives raise at the call."""
 
 import re
 
@@ -35,6 +36,26 @@ def test_no_false_deadlock_while_computing_past_pending_ops():
                     env={"GRADSYNC_DEADLOCK_TIME_MS": "1000"})
     expect_ok(job, 2, "compute_past_pending: ok")
     assert "deadlock: " not in job.out.lower(), job.out
+
+
+def test_fork_child_raises_at_the_call_and_the_parent_goes_on():
+    """os.fork() after hvd.init() on rank 0 with an op in flight: the
+    child's collectives raise HorovodInternalError with the library's fork
+    text at the call (no hang), and the parent's job finishes with the
+    right values."""
+    job = run_ranks(2, "fork", timeout=180)
+    expect_ok(job, 2, "fork: ok")
+    lines = job.lines(0)
+    for what, head in (("allreduce", "allreduce() (tensor 'allreduce.fork.child'): rank 0"),
+                       ("synchronize", "synchronize() (tensor 'allreduce.fork.inflight'): rank 0"),
+                       ("barrier", "barrier(): rank 0")):
+        line = [l for l in lines
+                if l.startswith("fork-child: %s raised HorovodInternalError: %s" % (what, head))]
+        assert line, job.out
+        assert "this gradsync context was made by process " in line[0], line[0]
+        assert "(a forked child) cannot use it" in line[0], line[0]
+    assert "fork-child: synchronize on the finished op ok; shutdown() returned" in lines, job.out
+    assert "FAIL" not in job.out, job.out
 
 
 def test_a_rank_that_left_is_named_with_the_python_call():

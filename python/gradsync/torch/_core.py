@@ -24,6 +24,15 @@ Ownership and threads:
   PersistentAllreduce object, never by an _Op: the completer sees it only
   when the object is freed while the op is active, as an _Op released by
   its own callback (freed, its tensors dropped, once the op completes).
+- fork: a child forked after init() (os.fork(), a fork-started data-loader
+  worker) has a copy of the context without the library's threads or this
+  module's completer. The library answers every call on it there with
+  GS_ERR_FORKED (gradsync.h): collectives raise HorovodInternalError with
+  its text at the call, and so does synchronize() on an op still pending at
+  the fork (an op finished before it still returns its result). The child
+  gets a fresh `_mu` (a parent's thread may have held it at the fork) and
+  no completer; shutdown() there forgets the context without leaving the
+  parent's job, and the interpreter's exit does nothing (_at_exit).
 """
 
 import atexit
@@ -72,6 +81,15 @@ def last_error():
     return _lib.error_text(lib.gs_last_error(_state.ctx))
 
 
+def raise_if_forked(st, call):
+    """st of a gs_test or wait: GS_ERR_FORKED (this process is a fork of the
+    one that called init(), and the op was pending at the fork) raises the
+    library's text at once, naming the Python call that waited."""
+    if st == _lib.GS_ERR_FORKED:
+        head, _, rest = last_error().partition(" ")
+        raise HorovodInternalError(call + " " + rest if head.endswith("()") else head + rest)
+
+
 def raise_submit_error(st, what):
     """An error returned at the call: bad arguments and duplicate names are
     ValueError (as Horovod's), the job's failure HorovodInternalError."""
@@ -105,10 +123,11 @@ class _Op:
         self.released = False
         self.freed = False
 
-    def all_done(self, passive):
+    def all_done(self, passive, call="poll()"):
         """Every C handle completed. passive (the completer): the check does
         not count as the application waiting on the op; otherwise (poll,
-        synchronize) it does, as gs_test."""
+        synchronize) it does, as gs_test, and in a forked child raises
+        naming call."""
         if passive:
             for h in self.handles:
                 one = (ctypes.c_void_p * 1)(h)
@@ -119,17 +138,17 @@ class _Op:
             return True
         done = ctypes.c_int(0)
         for h in self.handles:
-            lib.gs_test(h, ctypes.byref(done))
+            raise_if_forked(lib.gs_test(h, ctypes.byref(done)), call)
             if not done.value:
                 return False
         return True
 
-    def try_complete(self, passive=False):
+    def try_complete(self, passive=False, call="poll()"):
         """Finishes the op if every C handle completed; True when finished.
         The caller has the op pinned."""
         if self.finished:
             return True
-        if not self.all_done(passive):
+        if not self.all_done(passive, call):
             return False
         with self.lock:
             if self.finished:
@@ -263,10 +282,10 @@ def wait(op):
     raises its error. Does not release the op."""
     pin([op])
     try:
-        while not op.try_complete():
+        while not op.try_complete(call="synchronize()"):
             for h in op.handles:
                 done = ctypes.c_int(0)
-                lib.gs_test(h, ctypes.byref(done))
+                raise_if_forked(lib.gs_test(h, ctypes.byref(done)), "synchronize()")
                 if not done.value:
                     lib.gs_wait(h, WAIT_SLICE_MS)
                     break
@@ -334,5 +353,15 @@ def _at_exit():
         shutdown_ctx()
 
 
+def _after_fork_in_child():
+    # This process is a fork of the one that called init(): none of its
+    # other threads exist here, and one of them may have held _mu (the
+    # completer pins ops under it) or the completer's lock.
+    global _mu, _completer
+    _mu = threading.Lock()
+    _completer = None
+
+
 _init_pid = [os.getpid()]
 atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

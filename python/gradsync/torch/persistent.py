@@ -43,10 +43,11 @@ class _State:
         self.freed = False
 
 
-def _done(h):
-    """The application's test (gs_test: counts as waiting on the op)."""
+def _done(h, call):
+    """The application's test (gs_test: counts as waiting on the op); in a
+    forked child an active op raises, naming call."""
     done = ctypes.c_int(0)
-    lib.gs_test(h, ctypes.byref(done))
+    _core.raise_if_forked(lib.gs_test(h, ctypes.byref(done)), call)
     return bool(done.value)
 
 
@@ -130,14 +131,14 @@ class PersistentAllreduce:
 
     def test(self):
         """True when the op is not active (completed, or never started)."""
-        return _done(self._handle())
+        return _done(self._handle(), "test()")
 
     def wait(self):
         """Waits for the op in bounded slices (Ctrl-C works) and returns the
         output tensor; raises HorovodInternalError with gradsync's text when
         it failed. An op not active returns at once (its last status)."""
         h = self._handle()
-        while not _done(h):
+        while not _done(h, "wait()"):
             lib.gs_wait(h, _core.WAIT_SLICE_MS)
         st = lib.gs_wait(h, 0)
         if st != _lib.GS_OK:
@@ -148,7 +149,7 @@ class PersistentAllreduce:
     def error(self):
         """The last start's error text ("" when it succeeded or is running)."""
         h = self._handle()
-        if not _done(h):
+        if not _done(h, "error()"):
             return ""
         return _lib.error_text(lib.gs_handle_error(h))
 
