@@ -156,10 +156,18 @@ void proc_test_end(void) {
   g_nprocs = 0;
   if (g_dir[0] != '\0') {
     if (getenv("GS_TEST_KEEP") == NULL) {
-      char path[512];
-      snprintf(path, sizeof path, "%s/release", g_dir);
-      unlink(path);
-      rmdir(g_dir);
+      /* Whatever the test and its ranks wrote there (release, marker
+       * files, a timeline): files only, so one level. */
+      DIR *d = opendir(g_dir);
+      struct dirent *e;
+      while (d != NULL && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", g_dir, e->d_name);
+        unlink(path);
+      }
+      if (d != NULL) closedir(d);
+      if (rmdir(g_dir) != 0) fprintf(stderr, "proc: rmdir %s: %s\n", g_dir, strerror(errno));
     } else {
       fprintf(stderr, "proc: outputs kept in %s\n", g_dir);
     }
