@@ -172,8 +172,13 @@ void gs__handles_complete_ok_unref(gs_ctx *ctx, struct gs_handle *const *hs, siz
 
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
   pthread_mutex_lock(&ctx->mu);
-  complete_locked(ctx, h, status, msg);
+  complete_quiet_locked(ctx, h, status, msg, 0, 0);
   pthread_mutex_unlock(&ctx->mu);
+  pthread_cond_broadcast(&ctx->cv); /* after unlocking: see gs__handles_complete_ok_unref */
+}
+
+void gs__handle_complete_ok_locked(gs_ctx *ctx, struct gs_handle *h) {
+  complete_quiet_locked(ctx, h, GS_OK, NULL, 0, 0);
 }
 
 void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg) {

@@ -870,11 +870,16 @@ void gs__fast_round(gs_ctx *ctx) {
     round_failed(ctx, st, k, rc, err, st->common, ncommon, v[1] ? barrier : NULL);
     return;
   }
-  /* The oldest barrier: every rank had one pending. */
-  if (v[1]) gs__handle_complete(ctx, barrier, GS_OK, NULL);
   GS_TRACE(GS__TR_FAST_END, k, 0);
+  /* The oldest barrier (every rank had one pending) completes with the
+   * round's end in one critical section, and its waiter is woken last,
+   * after unlocking: on a cpu shared with the exec thread the woken
+   * thread runs at once, and would otherwise find mu held (one more
+   * sleep and wake-up each way) or the round still owing its end. */
   pthread_mutex_lock(&ctx->mu);
+  if (v[1]) gs__handle_complete_ok_locked(ctx, barrier);
   ctx->fast_in_round = 0;
   release_held_locked(st);
   pthread_mutex_unlock(&ctx->mu);
+  if (v[1]) pthread_cond_broadcast(&ctx->cv);
 }

@@ -538,6 +538,9 @@ void *gs__executor_main(void *arg);
 void gs__plan_done_locked(gs_ctx *ctx, uint64_t seq);
 /* Completes h with status and message (NULL = success); takes ctx->mu. */
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg);
+/* Caller holds ctx->mu: h completes with GS_OK, and the caller wakes the
+ * waiting threads (pthread_cond_broadcast of ctx->cv) after unlocking. */
+void gs__handle_complete_ok_locked(gs_ctx *ctx, struct gs_handle *h);
 /* Completes the n handles of hs with success (NULL entries skipped) under
  * one lock and one wake-up of the waiting threads; takes ctx->mu. The
  * handles may be freed by the time it returns. */
