@@ -10,7 +10,8 @@
 #     blocks are no-access to memcheck), and a mismatch error. A job passes
 #     when gradsync-run exits 0, every rank printed "fast: passed", and
 #     valgrind wrote nothing (one log per process, --log-file).
-# About 25 s on 2 cores.
+# About 3 minutes on 2 cores (167 s in CI on 2026-12-02, over the
+# RelWithDebInfo build).
 set -euo pipefail
 dir=${1:-build}
 supp="$(cd "$(dirname "$0")" && pwd)/valgrind.supp"
