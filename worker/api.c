@@ -1312,10 +1312,7 @@ gs_status gs_register_local(gs_ctx *ctx, const char *name) {
   pthread_mutex_lock(&ctx->mu);
   gs__local *l = NULL;
   HASH_FIND_STR(ctx->locals, name, l);
-  size_t len = strlen(name);
-  unsigned hv;
-  HASH_VALUE(name, len, hv);
-  struct gs_handle *busy = gs__inflight_find_locked(ctx, name, len, hv, NULL);
+  struct gs_handle *busy = gs__inflight_find_str_locked(ctx, name);
   if (busy) {
     st = gs__set_error(GS_ERR_INVALID_ARG,
                        "gs_register_local: tensor '%s' has an op in flight on rank %d; register "

@@ -224,14 +224,6 @@ void gs__ctx_abort_backends(gs_ctx *ctx) {
     if (ctx->backends[d]) ctx->backends[d]->v->abort(ctx->backends[d]);
 }
 
-/* The op in flight of a NUL-terminated name (caller holds ctx->mu). */
-static struct gs_handle *inflight_find_str_locked(gs_ctx *ctx, const char *name) {
-  size_t len = strlen(name);
-  unsigned hv;
-  HASH_VALUE(name, len, hv);
-  return gs__inflight_find_locked(ctx, name, len, hv, NULL);
-}
-
 /* Forgets a cache entry (caller holds ctx->mu, or no other thread runs);
  * its op in flight, if any, goes to ctx->inflight (its name has no entry
  * any more). */
@@ -385,7 +377,7 @@ static void queue_plan(gs_ctx *ctx, gs__plan *plan) {
       struct gs_handle *h = NULL;
       if (t->cache_id) /* also when this rank holds none */
         gs__live_add_locked(ctx, t->cache_id, &n->plan.responses[i], t);
-      h = inflight_find_str_locked(ctx, t->name);
+      h = gs__inflight_find_str_locked(ctx, t->name);
       if (!h) continue;
       atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed); /* the node's */
       n->ops[j] = h;
@@ -468,7 +460,7 @@ static int on_message(gs_ctx *ctx, gs__plan_msg *m) {
     return 0;
   case GS__MSG_RANK_ERROR: {
     pthread_mutex_lock(&ctx->mu);
-    struct gs_handle *h = inflight_find_str_locked(ctx, m->name);
+    struct gs_handle *h = gs__inflight_find_str_locked(ctx, m->name);
     if (h) complete_locked(ctx, h, (gs_status)m->status, m->text ? m->text : "");
     pthread_mutex_unlock(&ctx->mu);
     return 0;

@@ -618,6 +618,14 @@ static inline struct gs_handle *gs__inflight_find_locked(gs_ctx *ctx, const char
   HASH_FIND_BYHASHVALUE(hh, ctx->inflight, name, len, hashv, h);
   return h;
 }
+/* The same for a NUL-terminated name, hashed here (the comm thread's plan
+ * and error lookups, gs_register_local). */
+static inline struct gs_handle *gs__inflight_find_str_locked(gs_ctx *ctx, const char *name) {
+  size_t len = strlen(name);
+  unsigned hv;
+  HASH_VALUE(name, len, hv);
+  return gs__inflight_find_locked(ctx, name, len, hv, NULL);
+}
 /* Lists h (hh.hashv and hh.keylen set; no op of its name in flight) in
  * entry, its name's cache entry as gs__inflight_find_locked gave it, or in
  * ctx->inflight when entry is NULL. */

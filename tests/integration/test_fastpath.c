@@ -170,6 +170,17 @@ static void test_timed_waits_np2(void **state) {
   steps_world(2, "timed");
 }
 
+/* The number rank r printed right after prefix ("fast: rank 0 timeouts="),
+ * or -1 when it printed no such line. */
+static int output_count(job *w, int r, const char *prefix) {
+  char *out = proc_output(w->ranks[r]);
+  char *line = strstr(out, prefix);
+  int n = -1;
+  if (line && sscanf(line + strlen(prefix), "%d", &n) != 1) n = -1;
+  free(out);
+  return n;
+}
+
 /* gs_wait(h, 1) in a loop while the rounds wait for the last rank (it
  * submits each step 10 ms late, while the others' exec threads yield-spin
  * after their rounds, executor.c): each wait must time out no earlier than
@@ -182,11 +193,7 @@ static void test_short_timed_waits_np3(void **state) {
   start_world(&w, 3, NULL, args);
   expect_passed(&w);
   for (int s = 3; s <= 6; s++) expect_fast_step_ex(&w, s, STEP_OPS, s == 6);
-  char *out = proc_output(w.ranks[0]);
-  int timeouts = -1;
-  char *line = strstr(out, "fast: rank 0 short timeouts=");
-  if (line) sscanf(line, "fast: rank 0 short timeouts=%d", &timeouts);
-  free(out);
+  int timeouts = output_count(&w, 0, "fast: rank 0 short timeouts=");
   if (timeouts < 6)
     job_fail("rank 0: %d timed-out gs_wait(h, 1) over 6 steps; expected at least 6 (the last "
              "rank submits each step 10 ms late)",
@@ -888,11 +895,7 @@ static void test_wait_timeout_mid_round_np2(void **state) {
   start_world(&w, 2, NULL, args);
   expect_passed(&w);
   for (int s = 3; s <= 8; s++) expect_fast_step_ex(&w, s, STEP_OPS, s == 8);
-  char *out = proc_output(w.ranks[0]);
-  int timeouts = -1;
-  char *line = strstr(out, "fast: rank 0 timeouts=");
-  if (line) sscanf(line, "fast: rank 0 timeouts=%d", &timeouts);
-  free(out);
+  int timeouts = output_count(&w, 0, "fast: rank 0 timeouts=");
   if (timeouts < 6)
     job_fail("rank 0: %d timed-out waits over 6 steps; expected at least 6", timeouts);
   job_stop_coordinator(&w);
