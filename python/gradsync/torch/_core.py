@@ -86,8 +86,9 @@ def raise_if_forked(st, call):
     one that called init(), and the op was pending at the fork) raises the
     library's text at once, naming the Python call that waited."""
     if st == _lib.GS_ERR_FORKED:
-        head, _, rest = last_error().partition(" ")
-        raise HorovodInternalError(call + " " + rest if head.endswith("()") else head + rest)
+        msg = last_error()
+        head, sep, rest = msg.partition(" ")
+        raise HorovodInternalError(call + sep + rest if head.endswith("()") else msg)
 
 
 def raise_submit_error(st, what):
