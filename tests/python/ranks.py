@@ -598,6 +598,39 @@ def mode_compute_past_pending():
     print("compute_past_pending: rank %d done" % r, flush=True)
 
 
+def mode_process_sets():
+    """After init(): the global set's size/rank/ranks are the job's;
+    ProcessSet([1]) stays unregistered (size()/rank() None) while
+    included() says whether this rank is 1; a collective refuses it and the
+    job goes on; after shutdown() the global set's ranks are [] again."""
+    n, r = hvd.size(), hvd.rank()
+    g = hvd.global_process_set
+    check((g.size(), g.rank(), g.ranks, g.included()) == (n, r, list(range(n)), True),
+          "global set: %r %r %r %r" % (g.size(), g.rank(), g.ranks, g.included()))
+    check(repr(g) == "ProcessSet(process_set_id=0, ranks=%r)" % (list(range(n)),), repr(g))
+    one = hvd.ProcessSet([1])
+    check((one.size(), one.rank(), one.process_set_id) == (None, None, None),
+          "ProcessSet([1]): %r %r %r" % (one.size(), one.rank(), one.process_set_id))
+    check(one.included() is (r == 1), "ProcessSet([1]).included() on rank %d: %r"
+          % (r, one.included()))
+    try:
+        hvd.allreduce(torch.ones(2), name="ps", process_set=one)
+        check(False, "allreduce on ProcessSet([1]) was accepted")
+    except NotImplementedError as e:
+        check("process sets other than the global one" in str(e), str(e))
+    s = hvd.allreduce(torch.ones(2), name="ps", op=hvd.Sum)
+    same(s, torch.full((2,), float(n)), "allreduce after the refused one")
+    hvd.shutdown()
+    check(g.ranks == [] and repr(g) == "ProcessSet(process_set_id=0, ranks=[])",
+          "global set after shutdown: %r" % (g,))
+    try:
+        one.included()
+        check(False, "included() after shutdown answered")
+    except ValueError as e:
+        check("has not been initialized" in str(e), str(e))
+    return 7
+
+
 def mode_mismatch():
     r = hvd.rank()
     try:

@@ -24,3 +24,10 @@ def test_mismatch_raises_runtime_error_on_every_rank():
     for r in range(2):
         assert any("tensor 'allreduce.shape': mismatched shapes: ranks [0] sent [3], "
                    "ranks [1] sent [4]" in l for l in job.lines(r)), job.out
+
+
+def test_process_sets_np2():
+    """The values of the global set and of an unregistered ProcessSet([1])
+    after init() on 2 ranks (ranks.py mode_process_sets)."""
+    job = run_ranks(2, "process_sets", timeout=120)
+    expect_ok(job, 2, "process_sets: ok (7 checks)")

@@ -321,7 +321,7 @@ calls = {
 }
 class Registered:  # what another library's registered set looks like
     process_set_id = 3
-for ps in (hvd.ProcessSet([0]), hvd.ProcessSet([0, 1]), Registered()):
+for ps in (hvd.ProcessSet([0]), hvd.ProcessSet([0, 1]), Registered(), [0, 1]):
     for name, call in calls.items():
         try:
             call(ps)
@@ -337,15 +337,108 @@ def test_a_process_set_other_than_the_global_one_is_refused_at_the_call():
     refuse a process set other than the global one with NotImplementedError
     when called, before any job is needed (the check comes first): a set
     made from a list of ranks (Horovod's unregistered set, which ran on every
-    rank before) as well as one with another process_set_id."""
+    rank before) as well as one with another process_set_id; something that
+    is not a process set at all (a list of ranks, which ran on every rank
+    before) with TypeError."""
     p = py(PROCESS_SET_PROBE, {"PYTHONPATH": os.path.join(REPO, "python"), "GRADSYNC_LIB": LIB})
     assert p.returncode == 0, p.stdout
     want = ("NotImplementedError gradsync does not support process sets other than the global "
             "one yet; pass no process_set (the default, global_process_set)")
+    want_list = ("TypeError process_set must be a gradsync.torch.ProcessSet, not list [0, 1]; "
+                 "pass no process_set (the default, global_process_set)")
     lines = p.stdout.splitlines()
     names = [ln.split()[0] for ln in lines[:-1]]
-    assert len(lines) == 3 * 24 + 1 and len(set(names)) == 24, p.stdout
-    for ln in lines[:-1]:
+    assert len(lines) == 4 * 24 + 1 and len(set(names)) == 24, p.stdout
+    for ln in lines[:3 * 24]:
         assert ln.split(" ", 1)[1] == want, ln
+    for ln in lines[3 * 24:-1]:
+        assert ln.split(" ", 1)[1] == want_list, ln
+    # before init() the global set's ranks are [], as in Horovod
     assert lines[-1] == ("repr ProcessSet(process_set_id=None, ranks=[0]) "
-                         "ProcessSet(process_set_id=0, ranks=all)"), lines[-1]
+                         "ProcessSet(process_set_id=0, ranks=[])"), lines[-1]
+
+
+PROCESS_SET_SEMANTICS = r'''
+import gradsync.torch as hvd
+def show(what, f):
+    try:
+        print(what, "=", repr(f()))
+    except Exception as e:
+        print(what, "!", type(e).__name__, e)
+ps = hvd.ProcessSet([2, 0])
+show("ranks", lambda: ps.ranks)
+show("id", lambda: ps.process_set_id)
+show("size", ps.size)
+show("rank", ps.rank)
+show("included", ps.included)
+show("global.size", hvd.global_process_set.size)
+show("eq same ranks", lambda: ps == hvd.ProcessSet([0, 2]))
+show("eq itself", lambda: ps == ps)
+show("eq global", lambda: hvd.ProcessSet([0, 2]) == hvd.global_process_set)
+show("add list", lambda: hvd.add_process_set([1, 0]))
+show("add set", lambda: hvd.add_process_set(ps))
+show("id after add", lambda: ps.process_set_id)
+show("add bad", lambda: hvd.add_process_set(["a"]))
+show("remove set", lambda: hvd.remove_process_set(ps))
+show("remove global", lambda: hvd.remove_process_set(hvd.global_process_set))
+show("new int", lambda: hvd.ProcessSet(3))
+show("new str", lambda: hvd.ProcessSet(["0"]))
+show("init sets", lambda: hvd.init(process_sets=[ps]))
+show("init dynamic", lambda: hvd.init(process_sets="dynamic"))
+show("initialized", hvd.is_initialized)
+forged = hvd.ProcessSet([0])
+forged.process_set_id = 7
+show("forged size", forged.size)
+'''
+
+
+def test_process_set_semantics_before_init():
+    """A ProcessSet(ranks) behaves as Horovod's unregistered set: ranks
+    sorted, process_set_id/size()/rank() None, included() needs init()
+    (ValueError, as every rank query), == is identity (Horovod defines no
+    __eq__); add_process_set raises NotImplementedError naming the ranks
+    and what to do (ValueError first for a list that is not of ranks) and
+    leaves the set unregistered; remove_process_set returns False, as
+    Horovod's does for an unregistered set and for the global one;
+    init(process_sets=...) with any set but the global one is refused
+    before joining. The values after init() are test_collectives'
+    test_process_sets_np2."""
+    p = py(PROCESS_SET_SEMANTICS, {"PYTHONPATH": os.path.join(REPO, "python"),
+                                   "GRADSYNC_LIB": LIB})
+    assert p.returncode == 0, p.stdout
+    not_init = ("ValueError gradsync has not been initialized; run gradsync.torch.init() "
+                "(hvd.init()) first")
+    add = ("NotImplementedError gradsync.torch.add_process_set(%s): gradsync has only the "
+           "global process set (every rank of the job) and cannot register a set of some "
+           "ranks; run the collectives on every rank with no process_set argument (the "
+           "default, global_process_set)")
+    bad = ("ValueError ProcessSet should be initialized with a list of process ranks (ints), "
+           "e.g. ProcessSet([0, 1]); gradsync has no MPI, so no mpi4py communicator")
+    init = ("NotImplementedError gradsync.torch.init(process_sets=%s): gradsync has only the "
+            "global process set (every rank of the job) and cannot register others; call "
+            "init() without process_sets and run the collectives with no process_set argument")
+    assert p.stdout.splitlines() == [
+        "ranks = [0, 2]",
+        "id = None",
+        "size = None",
+        "rank = None",
+        "included ! " + not_init,
+        "global.size ! " + not_init,
+        "eq same ranks = False",
+        "eq itself = True",
+        "eq global = False",
+        "add list ! " + add % "[0, 1]",
+        "add set ! " + add % "[0, 2]",
+        "id after add = None",
+        "add bad ! " + bad,
+        "remove set = False",
+        "remove global = False",
+        "new int ! " + bad,
+        "new str ! " + bad,
+        "init sets ! " + init % "[ProcessSet(process_set_id=None, ranks=[0, 2])]",
+        "init dynamic ! " + init % "'dynamic'",
+        "initialized = False",
+        "forged size ! ValueError process set ProcessSet(process_set_id=7, ranks=[0]) was not "
+        "registered by gradsync, which has only the global process set (process_set_id 0); "
+        "use gradsync.torch.global_process_set",
+    ], p.stdout

@@ -61,54 +61,105 @@ _handle_map = {}
 # ---- process sets: only the global one ------------------------------------
 
 class ProcessSet:
-    """Horovod's process set; gradsync has only the global one so far. As in
-    Horovod, a set made with a list of ranks has no process_set_id (None)
-    until it is registered, which gradsync cannot do (add_process_set):
-    the collectives refuse it at the call rather than run on every rank."""
+    """Horovod's process set, made from a list of ranks. gradsync has only
+    the global process set (global_process_set, process_set_id 0) and cannot
+    register another (add_process_set raises), so a ProcessSet(ranks) stays
+    as Horovod leaves a set it has not registered: process_set_id None,
+    size() and rank() None, and every collective refuses it at the call
+    rather than run it on every rank. included() says, as in Horovod,
+    whether this rank is in `ranks` (after init()). Two sets are equal only
+    when they are the same object (Horovod defines no __eq__)."""
 
     def __init__(self, ranks=None):
-        self.ranks = ranks
-        self.process_set_id = 0 if ranks is None else None
+        if ranks is None:  # the global set: only global_process_set below
+            self._ranks = None
+            self.process_set_id = 0
+            return
+        try:
+            ranks = sorted(ranks)
+        except TypeError:
+            ranks = None
+        if ranks is None or any(not isinstance(r, int) for r in ranks):
+            raise ValueError(
+                "ProcessSet should be initialized with a list of process ranks (ints), e.g. "
+                "ProcessSet([0, 1]); gradsync has no MPI, so no mpi4py communicator")
+        self._ranks = ranks
+        self.process_set_id = None
+
+    @property
+    def ranks(self):
+        """The set's ranks, sorted. The global set's: every rank of the job
+        after init() ([0, 1, ..., size() - 1]), [] before (as Horovod's)."""
+        if self._ranks is not None:
+            return self._ranks
+        return list(range(_core._state.size)) if _core.initialized() else []
 
     def size(self):
-        """size(): the global set holds every rank."""
+        """The number of ranks in the set: size() for the global set; None
+        for a set that is not registered (every set but the global one here)."""
+        if self.process_set_id is None:
+            return None
+        _check_registered(self)
         return size()
 
     def rank(self):
-        """rank(): a rank's index in the global set is its rank."""
+        """This rank's index in the set: rank() for the global set; None for
+        a set that is not registered (every set but the global one here).
+        As in Horovod, the collectives take global ranks (root_rank of
+        broadcast is an index into hvd.rank()'s numbering)."""
+        if self.process_set_id is None:
+            return None
+        _check_registered(self)
         return rank()
 
     def included(self):
-        """True: every rank is in the global set."""
-        return True
+        """Whether this rank (rank()) is one of the set's ranks, registered or
+        not: True for the global set. Raises ValueError before init()."""
+        return rank() in self.ranks
 
     def __repr__(self):
-        if self.ranks is None:
-            return "ProcessSet(process_set_id=0, ranks=all)"
         return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
 
 
 global_process_set = ProcessSet()
 
 
+def _check_registered(process_set):
+    """A set whose process_set_id someone set to an id gradsync never gave out."""
+    if process_set.process_set_id != 0:
+        raise ValueError(
+            "process set %r was not registered by gradsync, which has only the global process "
+            "set (process_set_id 0); use gradsync.torch.global_process_set" % (process_set,))
+
+
 def add_process_set(process_set):
-    """Horovod's add_process_set. gradsync has only the global process set, so
-    this always raises NotImplementedError; pass no process_set (the default,
-    global_process_set) to the collectives."""
+    """Horovod's add_process_set(process_set or list of ranks). gradsync has
+    only the global process set and cannot register another: always raises
+    NotImplementedError (ValueError first for a list that is not of ranks).
+    The set stays unregistered (process_set_id None)."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     raise NotImplementedError(
-        "gradsync does not support process sets other than the global one yet; "
-        "use the default process_set")
+        "gradsync.torch.add_process_set(%r): gradsync has only the global process set (every "
+        "rank of the job) and cannot register a set of some ranks; run the collectives on every "
+        "rank with no process_set argument (the default, global_process_set)" % (ps.ranks,))
 
 
 def remove_process_set(process_set):
-    """Horovod's remove_process_set. gradsync has only the global process set,
-    which cannot be removed: always raises NotImplementedError."""
-    raise NotImplementedError("gradsync has only the global process set")
+    """Horovod's remove_process_set: returns whether the set was removed.
+    As Horovod does for the global set and for a set that is not registered,
+    the only two kinds here, returns False and changes nothing."""
+    return False
 
 
 def _check_ps(process_set):
     """Refuses, at the call, any process set but the global one."""
-    if process_set is not global_process_set and getattr(process_set, "process_set_id", 0) != 0:
+    if process_set is global_process_set:
+        return
+    if not hasattr(process_set, "process_set_id"):
+        raise TypeError(
+            "process_set must be a gradsync.torch.ProcessSet, not %s %r; pass no process_set "
+            "(the default, global_process_set)" % (type(process_set).__name__, process_set))
+    if process_set.process_set_id != 0:
         raise NotImplementedError(
             "gradsync does not support process sets other than the global one yet; pass no "
             "process_set (the default, global_process_set)")
@@ -118,10 +169,21 @@ def _check_ps(process_set):
 
 def init(comm=None, process_sets=None):
     """Joins the job (settings from GRADSYNC_* variables, as set by
-    gradsync-run). Safe to call again: a second call does nothing."""
+    gradsync-run). Safe to call again: a second call does nothing.
+    process_sets: gradsync has only the global process set, so anything but
+    None, [] or [global_process_set] raises NotImplementedError (before
+    joining), where Horovod would register the sets."""
     if comm is not None:
         raise NotImplementedError("gradsync.torch.init: MPI communicators are not supported; "
                                   "ranks come from GRADSYNC_RANK/GRADSYNC_SIZE")
+    if process_sets is not None:
+        listed = [process_sets] if isinstance(process_sets, str) else list(process_sets)
+        if any(ps is not global_process_set for ps in listed):
+            raise NotImplementedError(
+                "gradsync.torch.init(process_sets=%r): gradsync has only the global process set "
+                "(every rank of the job) and cannot register others; call init() without "
+                "process_sets and run the collectives with no process_set argument" %
+                (process_sets,))
     _core.init_ctx()
 
 
