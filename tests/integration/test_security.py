@@ -817,7 +817,9 @@ def test_open_streams_flood():
     never send their request: health probes on their own connections are all
     answered SERVING (before, they waited behind the flooder's FIFO, or were
     refused when it was full) and the flooder's excess is refused with the
-    queue's text."""
+    queue's text: at most 257 of its calls are held, and the other 43 were
+    refused or took the place of a call cut off after 2 s while the 300
+    were still arriving (a client starved of CPU sends them over seconds)."""
     token = secrets.token_hex(16)
     quota = 128 << 20
     d, addr = start_gradsyncd(["--world-size", "2", "--serve-forever",
@@ -902,15 +904,22 @@ def test_open_streams_flood():
     done = [f for f in futs if f.done()]
     outcomes = [(f.exception().code(), f.exception().details()) for f in done]
     n_refused = outcomes.count((grpc.StatusCode.RESOURCE_EXHAUSTED, refused))
+    n_cut = outcomes.count((grpc.StatusCode.DEADLINE_EXCEEDED, cut))
     n_yielded = outcomes.count((grpc.StatusCode.DEADLINE_EXCEEDED,
                                 yielded("/grpc.health.v1.Health/Check")))
+    # gradsyncd holds at most 257 of them (1 read, 256 queued): the other 43
+    # were refused, or got in because a read was cut off after 2 s while
+    # the 300 were still arriving (the client starved of CPU: each 2 s of
+    # arrival lets one more in and refuses one fewer; no other connection
+    # waits then, so none was cut with the yield text)
     expect(set(outcomes) <= {(grpc.StatusCode.RESOURCE_EXHAUSTED, refused),
                              (grpc.StatusCode.DEADLINE_EXCEEDED, cut),
                              (grpc.StatusCode.DEADLINE_EXCEEDED,
                               yielded("/grpc.health.v1.Health/Check"))}
-           and n_refused >= 300 - 257 and n_yielded >= 1,
-           "the flooder's 300 calls: %d ended, %d refused: %s" %
-           (len(done), n_refused, set(outcomes)), d)
+           and len(done) >= 300 - 257 and n_refused >= 1 and n_refused + n_cut >= 300 - 257
+           and n_yielded >= 1,
+           "the flooder's 300 calls: %d ended, %d refused, %d cut off after 2 s, %d to let the "
+           "probes in: %s" % (len(done), n_refused, n_cut, n_yielded, set(outcomes)), d)
     silent.close()
     expect(d.poll() is None, "gradsyncd died", d)
     print("fair open reads: 5 probes on their own connections during a 300-call flood from one: "
