@@ -104,6 +104,17 @@ static int make_creds(const gs__client_opts *o, grpc_channel_credentials **out, 
 
 int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, size_t errlen) {
   *out = NULL;
+  int forked_from = gs__grpc_forked_from();
+  if (forked_from) {
+    snprintf(err, errlen,
+             "process %d was forked by process %d while gradsync's gRPC client was live there "
+             "(a gradsync context that had not been shut down); gRPC cannot start again in such "
+             "a child (it would hang, and could take events of the parent's connections): call "
+             "gs_init in a process started with exec (e.g. multiprocessing's 'spawn' start "
+             "method), or fork before the parent's gs_init or after its gs_shutdown",
+             (int)getpid(), forked_from);
+    return GS__ERR_FORKED;
+  }
   const char *target = o->target, *token = o->token;
   gs__client *c = calloc(1, sizeof *c);
   if (!c || !(c->target = strdup(target))) {
@@ -113,6 +124,7 @@ int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, siz
   }
   c->tls = o->tls_ca && *o->tls_ca;
   pthread_mutex_init(&c->send_mu, NULL);
+  atomic_fetch_add(&gs__grpc_users, 1); /* before gRPC starts threads: fork.c */
   grpc_init();
   grpc_channel_credentials *creds = NULL;
   int rc = make_creds(o, &creds, err, errlen);
@@ -121,6 +133,7 @@ int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, siz
     free(c->target);
     free(c);
     grpc_shutdown();
+    atomic_fetch_sub(&gs__grpc_users, 1);
     return rc;
   }
   /* Keepalive: a coordinator that vanishes without closing the connection
@@ -854,4 +867,5 @@ void gs__client_destroy(gs__client *c) {
   free(c->target);
   free(c);
   grpc_shutdown();
+  atomic_fetch_sub(&gs__grpc_users, 1); /* after gRPC's threads ended: fork.c */
 }

@@ -10,6 +10,7 @@
 #ifndef GS_WORKER_CLIENT_H
 #define GS_WORKER_CLIENT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,10 +27,19 @@ typedef struct gs__client_opts {
 } gs__client_opts;
 
 /* Creates the channel (TLS when o->tls_ca is set). Fails with
- * GS__ERR_INVALID_ARG naming a PEM file that cannot be read. */
+ * GS__ERR_INVALID_ARG naming a PEM file that cannot be read, and with
+ * GS__ERR_FORKED, before touching gRPC, in a process forked while gRPC was
+ * live in its parent (fork.c). */
 int gs__client_create(const gs__client_opts *o, gs__client **out, char *err, size_t errlen);
 /* Cancels the session if still open and frees everything. NULL-safe. */
 void gs__client_destroy(gs__client *c);
+
+/* Clients created and not destroyed in this process (each holds a
+ * grpc_init); read by fork.c's child handler. */
+extern atomic_int gs__grpc_users;
+/* The pid of the process that forked this one (or an ancestor) while it had
+ * gRPC clients, or 0 (fork.c). */
+int gs__grpc_forked_from(void);
 
 /* Join, retrying while the coordinator is not reachable yet, until
  * timeout_ms. Refusals come back as GS__ERR_JOIN_REFUSED,

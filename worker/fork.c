@@ -9,21 +9,43 @@
  * (gs_init), so "made in another process" is one relaxed atomic load per
  * call (gs__forked), no getpid() on the submission path. The handler runs
  * in the child right after fork, in the forking thread: it only stores to
- * an atomic (async-signal-safe). Nothing here runs in the parent. */
+ * atomics and calls getppid (async-signal-safe). Nothing here runs in the
+ * parent.
+ *
+ * gRPC cannot start again in a child forked while the parent's gRPC client
+ * was live (gs__grpc_users > 0: a context, or a gs_init under way): its
+ * threads are missing there and the child shares the parent's epoll set, so
+ * a new gs_init in the child hung in gRPC's poller (the join's deadline
+ * never fires) and could take events of the parent's connections. The
+ * handler remembers that parent; gs__client_create refuses to start gRPC in
+ * such a process (GS_ERR_FORKED). A child of a process that never called
+ * gs_init, or whose every context was shut down, may call gs_init. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "client.h"
 #include "gradsync.h"
 #include "worker.h"
 
 atomic_uint gs__fork_gen;
+atomic_int gs__grpc_users;
+
+/* The parent that forked this process (or an ancestor of it) while gRPC was
+ * live there; 0 when none. Inherited by further children. */
+static atomic_int grpc_forked_from;
 
 static pthread_once_t watch_once = PTHREAD_ONCE_INIT;
 
 static void in_child(void) {
   atomic_fetch_add_explicit(&gs__fork_gen, 1, memory_order_relaxed);
+  if (atomic_load_explicit(&gs__grpc_users, memory_order_relaxed) > 0)
+    atomic_store_explicit(&grpc_forked_from, (int)getppid(), memory_order_relaxed);
+}
+
+int gs__grpc_forked_from(void) {
+  return atomic_load_explicit(&grpc_forked_from, memory_order_relaxed);
 }
 
 static void watch(void) {

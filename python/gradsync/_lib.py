@@ -315,6 +315,10 @@ PY_PHRASES = (
     ("GRADSYNC_SIZE (or gs_options), ", "GRADSYNC_SIZE, "),
     ("the process that called gs_init (fork before gs_init, or",
      "the process that called init() (fork before init(), or"),
+    ("call gs_init in a process started with exec (e.g. multiprocessing's 'spawn' start method), "
+     "or fork before the parent's gs_init or after its gs_shutdown",
+     "call init() in a process started with exec (e.g. multiprocessing's 'spawn' start method), "
+     "or fork before the parent's init() or after its shutdown()"),
 )
 
 # The same for gradsyncd's texts that reach the ranks (in gradsyncd, not in

@@ -220,6 +220,95 @@ static void test_fork_child(void **state) {
   job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
 }
 
+/* gs_init in a forked child, as a user would (every child's wait is
+ * bounded: its alarm, then its parent's kill). fresh: each rank process of
+ * a 2-rank job never calls gs_init and forks; the children join as ranks 0
+ * and 1 and sum a tensor right. */
+static void test_fork_init_fresh(void **state) {
+  (void)state;
+  job j;
+  job_start_coordinator(&j, 2, NULL);
+  char *args[] = {"fork-init", "fresh", NULL};
+  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, args, NULL);
+  for (int r = 0; r < 2; r++) {
+    job_expect_exit(j.ranks[r], 0);
+    char want[128];
+    snprintf(want, sizeof want,
+             ": rank %d of 2: joined, tensor 'fork-init/fresh' summed right, "
+             "left",
+             r);
+    job_expect_output(j.ranks[r], want);
+    job_expect_no_output(j.ranks[r], "FAIL", 0);
+    /* the children joined, not their parents */
+    snprintf(want, sizeof want, "(pid %d, ", (int)j.ranks[r]->pid);
+    job_expect_no_output(j.coord, want, 0);
+  }
+  job_expect_exit(j.coord, 0);
+  job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
+}
+
+/* after-shutdown: both ranks join, sum, leave (epoch 1), then fork; the
+ * children join the next job (epoch 2) of the --serve-forever coordinator
+ * and sum right. */
+static void test_fork_init_after_shutdown(void **state) {
+  (void)state;
+  char *cargs[] = {"--serve-forever", NULL};
+  job j;
+  job_start_coordinator(&j, 2, cargs);
+  char *args[] = {"fork-init", "after-shutdown", NULL};
+  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, args, NULL);
+  for (int r = 0; r < 2; r++) {
+    job_expect_exit(j.ranks[r], 0);
+    char want[128];
+    snprintf(want, sizeof want,
+             ": rank %d of 2: joined, tensor 'fork-init/after-shutdown' "
+             "summed right, left",
+             r);
+    job_expect_output(j.ranks[r], want);
+    job_expect_no_output(j.ranks[r], "FAIL", 0);
+  }
+  wait_for_output(j.coord, "job (epoch 2) finished: all 2 ranks left cleanly");
+  job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
+  job_stop_coordinator(&j);
+}
+
+/* live: the parent (rank 0 of a 1-rank job) keeps its context and forks;
+ * the child calls gs_init for a 1-rank job of its own at a second
+ * coordinator. gRPC cannot start again in that child (it hung in gRPC's
+ * poller until the child's alarm, sharing the parent's epoll set): gs_init
+ * fails at once with GS_ERR_FORKED naming both processes and what to do,
+ * and never reaches the second coordinator. The parent's job goes on and
+ * ends cleanly. */
+static void test_fork_init_live(void **state) {
+  (void)state;
+  job j, j2;
+  job_start_coordinator(&j, 1, NULL);
+  job_start_coordinator(&j2, 1, NULL);
+  char coord2[200];
+  snprintf(coord2, sizeof coord2, "GS_TEST_COORD2=%s", j2.addr);
+  char *env[] = {coord2, NULL};
+  char *args[] = {"fork-init", "live", NULL};
+  proc *p = j.ranks[0] = job_start_rank(&j, 0, worker_path, args, env);
+  job_expect_exit(p, 0);
+  char want[256];
+  snprintf(want, sizeof want,
+           " was forked by process %d while gradsync's gRPC client was live "
+           "there (a gradsync context that had not been shut down); ",
+           (int)p->pid);
+  job_expect_output(p, want);
+  job_expect_output(p, ": gs_init: GS_ERR_FORKED: gs_init (rank 0): process ");
+  job_expect_output(p, "gRPC cannot start again in such a child (it would hang, and could take "
+                       "events of the parent's connections): call gs_init in a process started "
+                       "with exec (e.g. multiprocessing's 'spawn' start method), or fork before "
+                       "the parent's gs_init or after its gs_shutdown");
+  job_expect_output(p, "fork-init: rank 0: the child of a live context: exit 3");
+  job_expect_no_output(p, "FAIL", 0);
+  job_expect_output(p, "fork-init: passed (rank 0, live)");
+  job_expect_exit(j.coord, 0);
+  job_expect_output(j.coord, "job (epoch 1) finished: all 1 ranks left cleanly");
+  job_expect_no_output(j2.coord, "joined", 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_one_job_then_exit, setup, job_teardown),
@@ -228,6 +317,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sigterm_drain, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_next_job_too_early, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_fork_child, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fork_init_fresh, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fork_init_after_shutdown, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_fork_init_live, setup, job_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

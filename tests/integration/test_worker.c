@@ -46,6 +46,12 @@
  *                           context fail with GS_ERR_FORKED (printed by
  *                           the first: "fork-child: CALL: STATUS: TEXT"),
  *                           the parent goes on (marks in $GS_TEST_DIR)
+ *   fork-init CASE          gs_init in a forked child, which then sums one
+ *                           tensor and leaves: CASE fresh (the parent never
+ *                           called gs_init), after-shutdown (the parent left
+ *                           its job first; the child joins the next one),
+ *                           live (the parent's context is live; the child
+ *                           joins its own 1-rank job at $GS_TEST_COORD2)
  *
  * If GS_TEST_WAIT_FILE is set, a successful mode waits (at most 60 s) for
  * that file to exist before gs_shutdown, so a test can inspect the live
@@ -1615,7 +1621,7 @@ static void usage(void) {
       "                      allgather ROUNDS | bcast-barrier ROOT | grouped ROUNDS |\n"
       "                      join-steps STEPS | duplicate | model-diff N |\n"
       "                      early-leave N | pending-limit L | allgather-overflow | fork STEPS |\n"
-      "                      kv\n");
+      "                      fork-init fresh|after-shutdown|live | kv\n");
   exit(2);
 }
 
@@ -1828,6 +1834,129 @@ static int mode_fork(gs_ctx *ctx, int steps) {
   return 0;
 }
 
+/* ---- mode: fork-init -------------------------------------------------------------- */
+
+/* gs_init in a forked child, as a user would: a process that never called
+ * gs_init forks and the child joins (fresh); a process that left its job
+ * (gs_shutdown) forks and the child joins the next one (after-shutdown);
+ * a process with a live context forks and the child calls gs_init for a
+ * job of its own at $GS_TEST_COORD2 as rank 0 of 1 (live). */
+
+/* In the child: gs_init, one allreduce checked against its sum, gs_shutdown.
+ * Exit 0, or 3 when gs_init failed (its status and text printed). */
+static int fork_init_child(const char *tag) {
+  alarm(60); /* a hang ends the child: the parent reports the signal */
+  pid_t me = getpid();
+  gs_ctx *ctx = NULL;
+  gs_status s = gs_init(NULL, &ctx);
+  if (s != GS_OK) {
+    printf("fork-init-child: pid %d: gs_init: %s: %s\n", (int)me, wu_status_name(s),
+           gs_last_error(NULL));
+    if (ctx != NULL) printf("fork-init-child: FAIL: context not NULL after a failed gs_init\n");
+    return 3;
+  }
+  int r = gs_rank(ctx), n = gs_size(ctx);
+  float x[FORK_N], y[FORK_N];
+  for (size_t j = 0; j < FORK_N; j++) x[j] = (float)(r + 1) * 10.0f + (float)j;
+  char name[64];
+  snprintf(name, sizeof name, "fork-init/%s", tag);
+  gs_handle *h = NULL;
+  s = gs_allreduce_async(ctx, name, x, y, FORK_N, GS_FLOAT32, GS_SUM, NULL, &h);
+  if (s != GS_OK) {
+    printf("fork-init-child: FAIL: gs_allreduce_async: %s: %s\n", wu_status_name(s),
+           gs_last_error(ctx));
+    return 1;
+  }
+  s = gs_wait(h, WAIT_MS);
+  if (s != GS_OK) {
+    printf("fork-init-child: FAIL: gs_wait: %s: %s\n", wu_status_name(s), gs_handle_error(h));
+    return 1;
+  }
+  for (size_t j = 0; j < FORK_N; j++) {
+    float want = 0;
+    for (int q = 0; q < n; q++) want += (float)(q + 1) * 10.0f + (float)j;
+    if (y[j] != want) {
+      printf("fork-init-child: FAIL: tensor '%s' element %zu: got %g, expected %g\n", name, j, y[j],
+             want);
+      return 1;
+    }
+  }
+  gs_handle_free(h);
+  s = gs_shutdown(ctx);
+  if (s != GS_OK) {
+    printf("fork-init-child: FAIL: gs_shutdown: %s: %s\n", wu_status_name(s), gs_last_error(NULL));
+    return 1;
+  }
+  printf("fork-init-child: pid %d: rank %d of %d: joined, tensor '%s' summed right, left\n",
+         (int)me, r, n, name);
+  return 0;
+}
+
+/* Forks a child that runs fork_init_child(tag) after setting the
+ * environment entries of env ("NAME=value", NULL-terminated, may be NULL);
+ * returns its exit code, or dies when it was killed or did not end. */
+static int fork_init_run_child(const char *tag, char *const env[]) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) wu_die("fork: %s", strerror(errno));
+  if (pid == 0) {
+    for (size_t i = 0; env && env[i]; i++) putenv(env[i]);
+    int code = fork_init_child(tag);
+    fflush(stdout);
+    _exit(code);
+  }
+  int status = 0;
+  pid_t got = 0;
+  for (int i = 0; (got = waitpid(pid, &status, WNOHANG)) == 0; i++) {
+    if (i == 9000) { /* the child's own alarm is at 60 s */
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      wu_die("fork-init: child %d (%s) did not exit within 90 s", (int)pid, tag);
+    }
+    sleep_ms(10);
+  }
+  if (got != pid) wu_die("fork-init: waitpid %d: %s", (int)pid, strerror(errno));
+  if (WIFSIGNALED(status))
+    wu_die("fork-init: child %d (%s) was killed by signal %d (a hang ends it with SIGALRM)",
+           (int)pid, tag, WTERMSIG(status));
+  printf("fork-init: rank %d: child %d (%s) exited %d\n", g_rank, (int)pid, tag,
+         WEXITSTATUS(status));
+  return WEXITSTATUS(status);
+}
+
+static int mode_fork_init(const char *which) {
+  if (strcmp(which, "fresh") == 0) {
+    if (fork_init_run_child("fresh", NULL) != 0) wu_die("fork-init: the child failed");
+  } else if (strcmp(which, "after-shutdown") == 0) {
+    gs_ctx *ctx = join_or_die();
+    one_allreduce(ctx, "fork-init/parent");
+    shutdown_or_die(ctx);
+    if (fork_init_run_child("after-shutdown", NULL) != 0) wu_die("fork-init: the child failed");
+  } else if (strcmp(which, "live") == 0) {
+    const char *coord2 = getenv("GS_TEST_COORD2");
+    if (!coord2 || !*coord2) wu_die("GS_TEST_COORD2 is not set");
+    gs_ctx *ctx = join_or_die();
+    one_allreduce(ctx, "fork-init/parent-before");
+    static char coord[300];
+    snprintf(coord, sizeof coord, "GRADSYNC_COORDINATOR=%s", coord2);
+    char *env[] = {coord,
+                   "GRADSYNC_RANK=0",
+                   "GRADSYNC_SIZE=1",
+                   "GRADSYNC_LOCAL_RANK=0",
+                   "GRADSYNC_LOCAL_SIZE=1",
+                   NULL};
+    int code = fork_init_run_child("live", env); /* the driver checks the child's text */
+    printf("fork-init: rank %d: the child of a live context: exit %d\n", g_rank, code);
+    one_allreduce(ctx, "fork-init/parent-after"); /* the parent's job goes on */
+    shutdown_or_die(ctx);
+  } else {
+    usage();
+  }
+  printf("fork-init: passed (rank %d, %s)\n", g_rank, which);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) usage();
@@ -1848,6 +1977,11 @@ int main(int argc, char **argv) {
     printf("join: ok (rank %d of %d)\n", g_rank, g_size);
     shutdown_or_die(ctx);
     return 0;
+  }
+
+  if (strcmp(mode, "fork-init") == 0) {
+    if (argc != 3) usage();
+    return mode_fork_init(argv[2]);
   }
 
   if (strcmp(mode, "exit-code") == 0) {

@@ -675,8 +675,9 @@ def mode_fork():
     child, hvd.allreduce, hvd.synchronize on the pending op and hvd.barrier
     raise HorovodInternalError at the call with the library's text (rank,
     host, both pids), synchronize on the finished op returns its result and
-    hvd.shutdown() returns; the child exits 0. The parent's job goes on with
-    the right values."""
+    hvd.shutdown() returns, and hvd.init() there raises HorovodInternalError
+    at once saying gRPC cannot start again in that child (it hung before);
+    the child exits 0. The parent's job goes on with the right values."""
     import signal
     import socket
 
@@ -728,6 +729,27 @@ def mode_fork():
                 hvd.shutdown()
                 print("fork-child: synchronize on the finished op ok; shutdown() returned",
                       flush=True)
+                # init() again in the child: gRPC cannot start there (the
+                # parent's context is live); refused at once, not a hang
+                want = ("init() (rank 0): process %d was forked by process %d while gradsync's "
+                        "gRPC client was live there (a gradsync context that had not been shut "
+                        "down); gRPC cannot start again in such a child (it would hang, and "
+                        "could take events of the parent's connections): call init() in a "
+                        "process started with exec (e.g. multiprocessing's 'spawn' start "
+                        "method), or fork before the parent's init() or after its shutdown()" %
+                        (os.getpid(), parent))
+                try:
+                    hvd.init()
+                    print("fork-child: FAIL: init() in the child did not raise", flush=True)
+                    code = 1
+                except hvd.HorovodInternalError as e:
+                    if str(e) != want:
+                        print("fork-child: FAIL: init(): %r" % str(e), flush=True)
+                        code = 1
+                    print("fork-child: init() raised HorovodInternalError: %s" % e, flush=True)
+                if hvd.is_initialized():
+                    print("fork-child: FAIL: initialized after a failed init()", flush=True)
+                    code = 1
             except BaseException:
                 traceback.print_exc()
                 code = 1

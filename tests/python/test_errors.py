@@ -55,6 +55,12 @@ def test_fork_child_raises_at_the_call_and_the_parent_goes_on():
         assert "this gradsync context was made by process " in line[0], line[0]
         assert "(a forked child) cannot use it" in line[0], line[0]
     assert "fork-child: synchronize on the finished op ok; shutdown() returned" in lines, job.out
+    # init() again in that child is refused at once (gRPC cannot start in a
+    # child forked while the parent's context is live); ranks.py checks the
+    # whole text, pids included
+    assert any(l.startswith("fork-child: init() raised HorovodInternalError: init() (rank 0): "
+                            "process ") and "call init() in a process started with exec" in l
+               for l in lines), job.out
     assert "FAIL" not in job.out, job.out
 
 

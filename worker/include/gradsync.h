@@ -181,7 +181,11 @@ GS_API gs_status gs_init(const gs_options *opts, gs_ctx **out);
  * plain memory), and gs_handle_free works; gs_rank, gs_size and friends
  * still answer. Detection is a pthread_atfork child handler installed at
  * the first gs_init (a child made without fork(), by a raw clone or vfork
- * without exec, is not detected). The parent is unaffected and goes on. */
+ * without exec, is not detected). The parent is unaffected and goes on.
+ * gs_init in a forked child makes a context of the child's own when the
+ * parent had no live context at the fork (it never called gs_init, or
+ * shut down every context first); otherwise it fails at once with
+ * GS_ERR_FORKED (gRPC cannot start again in that child). */
 GS_API gs_status gs_shutdown(gs_ctx *ctx);
 
 GS_API int gs_rank(const gs_ctx *ctx);
