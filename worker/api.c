@@ -823,19 +823,49 @@ static void start_reset_locked(struct gs_handle *h) {
   atomic_store_explicit(&h->done, 0, memory_order_relaxed);
 }
 
+/* The op in flight of h's name, or NULL (gs__inflight_find_locked), and
+ * its cache entry into *entry; caller holds mu. In a steady state an
+ * application submits the same names in the same order every step, so the
+ * entry found after ctx->seq_last the last time (seq_last->seq_next) is
+ * tried first: when its name is h's (length, then bytes), it is h's name's
+ * entry (names are unique in the cache), with no hash computed and no
+ * bucket walked. Otherwise the name is hashed (unless hashed, as a
+ * persistent op's was at gs_allreduce_init) and looked up, and a name with
+ * an entry becomes the prediction after the last one. The prediction is
+ * only a hint: an entry leaves every link and seq_last when it is dropped
+ * (cache_drop), and whatever it predicts is checked by the name. Either
+ * way h->hh.hashv is the name's hash afterwards. */
+static struct gs_handle *submit_find_locked(gs_ctx *ctx, struct gs_handle *h, int hashed,
+                                            gs__wcache **entry) {
+  gs__wcache *last = ctx->seq_last;
+  gs__wcache *e = last ? last->seq_next : NULL;
+  if (e && e->name_len == h->hh.keylen && !gs__key_differs(e->req.name, h->req.name, e->name_len)) {
+    h->hh.hashv = e->hashv;
+    *entry = e;
+    ctx->seq_last = e;
+    return e->inflight;
+  }
+  if (!hashed) {
+    unsigned hv;
+    HASH_VALUE(h->req.name, h->hh.keylen, hv);
+    h->hh.hashv = hv;
+  }
+  struct gs_handle *dup =
+      gs__inflight_find_locked(ctx, h->req.name, h->hh.keylen, h->hh.hashv, entry);
+  if (*entry) {
+    if (last && last->seq_next != *entry) gs__wcache_link(last, *entry);
+    ctx->seq_last = *entry;
+  }
+  return dup;
+}
+
 /* Submits n new ops (start == 0), or starts n persistent ones (start == 1:
  * hashed at gs_allreduce_init, checked and reset here under the lock);
  * all or none. */
 static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n, int start) {
-  /* The name is hashed here once, before taking the lock, into hh.hashv
-   * (hh.keylen is its length, set by gs__op_new): the op in flight is
-   * found by it in the response cache (whose entry of the name lists the
-   * op, if there is one) or in ctx->inflight (gs__inflight_find_locked). */
-  for (size_t i = 0; i < n && !start; i++) {
-    unsigned hv;
-    HASH_VALUE(hs[i]->req.name, hs[i]->hh.keylen, hv);
-    hs[i]->hh.hashv = hv;
-  }
+  /* Each op's name is looked up once, under mu (submit_find_locked): the
+   * op in flight is found in the response cache (whose entry of the name
+   * lists the op, if there is one) or in ctx->inflight. */
   pthread_mutex_lock(&ctx->mu);
   gs_status st = GS_OK;
   if (ctx->fatal) {
@@ -854,8 +884,7 @@ static gs_status submit_many(gs_ctx *ctx, struct gs_handle **hs, size_t n, int s
       for (size_t k = 0; k < i; k++) gs__inflight_del_locked(ctx, hs[k]);
       break;
     }
-    struct gs_handle *dup =
-        gs__inflight_find_locked(ctx, hs[i]->req.name, hs[i]->hh.keylen, hs[i]->hh.hashv, &entry);
+    struct gs_handle *dup = submit_find_locked(ctx, hs[i], start, &entry);
     if (dup == hs[i]) { /* a persistent op listed twice in one gs_startall */
       st = gs__set_error(GS_ERR_DUPLICATE_NAME,
                          "tensor '%s': gs_startall lists this persistent op twice (rank %d, host "

@@ -233,6 +233,10 @@ static void cache_drop(gs_ctx *ctx, gs__wcache *c) {
     h->wc = NULL;
     gs__inflight_add_locked(ctx, h, NULL);
   }
+  /* No prediction may lead to a freed entry (api.c, submit_find_locked). */
+  if (c->seq_next) c->seq_next->seq_prev = NULL;
+  if (c->seq_prev) c->seq_prev->seq_next = NULL;
+  if (ctx->seq_last == c) ctx->seq_last = NULL;
   HASH_DELETE(hh_name, ctx->cache_by_name, c);
   HASH_DELETE(hh_id, ctx->cache_by_id, c);
   free(c);
@@ -255,11 +259,13 @@ static void cache_put(gs_ctx *ctx, uint32_t id, struct gs_handle *h) {
   c = NULL;
   HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, strlen(req->name), h->hh.hashv, c);
   if (c) cache_drop(ctx, c);
-  if (!(c = calloc(1, sizeof *c))) return; /* only a cache hit is lost */
+  if (!(c = aligned_alloc(_Alignof(gs__wcache), sizeof *c))) return; /* only a cache hit is lost */
+  memset(c, 0, sizeof *c);
   c->id = id;
   c->req = *req;
-  HASH_ADD_KEYPTR_BYHASHVALUE(hh_name, ctx->cache_by_name, c->req.name, strlen(c->req.name),
-                              h->hh.hashv, c);
+  c->name_len = h->hh.keylen;
+  c->hashv = h->hh.hashv;
+  HASH_ADD_KEYPTR_BYHASHVALUE(hh_name, ctx->cache_by_name, c->req.name, c->name_len, c->hashv, c);
   HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
   /* The name had no entry (dropped above), so h is in ctx->inflight. */
   assert(!h->wc);

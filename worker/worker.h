@@ -227,22 +227,44 @@ typedef struct plan_node {
 void gs__plan_node_free(plan_node *n);
 
 /* The worker's copy of the coordinator's response cache (changed by the comm
- * thread, read by whichever thread sends requests; under ctx->mu). */
+ * thread, read by whichever thread sends requests; under ctx->mu).
+ * Entries are made and freed only by cache_put and cache_drop
+ * (background.c), 64-byte aligned. The first line is what a submission
+ * whose name was predicted reads and writes (the prediction, the op in
+ * flight, the id and slot, the name's length and hash); the request, a
+ * line apart, gives the name (1 line for names under 64 bytes) and the
+ * scalars and shape a fast-mode hit compares (1 line at ndim 1). */
 typedef struct gs__wcache {
-  /* A submission finds its name here (hh_name's hashv, key, hh_next),
-   * takes or checks inflight, and in fast mode compares the name and the
-   * scalars and shape of req and takes id and slot: 3 cache lines of the
-   * entry (name, scalars, and hh_name with id, slot and inflight). */
-  gs__tensor_request req;
-  UT_hash_handle hh_name;
-  uint32_t id;
-  uint32_t slot; /* 1 + its index among the live ids (ctx->live); 0 = none */
+  /* ---- line 0 ---- */
+  /* Sequence prediction (submit_find_locked in api.c; docs/design-notes.md,
+   * "A submission predicts its name's cache entry"): the entry whose name
+   * was submitted right after this one's the last time (seq_next), and the
+   * entry whose seq_next this is (seq_prev): the links are pairs, so that
+   * cache_drop unlinks both sides and no entry ever points to a freed one
+   * (gs__wcache_link, gs__wcache_unlink_locked). */
+  struct gs__wcache *seq_next, *seq_prev;
   /* The op of this name in flight on this rank (its wc is this entry), or
    * NULL: an op in flight whose name has an entry is listed here, never
    * in ctx->inflight (see gs__inflight_add_locked). */
   struct gs_handle *inflight;
+  uint32_t id;
+  uint32_t slot;     /* 1 + its index among the live ids (ctx->live); 0 = none */
+  unsigned name_len; /* strlen(req.name), as hh_name.keylen */
+  unsigned hashv;    /* the name's hash, as hh_name.hashv */
+  UT_hash_handle hh_name;
   UT_hash_handle hh_id;
+  _Alignas(64) gs__tensor_request req;
 } gs__wcache;
+
+/* Makes b the entry predicted after a (caller holds ctx->mu): each entry
+ * is the seq_next of at most one entry, its seq_prev, so both sides of a
+ * link are known and cache_drop clears them. */
+static inline void gs__wcache_link(gs__wcache *a, gs__wcache *b) {
+  if (a->seq_next) a->seq_next->seq_prev = NULL;
+  if (b->seq_prev) b->seq_prev->seq_next = NULL;
+  a->seq_next = b;
+  b->seq_prev = a;
+}
 
 /* A live cache id and what its response says about riding in a fast
  * round's agreement (fast_round.c). Taken from the plan that assigned the
@@ -369,6 +391,10 @@ struct gs_ctx {
   uint64_t req_hold_until_us; /* held requests go out by then at the latest (mu) */
   uint64_t blocked_sig;       /* the blocked-on set last reported */
   gs__wcache *cache_by_name, *cache_by_id;
+  /* The cache entry the last submission of a cached name found (NULL:
+   * none, or dropped since): its seq_next is the prediction for the next
+   * submission (api.c, submit_find_locked). Under mu. */
+  gs__wcache *seq_last;
   gs__wtemplate *templates;
   /* exec thread (executor.c): the backend */
   pthread_t exec_thread;

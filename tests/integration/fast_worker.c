@@ -22,7 +22,8 @@
  *                      timeouts=T")
  *   dup N              N steps, then step N+1 with refusals while an op is in
  *                      flight on rank R: fast/t0<R % 2> (a cached name,
- *                      listed in its cache entry) submitted again, a group
+ *                      listed in its cache entry) submitted again twice
+ *                      (the second found by the name prediction), a group
  *                      naming fast/t02 twice (all or none: t02 and t03 are
  *                      then submitted as usual), gs_register_local of it,
  *                      and on rank 0 'fast/dupnew' (never seen: in the
@@ -637,6 +638,12 @@ static void dup_step(gs_ctx *ctx, int s) {
       gs_allreduce_async(ctx, x->name, x->buf, x->buf, x->count, GS_FLOAT32, GS_AVERAGE, NULL, &h);
   expect_refused(ctx, "again", st, GS_ERR_DUPLICATE_NAME);
   if (h) wu_die("dup again: a refused call set its handle");
+  /* Once more: now X's entry is found by the library's prediction of the
+   * next name (the call above found X after X), not by its hash table;
+   * the same refusal. */
+  st = gs_allreduce_async(ctx, x->name, x->buf, x->buf, x->count, GS_FLOAT32, GS_AVERAGE, NULL, &h);
+  expect_refused(ctx, "again2", st, GS_ERR_DUPLICATE_NAME);
+  if (h) wu_die("dup again2: a refused call set its handle");
   const char *names[3] = {t2->name, t3->name, t2->name};
   const void *sends[3] = {t2->buf, t3->buf, t2->buf};
   void *recvs[3] = {t2->buf, t3->buf, t2->buf};
