@@ -72,14 +72,7 @@ int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_reque
 }
 
 int gs__tensor_request_equal_but_name(const gs__tensor_request *a, const gs__tensor_request *b) {
-  if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
-      a->reduce_op != b->reduce_op || a->prescale != b->prescale || a->postscale != b->postscale ||
-      a->root_rank != b->root_rank || a->device != b->device || a->group_id != b->group_id ||
-      a->group_size != b->group_size)
-    return 0;
-  for (int i = 0; i < a->ndim; i++)
-    if (a->shape[i] != b->shape[i]) return 0;
-  return 1;
+  return gs__tensor_request_equal_but_name_inline(a, b);
 }
 
 int64_t gs__shape_elements(const int64_t *shape, int ndim) {

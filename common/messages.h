@@ -212,7 +212,20 @@ int gs__plan_responses_equal(const gs__plan *a, const gs__plan *b);
 /* 1 when a and b are the same request in every field (name included). */
 int gs__tensor_request_equal(const gs__tensor_request *a, const gs__tensor_request *b);
 /* gs__tensor_request_equal for requests whose names are known to be equal
- * (found by name in a table): every other field. */
+ * (found by name in a table): every other field. Inline: a fast-mode
+ * submission compares its request with its cache entry's
+ * (worker/fast_round.c). */
+static inline int gs__tensor_request_equal_but_name_inline(const gs__tensor_request *a,
+                                                           const gs__tensor_request *b) {
+  if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
+      a->reduce_op != b->reduce_op || a->prescale != b->prescale || a->postscale != b->postscale ||
+      a->root_rank != b->root_rank || a->device != b->device || a->group_id != b->group_id ||
+      a->group_size != b->group_size)
+    return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
 int gs__tensor_request_equal_but_name(const gs__tensor_request *a, const gs__tensor_request *b);
 /* A request initialised to "allreduce, float32, sum, no scaling, CPU". */
 void gs__tensor_request_init(gs__tensor_request *r);

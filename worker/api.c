@@ -834,24 +834,23 @@ static void start_reset_locked(struct gs_handle *h) {
  * an entry becomes the prediction after the last one. The prediction is
  * only a hint: an entry leaves every link and seq_last when it is dropped
  * (cache_drop), and whatever it predicts is checked by the name. Either
- * way h->hh.hashv is the name's hash afterwards. */
+ * way h->hashv is the name's hash afterwards. */
 static struct gs_handle *submit_find_locked(gs_ctx *ctx, struct gs_handle *h, int hashed,
                                             gs__wcache **entry) {
   gs__wcache *last = ctx->seq_last;
   gs__wcache *e = last ? last->seq_next : NULL;
-  if (e && e->name_len == h->hh.keylen && !gs__key_differs(e->req.name, h->req.name, e->name_len)) {
-    h->hh.hashv = e->hashv;
+  if (e && e->name_len == h->name_len && !gs__key_differs(e->req.name, h->req.name, e->name_len)) {
+    h->hashv = e->hashv;
     *entry = e;
     ctx->seq_last = e;
     return e->inflight;
   }
   if (!hashed) {
     unsigned hv;
-    HASH_VALUE(h->req.name, h->hh.keylen, hv);
-    h->hh.hashv = hv;
+    HASH_VALUE(h->req.name, h->name_len, hv);
+    h->hashv = hv;
   }
-  struct gs_handle *dup =
-      gs__inflight_find_locked(ctx, h->req.name, h->hh.keylen, h->hh.hashv, entry);
+  struct gs_handle *dup = gs__inflight_find_locked(ctx, h->req.name, h->name_len, h->hashv, entry);
   if (*entry) {
     if (last && last->seq_next != *entry) gs__wcache_link(last, *entry);
     ctx->seq_last = *entry;
@@ -946,8 +945,13 @@ static gs_status submit(gs_ctx *ctx, struct gs_handle *h) {
  * inline (see gs__op_new): it reads the function through a volatile. */
 static void *(*volatile const small_copy)(void *, const void *, size_t) = memcpy;
 
-gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
-                     const int64_t *shape, int ndim, struct gs_handle **out) {
+/* gs__op_new's body: inlined into an allreduce's submission
+ * (build_allreduce), where the chain of calls from gs_allreduce_async to
+ * the lock was a good part of a call's cost. */
+static inline __attribute__((always_inline)) gs_status op_new(gs_ctx *ctx, const char *name,
+                                                              gs__op_type op, gs_dtype dtype,
+                                                              const int64_t *shape, int ndim,
+                                                              struct gs_handle **out) {
   *out = NULL;
   /* the op's name only for an error: not a call per submission */
   if (!ctx) return gs__set_error(GS_ERR_INVALID_ARG, "gs_%s: ctx is NULL", gs__op_type_name(op));
@@ -1003,7 +1007,7 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
     return gs__set_error(GS_ERR_INVALID_ARG, "tensor '%s': the element count overflows", name);
   }
   h->count = (size_t)n;
-  h->hh.keylen = (unsigned)nlen; /* submit_many hashes the name with it */
+  h->name_len = (unsigned)nlen; /* submit_many hashes the name with it */
   h->ctx = ctx;
   atomic_init(&h->refs, 2); /* the caller's and the library's */
   atomic_init(&h->done, 0);
@@ -1011,10 +1015,14 @@ gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dty
   return GS_OK;
 }
 
-gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
-                             const int64_t *shape, int ndim, size_t count, struct gs_handle **out) {
-  gs_status st = gs__op_new(ctx, name, op, dtype, shape, ndim, out);
-  if (st || (*out)->count == count) return st;
+gs_status gs__op_new(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                     const int64_t *shape, int ndim, struct gs_handle **out) {
+  return op_new(ctx, name, op, dtype, shape, ndim, out);
+}
+
+/* op_new_counted's refusal: *out's shape does not hold count elements. */
+static __attribute__((noinline, cold)) gs_status count_refused(const char *name, size_t count,
+                                                               struct gs_handle **out) {
   char s[256];
   gs__shape_format((*out)->req.shape, (*out)->req.ndim, s, sizeof s);
   size_t holds = (*out)->count;
@@ -1023,6 +1031,20 @@ gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_d
   return gs__set_error(GS_ERR_INVALID_ARG,
                        "tensor '%s': shape %s does not hold count=%zu elements (it holds %zu)",
                        name, s, count, holds);
+}
+
+/* gs__op_new_counted's body (see op_new). */
+static inline __attribute__((always_inline)) gs_status
+op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype, const int64_t *shape,
+               int ndim, size_t count, struct gs_handle **out) {
+  gs_status st = op_new(ctx, name, op, dtype, shape, ndim, out);
+  if (st || (*out)->count == count) return st;
+  return count_refused(name, count, out);
+}
+
+gs_status gs__op_new_counted(gs_ctx *ctx, const char *name, gs__op_type op, gs_dtype dtype,
+                             const int64_t *shape, int ndim, size_t count, struct gs_handle **out) {
+  return op_new_counted(ctx, name, op, dtype, shape, ndim, count, out);
 }
 
 void gs__op_complete_unsubmitted(struct gs_handle *h) {
@@ -1101,7 +1123,7 @@ static gs_status build_allreduce(gs_ctx *ctx, const char *name, const void *send
   const int64_t *shape = opts && opts->ndim > 0 ? opts->shape : &flat;
   int ndim = opts && opts->ndim > 0 ? opts->ndim : 1;
   struct gs_handle *h;
-  gs_status st = gs__op_new_counted(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, count, &h);
+  gs_status st = op_new_counted(ctx, name, GS__OP_ALLREDUCE, dtype, shape, ndim, count, &h);
   if (st) return st;
   if (count > 0 && (!send || !recv)) {
     free(h);
@@ -1141,7 +1163,10 @@ static gs_status build_allreduce(gs_ctx *ctx, const char *name, const void *send
   h->send = send;
   h->recv = recv;
   h->stream = opts ? opts->stream : NULL;
-  gs_status dst = gs__op_device(ctx, h, count ? send : NULL, count ? recv : NULL);
+  /* op_new set the host device; only a process that saw CUDA devices
+   * asks where the buffers are (gs__op_device). */
+  gs_status dst =
+      ctx->cuda_devices ? gs__op_device(ctx, h, count ? send : NULL, count ? recv : NULL) : GS_OK;
   if (dst) {
     free(h);
     return dst;
@@ -1169,7 +1194,8 @@ gs_status gs_allreduce_async(gs_ctx *ctx, const char *name, const void *send, vo
   if (!out) return gs__set_error(GS_ERR_INVALID_ARG, "gs_allreduce_async: out is NULL");
   *out = NULL;
   struct gs_handle *h;
-  gs_status st = make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h);
+  gs_status st = opts ? make_allreduce(ctx, name, send, recv, count, dtype, op, opts, &h)
+                      : build_allreduce(ctx, name, send, recv, count, dtype, op, NULL, &h);
   if (st) return st;
   /* gs_is_local's first test inline: no call (through the PLT: it is
    * exported) per submission while no name is local. */
@@ -1211,10 +1237,10 @@ gs_status gs_allreduce_init(gs_ctx *ctx, const char *name, const void *send, voi
                          "gs_allreduce_async for it",
                          name, ctx->rank, ctx->host);
   }
-  /* Hashed once here: each start looks the name up with hh.hashv. */
+  /* Hashed once here: each start looks the name up with its hashv. */
   unsigned hv;
-  HASH_VALUE(h->req.name, h->hh.keylen, hv);
-  h->hh.hashv = hv;
+  HASH_VALUE(h->req.name, h->name_len, hv);
+  h->hashv = hv;
   h->persistent = 1;
   atomic_store_explicit(&h->refs, 1, memory_order_relaxed); /* the caller's: inactive */
   atomic_store_explicit(&h->done, 1, memory_order_release);

@@ -243,7 +243,7 @@ static void cache_drop(gs_ctx *ctx, gs__wcache *c) {
 }
 
 /* Remembers that h's request is cached under id (replacing what the name
- * had). h is in flight (its hh.hashv is its name's hash); a new entry
+ * had). h is in flight (its hashv is its name's hash); a new entry
  * lists it (see gs__inflight_add_locked). Caller holds ctx->mu. */
 static void cache_put(gs_ctx *ctx, uint32_t id, struct gs_handle *h) {
   const gs__tensor_request *req = &h->req;
@@ -257,14 +257,14 @@ static void cache_put(gs_ctx *ctx, uint32_t id, struct gs_handle *h) {
   }
   if (c) cache_drop(ctx, c);
   c = NULL;
-  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, strlen(req->name), h->hh.hashv, c);
+  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, strlen(req->name), h->hashv, c);
   if (c) cache_drop(ctx, c);
   if (!(c = aligned_alloc(_Alignof(gs__wcache), sizeof *c))) return; /* only a cache hit is lost */
   memset(c, 0, sizeof *c);
   c->id = id;
   c->req = *req;
-  c->name_len = h->hh.keylen;
-  c->hashv = h->hh.hashv;
+  c->name_len = h->name_len;
+  c->hashv = h->hashv;
   HASH_ADD_KEYPTR_BYHASHVALUE(hh_name, ctx->cache_by_name, c->req.name, c->name_len, c->hashv, c);
   HASH_ADD(hh_id, ctx->cache_by_id, id, sizeof c->id, c);
   /* The name had no entry (dropped above), so h is in ctx->inflight. */

@@ -197,7 +197,7 @@ static void classify_locked(gs_ctx *ctx, struct gs_handle *h) {
   /* Its name's cache entry, which lists it in flight (found at submission,
    * which compared the names): gs__inflight_find_locked. */
   const gs__wcache *c = h->wc;
-  if (!c || !gs__tensor_request_equal_but_name(&c->req, r)) return;
+  if (!c || !gs__tensor_request_equal_but_name_inline(&c->req, r)) return;
   h->fast_id = c->id;
   h->fast_slot = c->slot;
 }

@@ -20,12 +20,12 @@
  *
  * A block handed out is 64-byte aligned and zero before its request
  * (GS__HANDLE_HEADER), not whole: the request is written by gs__op_new as
- * far as it is used. The hot header (GS__HANDLE_HOT, 3 cache lines) is
+ * far as it is used. The hot header (GS__HANDLE_HOT, 2 cache lines) is
  * zeroed here; the cold fields after it were zeroed when the block came
  * back (the handle's free has just read them: their lines are at hand
  * then, where zeroing them at the next submission meant fetching them
  * again, in the burst of a step's submissions). Zeroing all 744 bytes
- * cost a submission 12 lines; this, 3.
+ * cost a submission 12 lines; this, 2 (3 until session 25).
  * tests/unit/test_handle_cache.c checks both checkers.
  * Any thread; no locks. */
 #include <pthread.h>
@@ -123,27 +123,33 @@ __attribute__((destructor)) static void unload(void) {
   key_ok = 0;
 }
 
-/* Zeroes a block's cold fields, which are mostly zero already (an
- * allreduce sets none of them): storing only when one is not keeps the
- * free from dirtying two more lines per handle (an unconditional memset
- * here cost the free 12 ns). */
+typedef uint64_t zero_vec __attribute__((vector_size(32)));
+
+/* Zeroes a block's cold fields. Their first line holds the waited-on
+ * fields, which a wait that found the op pending wrote (most ops of a
+ * step): zeroed with two vector stores, no test. The rest is mostly zero
+ * already (an allreduce sets none of it): storing only when some word is
+ * not keeps the free from dirtying more lines per handle (an
+ * unconditional memset here cost the free 12 ns). */
 static void cold_zero(void *p) {
-  const unsigned char *c = (const unsigned char *)p + GS__HANDLE_HOT;
+  const zero_vec z = {0, 0, 0, 0};
+  unsigned char *c = (unsigned char *)p + GS__HANDLE_HOT;
+  memcpy(c, &z, sizeof z);
+  memcpy(c + sizeof z, &z, sizeof z);
   uint64_t any = 0;
-  for (size_t i = 0; i < GS__HANDLE_HEADER - GS__HANDLE_HOT; i += 8) {
+  for (size_t i = 64; i < GS__HANDLE_HEADER - GS__HANDLE_HOT; i += 8) {
     uint64_t w;
     memcpy(&w, c + i, 8);
     any |= w;
   }
-  if (any) memset((char *)p + GS__HANDLE_HOT, 0, GS__HANDLE_HEADER - GS__HANDLE_HOT);
+  if (any) memset(c + 64, 0, GS__HANDLE_HEADER - GS__HANDLE_HOT - 64);
 }
 
 /* Zeroes a block's hot header with vector stores written out: a memset
- * of its 192 bytes compiled to "rep stosq", whose start-up was most of
+ * of its 192 bytes (then) compiled to "rep stosq", whose start-up was most of
  * this function's time (perf annotate: 55% of its samples on the
  * instruction after it). */
 static void hot_zero(void *p) {
-  typedef uint64_t zero_vec __attribute__((vector_size(32)));
   const zero_vec z = {0, 0, 0, 0};
   _Static_assert(GS__HANDLE_HOT % sizeof z == 0, "whole vectors");
   for (size_t i = 0; i < GS__HANDLE_HOT; i += sizeof z) memcpy((char *)p + i, &z, sizeof z);

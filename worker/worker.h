@@ -33,7 +33,7 @@
  * from 60-88 to 42-52 cycles (rdtsc, timer included) of a submission of
  * ~250-400, names of 10-40 bytes. Every worker table uses these (the
  * macros are read where a table is used), so a hash value kept in one
- * table (hh.hashv of an op in flight) finds the name in another (the
+ * table (the hashv of an op in flight) finds the name in another (the
  * response cache). */
 static inline uint64_t gs__hash_bytes(uint64_t h, const void *key, size_t len) {
   const unsigned char *p = (const unsigned char *)key;
@@ -122,12 +122,14 @@ static inline int gs__key_differs(const void *a, const void *b, size_t n) {
  * cache holds, and each line a submission writes is a line to fetch before
  * the lock's atomics can complete: a submission used to zero and fill all
  * 12 lines of a 744-byte handle. Now it writes the header (GS__HANDLE_HOT
- * bytes, 3 lines: what the submitting thread sets and the library's
+ * bytes, 2 lines: what the submitting thread sets and the library's
  * threads read or change while the op is in flight, packed so that the
- * exec thread's snapshot and completion touch the first two) and the
- * request as far as it is used (its name and its scalars plus shape: 2
- * lines for names under 64 bytes). The cold fields between them (results
- * and what only some ops use) are zero whenever a block is handed out:
+ * exec thread's snapshot and completion touch the first) and the request
+ * as far as it is used (its name and its scalars plus shape: 2 lines for
+ * names under 64 bytes). The cold fields between them (results, the
+ * waited-on fields, the in-flight table's hh used only by names without a
+ * cache entry, and what only some ops use) are zero whenever a block is
+ * handed out:
  * the free of the previous handle, which reads them anyway, leaves them
  * so (gs__handle_mem_free). Blocks are 64-byte aligned. */
 struct gs__wcache;
@@ -159,30 +161,31 @@ struct gs_handle {
    * its op in flight (wc->inflight == this), or NULL: then it is in
    * ctx->inflight (see gs__inflight_add_locked). Under mu. */
   struct gs__wcache *wc;
-  /* ---- line 1 ---- */
-  UT_hash_handle hh; /* ctx->inflight by name when wc is NULL (under mu); hh.hashv and
-                      * hh.keylen are its name's hash and length from submission on */
-  int compress;      /* float32 buffers, req.dtype on the wire */
-  int persistent;    /* gs_allreduce_init: started again and again (immutable) */
-  /* ---- line 2 ---- */
+  /* ---- line 1: the rest a submission sets ---- */
   gs_ctx *ctx;
   void *recv;
   uint64_t fast_since_ms, fast_seq;
-  /* Deadlock detection (under mu). Blocked-since belongs to the op, not to
-   * one call: wait_since_ms is when an application thread first waited on
-   * or tested it while pending (0 = never), wait_last_ms the last time one
-   * did, nwaiting how many threads are inside a wait on it now. Such ops are
-   * on ctx->waited (wprev/wnext) until they complete. */
-  uint64_t wait_since_ms;
-  struct gs_handle *wprev;
   void *stream; /* caller's cudaStream_t (GPU buffers; NULL = default) */
+  /* The name's length (gs__op_new) and hash (the submission's lookup,
+   * submit_find_locked; a persistent op's at gs_allreduce_init): a name's
+   * hash is the same in every worker table, so it finds the name in the
+   * response cache and in ctx->inflight. */
+  unsigned name_len, hashv;
+  int compress;   /* float32 buffers, req.dtype on the wire */
+  int persistent; /* gs_allreduce_init: started again and again (immutable) */
   /* Optional step run by the exec thread when the collective succeeded,
    * before the handle completes (e.g. unpacking a sparse result); a
    * non-zero return fails the op with that status and err. */
   int (*finish)(struct gs_handle *h, char *err, size_t errlen);
   /* ---- cold: zero in a block handed out (gs__handle_mem_free leaves them
    * so); set only by the ops that use them ---- */
-  struct gs_handle *wnext;
+  /* Deadlock detection (under mu). Blocked-since belongs to the op, not to
+   * one call: wait_since_ms is when an application thread first waited on
+   * or tested it while pending (0 = never), wait_last_ms the last time one
+   * did, nwaiting how many threads are inside a wait on it now. Such ops are
+   * on ctx->waited (wprev/wnext) until they complete. */
+  uint64_t wait_since_ms;
+  struct gs_handle *wprev, *wnext;
   uint64_t wait_last_ms;
   int nwaiting;
   int join_last; /* join: the rank that joined last (valid once done) */
@@ -195,16 +198,20 @@ struct gs_handle {
   int64_t *splits; /* alltoall: rows this rank sends to each rank (size entries) */
   void *data;      /* owned by the handle; freed with free_data */
   void (*free_data)(void *data);
+  /* ctx->inflight by name when wc is NULL (under mu; HASH_ADD sets it) */
+  UT_hash_handle hh;
   /* ---- the op, immutable after submission; gs__op_new writes the name up
    * to its NUL and the shape up to ndim, nothing reads past them ---- */
   _Alignas(64) gs__tensor_request req;
 };
 /* The header gs__handle_mem zeroes, and the cold part the free of a block
  * zeroes (gs__handle_mem_free), before the request. */
-#define GS__HANDLE_HOT offsetof(struct gs_handle, wnext)
+#define GS__HANDLE_HOT offsetof(struct gs_handle, wait_since_ms)
 #define GS__HANDLE_HEADER offsetof(struct gs_handle, req)
-_Static_assert(GS__HANDLE_HOT == 192, "the handle's hot fields are its first 3 cache lines");
+_Static_assert(GS__HANDLE_HOT == 128, "the handle's hot fields are its first 2 cache lines");
 _Static_assert(GS__HANDLE_HEADER % 64 == 0, "the request starts a cache line");
+_Static_assert(offsetof(struct gs_handle, nwaiting) < GS__HANDLE_HOT + 64,
+               "the waited-on fields are in the first cold line (handle_cache.c, cold_zero)");
 
 typedef struct plan_node {
   gs__plan plan;
@@ -652,7 +659,7 @@ static inline struct gs_handle *gs__inflight_find_str_locked(gs_ctx *ctx, const 
   HASH_VALUE(name, len, hv);
   return gs__inflight_find_locked(ctx, name, len, hv, NULL);
 }
-/* Lists h (hh.hashv and hh.keylen set; no op of its name in flight) in
+/* Lists h (hashv and name_len set; no op of its name in flight) in
  * entry, its name's cache entry as gs__inflight_find_locked gave it, or in
  * ctx->inflight when entry is NULL. */
 static inline void gs__inflight_add_locked(gs_ctx *ctx, struct gs_handle *h, gs__wcache *entry) {
@@ -661,7 +668,7 @@ static inline void gs__inflight_add_locked(gs_ctx *ctx, struct gs_handle *h, gs_
     h->wc = entry;
     return;
   }
-  HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, h->hh.keylen, h->hh.hashv, h);
+  HASH_ADD_KEYPTR_BYHASHVALUE(hh, ctx->inflight, h->req.name, h->name_len, h->hashv, h);
 }
 /* Takes h, listed by gs__inflight_add_locked, off the list. */
 static inline void gs__inflight_del_locked(gs_ctx *ctx, struct gs_handle *h) {
