@@ -998,7 +998,10 @@ static inline __attribute__((always_inline)) gs_status op_new(gs_ctx *ctx, const
   r->prescale = 1.0;
   r->postscale = 1.0;
   r->group_id = 0;
-  small_copy(r->shape, shape, (size_t)ndim * sizeof *shape);
+  if (ndim == 1) /* a flat tensor (every gs_allreduce_async without a shape): no call */
+    r->shape[0] = shape[0];
+  else
+    small_copy(r->shape, shape, (size_t)ndim * sizeof *shape);
   int64_t n = 1;
   int overflow = 0;
   for (int i = 0; i < ndim; i++) overflow |= __builtin_mul_overflow(n, shape[i], &n);

@@ -180,42 +180,6 @@ void gs__live_del_locked(gs_ctx *ctx, uint32_t id) {
 
 /* ---- entering fast mode, submissions, FastStop ---------------------------- */
 
-static void classify_locked(gs_ctx *ctx, struct gs_handle *h) {
-  const gs__tensor_request *r = &h->req;
-  h->fast_slot = h->fast_id = 0;
-  /* Only these run in a round; anything else (allgather, alltoall, join,
-   * sparse as allgather) is for the coordinator. A barrier has its own
-   * place in the vector (V[1]). A group member runs too: its cache entry
-   * holds the group's id and size (a hash of the members' names in order,
-   * the same every step), so it is a hit only when this call grouped the
-   * same names in the same order; and a group is submitted in one call
-   * (submit_many, under mu), so every snapshot holds all of a group or
-   * none of it, and the MIN over ranks keeps it whole: all of its members
-   * are in a round's common set or none. */
-  if (r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BROADCAST && r->op != GS__OP_REDUCESCATTER)
-    return;
-  /* Its name's cache entry, which lists it in flight (found at submission,
-   * which compared the names): gs__inflight_find_locked. */
-  const gs__wcache *c = h->wc;
-  if (!c || !gs__tensor_request_equal_but_name_inline(&c->req, r)) return;
-  h->fast_id = c->id;
-  h->fast_slot = c->slot;
-}
-
-void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms) {
-  h->fast = 1;
-  h->fast_seq = ++ctx->fast_seq;
-  h->fast_since_ms = now_ms;
-  classify_locked(ctx, h);
-  if (ctx->fast_tail)
-    ctx->fast_tail->next_submit = h;
-  else
-    ctx->fast_head = h;
-  ctx->fast_tail = h;
-  ctx->nfast++;
-  gs__exec_bell_locked(ctx);
-}
-
 void gs__fast_enter_locked(gs_ctx *ctx) {
   if (ctx->live_dirty) {
     /* The slots follow the live ids, which only plans change: once per
@@ -684,7 +648,7 @@ void gs__fast_round(gs_ctx *ctx) {
      * the library's stays until the round ends (gs_handle.round). */
     h->round = 1;
     st->held[st->nheld++] = h;
-    /* The slot first: a barrier has none (classify_locked), and the
+    /* The slot first: a barrier has none (gs__fast_classify_locked), and the
      * request's line is read only for ops without one. */
     if (!h->fast_slot || h->fast_slot > nlive) {
       if (h->req.op == GS__OP_BARRIER) {

@@ -541,10 +541,46 @@ static inline void gs__exec_bell_locked(gs_ctx *ctx) {
 }
 /* Runs one fast round, or escalates (exec thread, without ctx->mu). */
 void gs__fast_round(gs_ctx *ctx);
+/* h's slot and cache id in a fast round, or 0 (caller holds ctx->mu). */
+static inline void gs__fast_classify_locked(struct gs_handle *h) {
+  const gs__tensor_request *r = &h->req;
+  h->fast_slot = h->fast_id = 0;
+  /* Only these run in a round; anything else (allgather, alltoall, join,
+   * sparse as allgather) is for the coordinator. A barrier has its own
+   * place in the vector (V[1]). A group member runs too: its cache entry
+   * holds the group's id and size (a hash of the members' names in order,
+   * the same every step), so it is a hit only when this call grouped the
+   * same names in the same order; and a group is submitted in one call
+   * (submit_many, under mu), so every snapshot holds all of a group or
+   * none of it, and the MIN over ranks keeps it whole: all of its members
+   * are in a round's common set or none. */
+  if (r->op != GS__OP_ALLREDUCE && r->op != GS__OP_BROADCAST && r->op != GS__OP_REDUCESCATTER)
+    return;
+  /* Its name's cache entry, which lists it in flight (found at submission,
+   * which compared the names): gs__inflight_find_locked. */
+  const gs__wcache *c = h->wc;
+  if (!c || !gs__tensor_request_equal_but_name_inline(&c->req, r)) return;
+  h->fast_id = c->id;
+  h->fast_slot = c->slot;
+}
+
 /* Puts h at the end of the fast queue, stamped now_ms, with its slot and
  * cache id (caller holds ctx->mu; h is in flight, so h->wc is its name's
- * cache entry, if any). */
-void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms);
+ * cache entry, if any). Inline: every fast-mode submission. */
+static inline void gs__fast_queue_locked(gs_ctx *ctx, struct gs_handle *h, uint64_t now_ms) {
+  h->fast = 1;
+  h->fast_seq = ++ctx->fast_seq;
+  h->fast_since_ms = now_ms;
+  gs__fast_classify_locked(h);
+  if (ctx->fast_tail)
+    ctx->fast_tail->next_submit = h;
+  else
+    ctx->fast_head = h;
+  ctx->fast_tail = h;
+  ctx->nfast++;
+  gs__exec_bell_locked(ctx);
+}
+
 /* fast_round.c: a plan assigned / evicted cache id id (comm thread, caller
  * holds ctx->mu). Out of memory sets live_oom. */
 void gs__live_add_locked(gs_ctx *ctx, uint32_t id, const gs__response *r, const gs__plan_tensor *t);
