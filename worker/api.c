@@ -1014,9 +1014,10 @@ static inline __attribute__((always_inline)) gs_status op_new(gs_ctx *ctx, const
    * shape up to ndim: not zeroed whole (440 bytes, 7 cache lines of the
    * 12 a submission wrote; worker.h, struct gs_handle). Nothing reads a
    * request's name past its NUL or its shape past ndim.
-   * The copies go through small_copy: copied inline here, a name or a
-   * shape became a "rep movsq" string copy, whose start-up alone (12-15 ns
-   * here) cost more than the rest of the copy, twice per submission. */
+   * The name goes through name_copy and a shape of more than one
+   * dimension through small_copy: copied by memcpy inline here, either
+   * became a "rep movsq" string copy, whose start-up alone (12-15 ns here)
+   * cost more than the rest of the copy. */
   gs__tensor_request *r = &h->req;
   name_copy(r->name, name, nlen + 1);
   r->op = op;
