@@ -1663,6 +1663,24 @@ static void fork_step(gs_ctx *ctx, const char *name, int step, float *buf, gs_ha
     gs_handle_free(h);
 }
 
+/* Waits for a forked child (the fork and fork-init modes) and returns its
+ * wait status; what names it in the error. Bounded: the child's own alarm
+ * is at 60 s, and after 90 s it is killed and this rank fails. */
+static int wait_child_bounded(pid_t pid, const char *what) {
+  int status = 0;
+  pid_t got = 0;
+  for (int i = 0; (got = waitpid(pid, &status, WNOHANG)) == 0; i++) {
+    if (i == 9000) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      wu_die("%s (pid %d) did not exit within 90 s", what, (int)pid);
+    }
+    sleep_ms(10);
+  }
+  if (got != pid) wu_die("%s: waitpid %d: %s", what, (int)pid, strerror(errno));
+  return status;
+}
+
 /* In the child: s and the thread's last error must be the fork error of
  * call (and tensor). Returns 1 when not. */
 static int fork_check(gs_ctx *ctx, gs_status s, const char *call, const char *tname, pid_t parent,
@@ -1790,17 +1808,10 @@ static int mode_fork(gs_ctx *ctx, int steps) {
       pid_t pid = fork();
       if (pid < 0) wu_die("fork: %s", strerror(errno));
       if (pid == 0) fork_child(ctx, pending, done, done_buf, parent, c == 0);
-      int status = 0;
-      pid_t got = 0;
-      for (int i = 0; (got = waitpid(pid, &status, WNOHANG)) == 0; i++) {
-        if (i == 9000) { /* the child's own alarm is at 60 s */
-          kill(pid, SIGKILL);
-          waitpid(pid, &status, 0);
-          wu_die("fork child %d (pid %d) did not exit within 90 s", c, (int)pid);
-        }
-        sleep_ms(10);
-      }
-      if (got != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      char what[32];
+      snprintf(what, sizeof what, "fork child %d", c);
+      int status = wait_child_bounded(pid, what);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         wu_die("fork child %d (pid %d) failed: %s %d", c, (int)pid,
                WIFSIGNALED(status) ? "signal" : "exit status",
                WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
@@ -1906,17 +1917,9 @@ static int fork_init_run_child(const char *tag, char *const env[]) {
     fflush(stdout);
     _exit(code);
   }
-  int status = 0;
-  pid_t got = 0;
-  for (int i = 0; (got = waitpid(pid, &status, WNOHANG)) == 0; i++) {
-    if (i == 9000) { /* the child's own alarm is at 60 s */
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      wu_die("fork-init: child %d (%s) did not exit within 90 s", (int)pid, tag);
-    }
-    sleep_ms(10);
-  }
-  if (got != pid) wu_die("fork-init: waitpid %d: %s", (int)pid, strerror(errno));
+  char what[64];
+  snprintf(what, sizeof what, "fork-init: child (%s)", tag);
+  int status = wait_child_bounded(pid, what);
   if (WIFSIGNALED(status))
     wu_die("fork-init: child %d (%s) was killed by signal %d (a hang ends it with SIGALRM)",
            (int)pid, tag, WTERMSIG(status));
