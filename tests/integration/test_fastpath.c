@@ -976,5 +976,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_wait_timeout_mid_round_np2, setup, job_teardown),
   };
+  /* GS_TEST_FILTER=test_name (a glob) runs only the tests it matches */
+  if (getenv("GS_TEST_FILTER")) cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
   return cmocka_run_group_tests_name("fastpath", tests, NULL, NULL);
 }
