@@ -257,7 +257,7 @@ static void cache_put(gs_ctx *ctx, uint32_t id, struct gs_handle *h) {
   }
   if (c) cache_drop(ctx, c);
   c = NULL;
-  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, strlen(req->name), h->hashv, c);
+  HASH_FIND_BYHASHVALUE(hh_name, ctx->cache_by_name, req->name, h->name_len, h->hashv, c);
   if (c) cache_drop(ctx, c);
   if (!(c = aligned_alloc(_Alignof(gs__wcache), sizeof *c))) return; /* only a cache hit is lost */
   memset(c, 0, sizeof *c);

@@ -248,7 +248,7 @@ typedef struct gs__wcache {
    * was submitted right after this one's the last time (seq_next), and the
    * entry whose seq_next this is (seq_prev): the links are pairs, so that
    * cache_drop unlinks both sides and no entry ever points to a freed one
-   * (gs__wcache_link, gs__wcache_unlink_locked). */
+   * (gs__wcache_link; cache_drop in background.c). */
   struct gs__wcache *seq_next, *seq_prev;
   /* The op of this name in flight on this rank (its wc is this entry), or
    * NULL: an op in flight whose name has an entry is listed here, never

@@ -220,6 +220,22 @@ static void test_fork_child(void **state) {
   job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
 }
 
+/* Starts the 2 ranks of j in gs-test-worker's fork-init mode `which` and
+ * checks that each exits 0 after its child joined, summed the tensor
+ * 'fork-init/<which>' right and left. */
+static void fork_init_ranks(job *j, const char *which) {
+  char *args[] = {"fork-init", (char *)which, NULL};
+  for (int r = 0; r < 2; r++) j->ranks[r] = job_start_rank(j, r, worker_path, args, NULL);
+  for (int r = 0; r < 2; r++) {
+    job_expect_exit(j->ranks[r], 0);
+    char want[128];
+    snprintf(want, sizeof want, ": rank %d of 2: joined, tensor 'fork-init/%s' summed right, left",
+             r, which);
+    job_expect_output(j->ranks[r], want);
+    job_expect_no_output(j->ranks[r], "FAIL", 0);
+  }
+}
+
 /* gs_init in a forked child, as a user would (every child's wait is
  * bounded: its alarm, then its parent's kill). fresh: each rank process of
  * a 2-rank job never calls gs_init and forks; the children join as ranks 0
@@ -228,18 +244,9 @@ static void test_fork_init_fresh(void **state) {
   (void)state;
   job j;
   job_start_coordinator(&j, 2, NULL);
-  char *args[] = {"fork-init", "fresh", NULL};
-  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, args, NULL);
-  for (int r = 0; r < 2; r++) {
-    job_expect_exit(j.ranks[r], 0);
-    char want[128];
-    snprintf(want, sizeof want,
-             ": rank %d of 2: joined, tensor 'fork-init/fresh' summed right, "
-             "left",
-             r);
-    job_expect_output(j.ranks[r], want);
-    job_expect_no_output(j.ranks[r], "FAIL", 0);
-    /* the children joined, not their parents */
+  fork_init_ranks(&j, "fresh");
+  for (int r = 0; r < 2; r++) { /* the children joined, not their parents */
+    char want[64];
     snprintf(want, sizeof want, "(pid %d, ", (int)j.ranks[r]->pid);
     job_expect_no_output(j.coord, want, 0);
   }
@@ -255,18 +262,7 @@ static void test_fork_init_after_shutdown(void **state) {
   char *cargs[] = {"--serve-forever", NULL};
   job j;
   job_start_coordinator(&j, 2, cargs);
-  char *args[] = {"fork-init", "after-shutdown", NULL};
-  for (int r = 0; r < 2; r++) j.ranks[r] = job_start_rank(&j, r, worker_path, args, NULL);
-  for (int r = 0; r < 2; r++) {
-    job_expect_exit(j.ranks[r], 0);
-    char want[128];
-    snprintf(want, sizeof want,
-             ": rank %d of 2: joined, tensor 'fork-init/after-shutdown' "
-             "summed right, left",
-             r);
-    job_expect_output(j.ranks[r], want);
-    job_expect_no_output(j.ranks[r], "FAIL", 0);
-  }
+  fork_init_ranks(&j, "after-shutdown");
   wait_for_output(j.coord, "job (epoch 2) finished: all 2 ranks left cleanly");
   job_expect_output(j.coord, "job (epoch 1) finished: all 2 ranks left cleanly");
   job_stop_coordinator(&j);
