@@ -3,9 +3,9 @@
 # docs/benchmarks.md "Control plane"). bench/run.sh runs it after its own
 # tables (or alone: bench/run.sh --control-only).
 #
-#   bench/control.sh [--build DIR] [--rounds R] [--inner K] [--np "2 4"] [--sim-ranks "8 64 256 1024"]
-#                    [--sim-rounds K] [--out FILE] [--plots DIR] [--quick]
-#                    [--bind auto|core|none] [--workloads DIR]
+#   bench/control.sh [--build DIR] [--rounds R] [--inner K] [--pairs P] [--np "2 4"]
+#                    [--sim-ranks "8 64 256 1024"] [--sim-rounds K] [--out FILE] [--plots DIR]
+#                    [--quick] [--bind auto|core|none] [--workloads DIR]
 #
 # Binding: the MPI peer runs under mpirun's default, which binds each rank to
 # a core when the job is not oversubscribed (np <= 2 here) and binds nothing
@@ -22,12 +22,19 @@
 # - the ResNet-50 control-only step: its 161 tensors at 4 B each (--scale
 #   1e9), cache warm, the 161 submission calls included, vs the Horovod-style
 #   negotiation over OpenMPI (bench/mpi_negotiation.c) on the same list,
-#   and beside gradsync with gradsyncd --fast-path off and with the 161
-#   tensors as one gs_grouped_allreduce_async per step and as persistent
-#   ops started by one gs_startall per step (K runs of each per
-#   round, --inner K, default 3: the case swings most between runs),
-#   cache on (bit-vector allreduce) and off (gather + bcast), negotiation
-#   only and with the fused tiny allreduces executed;
+#   and beside gradsync with gradsyncd --fast-path off (K runs per round,
+#   --inner K, default 3) and with the 161 tensors as one
+#   gs_grouped_allreduce_async per step and as persistent ops started by one
+#   gs_startall per step; MPI cache on (bit-vector allreduce) and off
+#   (gather + bcast), negotiation only and with the fused tiny allreduces
+#   executed. Issue 14's target ratios (gradsync's three submissions / MPI
+#   cached) swing most between runs, so those four cases run in P pairs per
+#   np (--pairs P, default 12, spread over the rounds; --quick: 4): in a
+#   pair one run of each, back to back, in the order gradsync, grouped,
+#   persistent, MPI in odd pairs and the reverse in even ones; the report
+#   gives each side's median, the median of the per-pair ratios, and how
+#   many pairs were under the target (pairs only change how the runs are
+#   ordered and summarised: the same programs, options and binding);
 # - the floors of issue 14's targets: one round trip through gradsyncd (the
 #   rank simulator's floor round with one rank: one request, one answer) and
 #   the TCP ring alone at 4 B and 16 KiB (gs-transport-bench, when built);
@@ -54,6 +61,7 @@ root=$(cd "$here/.." && pwd)
 build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
 inner=3
+pairs=12
 nps="2 4"
 simn="8 64 256 1024"
 sim_rounds=""
@@ -67,18 +75,22 @@ while [ $# -gt 0 ]; do
   --build) build=$2; shift 2 ;;
   --rounds) rounds=$2; shift 2 ;;
   --inner) inner=$2; shift 2 ;;
+  --pairs) pairs=$2; shift 2 ;;
   --np) nps=$2; shift 2 ;;
   --sim-ranks) simn=$2; shift 2 ;;
   --sim-rounds) sim_rounds=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --plots) plots=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
-  --quick) quick=1; rounds=1; inner=1; simn="8 64"; shift ;;
+  --quick) quick=1; rounds=1; inner=1; pairs=4; simn="8 64"; shift ;;
   --bind) bind=$2; shift 2 ;;
-  -h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "control.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+case "$pairs" in
+'' | *[!0-9]* | 0) echo "control.sh: --pairs needs a count >= 1, got '$pairs'" >&2; exit 2 ;;
+esac
 case "$bind" in
 auto | core | none) ;;
 *) echo "control.sh: --bind needs auto, core or none, got '$bind'" >&2; exit 2 ;;
@@ -102,7 +114,8 @@ sizes="4 64 1024 16384 65536 262144 1048576"
 [ "$quick" = 1 ] && sizes="4 65536"
 start=$(date +%s)
 
-# rec CASE ROUND NP COMMAND...: runs it, keeps its RESULT line.
+# rec CASE ROUND NP COMMAND...: runs it, keeps its RESULT line (with pair=K
+# after np= while $pair is K).
 rec() {
   local c=$1 r=$2 np=$3
   shift 3
@@ -113,8 +126,9 @@ rec() {
     tail -3 "$out.err" >&2
     return
   fi
-  echo "CASE $c round=$r np=$np $line" >>"$out"
+  echo "CASE $c round=$r np=$np${pair:+ pair=$pair} $line" >>"$out"
 }
+pair=""
 
 ncpu=$(nproc)
 binding() { # NP: gradsync-run's --bind-to for NP ranks (as mpirun binds: see --bind)
@@ -157,21 +171,32 @@ for r in $(seq 1 "$rounds"); do
       rec "lat.gs.$b" "$r" "$np" gs "$np" --raw-allreduce "$b" --steps 200 --warmup 10
       [ "$mpi" = 1 ] && rec "lat.mpi.$b" "$r" "$np" mp "$np" --allreduce-bytes "$b" --steps 200 --warmup 10
     done
-    # the two cases that swing most between runs: $inner samples per round,
-    # each beside the same case with the fast path off (issue 14's baseline)
+    # issue 14's target: this round's share of the pairs (see the header)
+    read -r p0 p1 <<<"$(pair_range "$r" "$rounds" "$pairs")"
+    for k in $(seq "$p0" "$p1"); do
+      members=(ctl.gs ctl.gs.grouped ctl.gs.persistent)
+      [ "$mpi" = 1 ] && members+=(ctl.mpi.cached)
+      pair=$k
+      for c in $(pair_order "$k" "${members[@]}"); do
+        case $c in
+        ctl.gs) rec ctl.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5 ;;
+        # the same 161 tensors as one gs_grouped_allreduce_async per step
+        ctl.gs.grouped) rec ctl.gs.grouped "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 \
+          --warmup 5 --grouped on ;;
+        # the same 161 tensors as persistent ops (gs_allreduce_init once,
+        # one gs_startall per step)
+        ctl.gs.persistent) rec ctl.gs.persistent "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 \
+          --steps 100 --warmup 5 --grouped persistent ;;
+        ctl.mpi.cached) rec ctl.mpi.cached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 ;;
+        esac
+      done
+      pair=""
+    done
+    # the fast path off (issue 14's baseline): $inner samples per round
     for _ in $(seq 1 "$inner"); do
-      rec ctl.gs "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
       rec ctl.gs.off "$r" "$np" gs_off "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5
-      # the same 161 tensors as one gs_grouped_allreduce_async per step
-      rec ctl.gs.grouped "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 --warmup 5 \
-        --grouped on
-      # the same 161 tensors as persistent ops (gs_allreduce_init once, one
-      # gs_startall per step)
-      rec ctl.gs.persistent "$r" "$np" gs "$np" --workload "$resnet" --scale 1e9 --steps 100 \
-        --warmup 5 --grouped persistent
     done
     if [ "$mpi" = 1 ]; then
-      rec ctl.mpi.cached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5
       rec ctl.mpi.cached.exec "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 --execute \
         --scale 1e9
       rec ctl.mpi.uncached "$r" "$np" mp "$np" --workload "$resnet" --steps 200 --warmup 5 --cache 0
@@ -227,7 +252,7 @@ echo "Control-only step (ResNet-50, 161 tensors of 4 B, cache warm, submissions 
 echo "Binding (--bind $bind): gradsync-run$(sep=""; for np in $nps; do printf '%s --bind-to %s at np=%s' "$sep" "$(binding "$np")" "$np"; sep=","; done);"
 echo "the MPI peer: mpirun's default (each rank bound to a core at np <= 2 when np <= the $ncpu cpus, nothing when oversubscribed)."
 echo
-echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | gradsync step, one grouped call | gradsync step, persistent ops (gs_startall) | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
+echo "| np | gradsync step | gs_barrier | gradsync step, fast path off | gradsync step, one grouped call | gradsync step, persistent ops (gs_startall) | MPI cached (bit vector) | MPI cached + tiny allreduces | MPI uncached (gather+bcast) | gradsync / MPI cached (ratio of medians; paired: below) | gradsync / MPI cached+exec | collectives/step | plans replayed/step |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for np in $nps; do
   grp=$(med ctl.gs.grouped step_ms "$np") per=$(med ctl.gs.persistent step_ms "$np")
@@ -235,6 +260,28 @@ for np in $nps; do
   mc=$(med ctl.mpi.cached step_ms "$np") me=$(med ctl.mpi.cached.exec step_ms "$np")
   mu=$(med ctl.mpi.uncached step_ms "$np")
   echo "| $np | $(us "$g") | $(us "$bar") | $(us "$off") | $(us "$grp") | $(us "$per") | $(us "$mc") | $(us "$me") | $(us "$mu") | $(ratio "$g" "$mc") | $(ratio "$g" "$me") | $(med ctl.gs collectives "$np") | $(med ctl.gs plans_replayed "$np") |"
+done
+echo
+# issue 14's target from the pairs: per pair (np, K) gradsync's step / the MPI
+# peer's cached step of the same pair, then the median over the pairs
+echo "Issue 14's target side by side: the control-only step in pairs (one run of gradsync's three submissions and"
+echo "one of the MPI peer's cached step, back to back, the order reversed in every other pair; $pairs pairs per np"
+echo "over $rounds round(s)). Medians of each side over the pairs, µs; ratio = the median of the per-pair ratios:"
+echo
+echo "| np | gradsync submission | pairs | gradsync µs | MPI cached µs | gradsync / MPI cached, median of per-pair ratios | pairs under the target | target |"
+echo "|---|---|---|---|---|---|---|---|"
+us1() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.1f", a * 1000 }'; }
+for np in $nps; do
+  bound=$([ "$np" -le 2 ] && echo 1.5 || echo 1.0)
+  for c in ctl.gs ctl.gs.grouped ctl.gs.persistent; do
+    read -r n pr under ma mb <<<"$(pair_stat "$c" ctl.mpi.cached step_ms "$np" "$bound")"
+    case $c in
+    ctl.gs) what="161 gs_allreduce_async calls" ;;
+    ctl.gs.grouped) what="one gs_grouped_allreduce_async" ;;
+    *) what="persistent ops, one gs_startall" ;;
+    esac
+    echo "| $np | $what | $n | $(us1 "$ma") | $(us1 "$mb") | $([ "$n" = 0 ] && echo n/a || echo "$pr") | $under of $n | ≤ $bound |"
+  done
 done
 echo
 echo "Batching with 100 µs gaps (ResNet-50/32, as pol.a2):"

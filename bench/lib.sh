@@ -29,3 +29,62 @@ med() {
       print (n % 2) ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2
     }' "$out"
 }
+
+# Paired runs. The target ratios of issues 14 and 15 are measured in pairs:
+# the two sides (say gradsync and the MPI peer) run one after the other, the
+# order reversed in every other pair, and a pair's ratio compares two runs
+# made seconds apart. Their lines carry pair=K (K counts the pairs of one np
+# across the rounds).
+
+# pair_order K A B...: the members in the order of pair K: as given in odd
+# pairs, reversed in even ones, so that no side always runs first.
+pair_order() {
+  local k=$1 i
+  shift
+  if [ $((k % 2)) = 1 ]; then
+    echo "$@"
+  else
+    local a=("$@")
+    for ((i = ${#a[@]} - 1; i >= 0; i--)); do printf '%s ' "${a[i]}"; done
+    echo
+  fi
+}
+
+# pair_range R ROUNDS PAIRS: the numbers of the pairs round R runs ("FIRST
+# LAST"; LAST < FIRST when none): the pairs spread over the rounds.
+pair_range() {
+  echo "$(($3 * ($1 - 1) / $2 + 1)) $(($3 * $1 / $2))"
+}
+
+# pair_stat A B KEY NP BOUND [FIELD=VALUE]: over the pairs in the file $out
+# that have both a "CASE A" and a "CASE B" line with pair=K at np=NP (and
+# FIELD=VALUE when given): "PAIRS RATIO UNDER MED-A MED-B" — how many
+# pairs, the median of the per-pair ratios A/B of KEY (2 decimals), how
+# many pairs have a ratio <= BOUND, and the medians of KEY of each side over
+# those pairs; "0 nan 0 nan nan" when no pair is complete.
+pair_stat() {
+  awk -v a="$1" -v b="$2" -v k="$3" -v np="np=$4" -v bound="$5" -v extra="${6:-}" '
+    function median(v, n,   i, j, t) {
+      for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+      return (n % 2) ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2
+    }
+    $1 == "CASE" && ($2 == a || $2 == b) && index(" " $0 " ", " " np " ") &&
+      (extra == "" || index(" " $0 " ", " " extra " ")) {
+      p = ""; x = ""
+      for (i = 3; i <= NF; i++) {
+        split($i, kv, "=")
+        if (kv[1] == "pair" && p == "") p = kv[2]
+        if (kv[1] == k && x == "") x = kv[2]
+      }
+      if (p == "" || x == "" || x == "n/a") next
+      if ($2 == a) va[p] = x + 0; else vb[p] = x + 0
+    }
+    END {
+      n = 0
+      for (p in va) if ((p in vb) && vb[p] > 0) {
+        r[n] = va[p] / vb[p]; sa[n] = va[p]; sb[n] = vb[p]; if (r[n] <= bound + 0) u++; n++
+      }
+      if (!n) { print "0 nan 0 nan nan"; exit }
+      printf "%d %.2f %d %s %s\n", n, median(r, n), u + 0, median(sa, n), median(sb, n)
+    }' "$out"
+}

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # bench/run.sh — gradsync's side-by-side benchmark comparisons (docs/benchmarks.md).
 #
-#   bench/run.sh [--quick] [--build DIR] [--doc FILE | --no-doc] [--parts "LIST"]
+#   bench/run.sh [--quick] [--build DIR] [--doc FILE | --no-doc] [--parts "LIST"] [--pairs P]
 #     everything, in this order (parts: transport dataplane steps hosts
 #     control settings), each part's tables into the generated section of
 #     docs/benchmarks.md (between its run.sh:begin/end markers) and its plots
 #     into docs/img/run-*.svg, then the table against the targets of issues
 #     14 and 15 (bench/targets.py); builds a Release tree in build-bench first when
 #     it is missing, installs gnuplot-nox when missing (as root); --quick:
-#     one round and fewer sizes everywhere, no settings part
+#     one round and fewer sizes everywhere, 4 pairs (below), no settings part;
+#     --pairs P: the pairs of the paired target ratios in the dataplane and
+#     control parts (default 10 and 12)
 #   bench/run.sh --settings [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
-#                [--no-control]
+#                [--no-control] [--pairs P]
 #     fusion, emission policy and cache settings (then bench/control.sh
-#     unless --no-control); --control-only runs only bench/control.sh
+#     unless --no-control, with --pairs P); --control-only runs only bench/control.sh
 #   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
-#                [--sweep-from FILE] [--plot FILE]
+#                [--sweep-from FILE] [--plot FILE] [--pairs P]
 #     (the data plane next to OpenMPI: see "data plane" below; --plot: the
-#     bus-bandwidth plot, default docs/benchmarks-dataplane.svg)
+#     bus-bandwidth plot, default docs/benchmarks-dataplane.svg; --pairs P:
+#     the GS_AVERAGE / GS_SUM CPU-time pairs per np, default 10, 4 with --quick)
 #   Every mode: --workloads DIR (the tensor lists, default bench/workloads);
 #   the environment's GRADSYNC_BUILD and GRADSYNC_WORKLOADS set the defaults
 #   of --build and --workloads.
@@ -27,7 +30,12 @@
 # interleaved (so that drift on a shared machine hits all configurations
 # alike), each run under gradsync-run with its coordinator flags; every run
 # prints the medians over its steps (of the slowest rank). The tables show
-# the median over rounds and the ratios. Raw RESULT lines go to --out.
+# the median over rounds and the ratios. The target ratios that swing most
+# between runs (issue 14's control-only step, issue 15's GS_AVERAGE /
+# GS_SUM CPU time) are measured in pairs instead: the two sides back to
+# back, the order reversed in every other pair, the pairs spread over the
+# rounds; their ratio is the median of the per-pair ratios. Raw RESULT
+# lines go to --out.
 #
 # Not part of the test suite: timings are noisy on shared machines and are
 # never pass/fail. Budget on 2 vCPUs: see "How to run" in docs/benchmarks.md
@@ -38,6 +46,8 @@ set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 build=${GRADSYNC_BUILD:-$root/build-bench}
 rounds=3
 nps="2 4"
@@ -52,11 +62,13 @@ parts="transport dataplane steps hosts control settings"
 dp_svg=$root/docs/benchmarks-dataplane.svg
 sweep=""
 rounds_set=0
+pairs=""
 
 while [ $# -gt 0 ]; do
   case "$1" in
   --build) build=$2; shift 2 ;;
   --rounds) rounds=$2; rounds_set=1; shift 2 ;;
+  --pairs) pairs=$2; shift 2 ;;
   --np) nps=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --workloads) workloads=$2; shift 2 ;;
@@ -71,10 +83,17 @@ while [ $# -gt 0 ]; do
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
   --sweep-from) sweep=$2; shift 2 ;;
-  -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
+case "$pairs" in
+'' | [1-9] | [1-9]*[0-9]) [ -z "${pairs//[0-9]/}" ] ||
+  { echo "run.sh: --pairs needs a count >= 1, got '$pairs'" >&2; exit 2; } ;;
+*) echo "run.sh: --pairs needs a count >= 1, got '$pairs'" >&2; exit 2 ;;
+esac
+pp=()
+[ -n "$pairs" ] && pp=(--pairs "$pairs")
 
 # ---- everything (the default): every part, tables into docs/benchmarks.md -----
 if [ "$mode" = all ]; then
@@ -117,6 +136,9 @@ if [ "$mode" = all ]; then
   mkdir -p "$img"
   q=()
   [ "$quick" = 1 ] && q=(--quick)
+  # the pairs of the dataplane part (which takes no --quick): 4 in a quick run
+  dpp=("${pp[@]}")
+  [ "$quick" = 1 ] && [ -z "$pairs" ] && dpp=(--pairs 4)
   part_log=$raw/parts.txt
   : >"$part_log"
   # part NAME TITLE COMMAND...: runs it, its stdout (markdown) into $raw/NAME.md
@@ -154,7 +176,7 @@ if [ "$mode" = all ]; then
     [ -s "$raw/transport.txt" ] && sw=(--sweep-from "$raw/transport.txt")
     part dataplane "Data plane vs OpenMPI on one host, and the ResNet-50 / BERT-base steps" \
       "$here/run.sh" --dataplane --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/dataplane.txt" \
-      --plot "$img/run-dataplane.svg" "${sw[@]}"
+      --plot "$img/run-dataplane.svg" "${sw[@]}" "${dpp[@]}"
   fi
   if has_part steps; then
     part steps "ResNet-50 and BERT-base steps vs OpenMPI shm's allreduce of the same bytes" \
@@ -183,7 +205,7 @@ if [ "$mode" = all ]; then
   if has_part control; then
     part control "Control plane: lone allreduce, gs_barrier, ResNet-50 control-only step, rank simulator" \
       "$here/control.sh" --build "$build" --np "$nps" --rounds "$rounds" --out "$raw/control.txt" \
-      --plots "$raw/plots" "${q[@]}" --sim-ranks "8 64 256 1024" --sim-rounds 1
+      --plots "$raw/plots" "${q[@]}" "${pp[@]}" --sim-ranks "8 64 256 1024" --sim-rounds 1
     for f in latency_vs_size negotiation_vs_ranks; do
       [ -r "$raw/plots/$f.svg" ] && cp "$raw/plots/$f.svg" "$img/run-$f.svg"
     done
@@ -202,7 +224,9 @@ if [ "$mode" = all ]; then
     echo "$(nproc) CPUs ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo),"
     echo "$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), kernel $(uname -r), $(cc --version 2>/dev/null | head -1),"
     echo "$(mpirun --version 2>/dev/null | head -1); load average $load0 at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end."
-    echo "Rounds: $rounds per part (interleaved; medians over rounds). Raw lines were in \`$raw\`."
+    echo "Rounds: $rounds per part (interleaved; medians over rounds); the paired target ratios (GS_AVERAGE / GS_SUM CPU"
+    echo "time in the dataplane part, the control-only step in the control part): ${dpp[1]:-10} and ${pairs:-$([ "$quick" = 1 ] && echo 4 || echo 12)} pairs per np,"
+    echo "the median of the per-pair ratios. Raw lines were in \`$raw\`."
     echo
     echo "| part | wall time | load average before | after |"
     echo "|---|---|---|---|"
@@ -243,7 +267,7 @@ control_plane() {
   local q=()
   [ "$quick" = 1 ] && q=(--quick)
   GRADSYNC_WORKLOADS=$workloads "$here/control.sh" --build "$build" --np "$nps" --rounds "$rounds" \
-    "${q[@]}"
+    "${q[@]}" "${pp[@]}"
 }
 if [ "$control" = 2 ]; then
   control_plane
@@ -282,9 +306,15 @@ start=$(date +%s)
 # end (transport.sh's gs-shm, GRADSYNC_BACKEND=shm: what auto picks on
 # one host) and the TCP ring alone (gs-tcp-direct) from FILE, at its sizes,
 # instead of measuring them again; this part then runs gradsync end to end
-# only at the sizes its GS_AVERAGE and deterministic ratios need and its
-# ring alone only at 64 MiB (the CPU-time ratio), so every ratio still
-# compares runs of one part.
+# only at the sizes its GS_AVERAGE and deterministic ratios need, so every
+# ratio still compares runs of one part.
+# GS_AVERAGE / GS_SUM CPU time per call at 64 MiB, the TCP ring alone (issue
+# 15's load-proof row): --pairs P pairs per np (default 10, spread over the
+# rounds), each a SUM run and an AVERAGE run of the ring alone at 64 MiB
+# (--sizes 67108864 on both sides), back to back, SUM first in odd pairs
+# and AVERAGE first in even ones; the row is the median of the per-pair
+# ratios of rank 0's median CPU time per call, beside each side's median
+# and how many pairs were within 1.03.
 # ---- training steps vs OpenMPI shm (bench/run.sh --steps) ---------------------
 # The ResNet-50 and BERT-base gradient sets (gradsync-bench, default
 # coordinator settings, GS_AVERAGE, submitted back to back in reverse order)
@@ -358,11 +388,12 @@ if [ "$dataplane" = 1 ]; then
   mpicc -O2 -o "$mpi" "$here/mpi_allreduce.c" || exit 1
   sizes="4096 65536 1048576 16777216 67108864"
   iters=15
+  [ -n "$pairs" ] || pairs=$([ "$quick" = 1 ] && echo 4 || echo 10)
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
-  dprun() { # LABEL ROUND COMMAND... : RESULT lines tagged with the label
+  dprun() { # LABEL ROUND COMMAND... : RESULT lines tagged with the label (and pair=K while $pair is K)
     local label=$1 round=$2
     shift 2
-    "$@" 2>"$out.err" | sed -n "s/^\(\[0\] \)\{0,1\}RESULT /CASE $label round=$round /p" >>"$out"
+    "$@" 2>"$out.err" | sed -n "s/^\(\[0\] \)\{0,1\}RESULT /CASE $label round=$round ${pair:+pair=$pair }/p" >>"$out"
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "run.sh: $label (round $round) failed:" >&2; tail -3 "$out.err" >&2; }
   }
   mpirun_np() { # NP BTL ARGS...
@@ -372,6 +403,7 @@ if [ "$dataplane" = 1 ]; then
       -x MALLOC_MMAP_THRESHOLD_=1073741824 "$mpi" "$@" | sed 's/ median_us=/ us=/'
   }
   gsrun() { "$run" -np "$1" --timeout 300 "${@:2}"; }
+  pair=""
   for r in $(seq 1 "$rounds"); do
     for np in $nps; do
       echo "run.sh: data plane np=$np round $r/$rounds ($(($(date +%s) - start)) s so far)" >&2
@@ -383,14 +415,21 @@ if [ "$dataplane" = 1 ]; then
         dprun gs.direct "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --sizes "$sizes" --iters $iters
       else # the sweep is the transport part's: only what this part's ratios need
         dprun gs.e2e "$r" gsrun "$np" "$dp" --mode e2e --sizes "1048576 16777216 67108864" --iters $iters
-        dprun gs.direct "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --sizes 67108864 --iters $iters
       fi
       rm -rf "$kv"
       dprun gs.avg "$r" gsrun "$np" "$dp" --mode e2e --op average --sizes "16777216 67108864" --iters $iters
-      kv=$(mktemp -d /tmp/gradsync-kv.XXXXXX)
-      dprun gs.direct.avg "$r" gsrun "$np" "$dp" --mode direct --kv-dir "$kv" --op average \
-        --sizes "16777216 67108864" --iters $iters
-      rm -rf "$kv"
+      # this round's share of the GS_AVERAGE / GS_SUM CPU-time pairs (ring alone, 64 MiB)
+      read -r p0 p1 <<<"$(pair_range "$r" "$rounds" "$pairs")"
+      for k in $(seq "$p0" "$p1"); do
+        pair=$k
+        for op in $(pair_order "$k" sum average); do
+          kv=$(mktemp -d /tmp/gradsync-kv.XXXXXX)
+          dprun "gs.direct.$([ "$op" = sum ] && echo sum || echo avg)" "$r" gsrun "$np" "$dp" --mode direct \
+            --kv-dir "$kv" --op "$op" --sizes 67108864 --iters $iters
+          rm -rf "$kv"
+        done
+        pair=""
+      done
       dprun gs.det "$r" env GRADSYNC_DETERMINISTIC=1 "$run" -np "$np" --timeout 300 "$dp" --mode e2e \
         --sizes "1048576 16777216 67108864" --iters $iters
       for w in resnet50 bert_base; do
@@ -449,6 +488,7 @@ if [ "$dataplane" = 1 ]; then
   tsizes=$sizes
   [ -n "$sweep" ] && tsizes=$(sed -n 's/^RESULT .* bytes=\([0-9]*\) .*/\1/p' "$sweep" | sort -nu | tr '\n' ' ')
   human() { awk -v b="$1" 'BEGIN { if (b >= 1048576) printf "%d MiB", b / 1048576; else printf "%d KiB", b / 1024 }'; }
+  msec() { awk -v u="$1" 'BEGIN { if (u == "nan") print "n/a"; else printf "%.2f", u / 1000 }'; }
   echo
   echo "gradsync data plane vs OpenMPI — $(nproc) CPUs, loopback, rounds=$rounds, $(date -u +%Y-%m-%dT%H:%MZ), $(sed -n "s/^model name[^:]*: //p" /proc/cpuinfo | head -1), load average $load0 at the start, $load1 at the end; raw lines: $out"
   echo
@@ -479,7 +519,8 @@ if [ "$dataplane" = 1 ]; then
   for np in $nps; do
     echo "| $np | GS_AVERAGE / GS_SUM time, 64 MiB (end to end) | $(dratio "$(dmed gs.avg "$np" 67108864 us)" "$(dmed gs.e2e "$np" 67108864 us)") | ≤ 1.03 |"
     echo "| $np | GS_AVERAGE / GS_SUM time, 16 MiB (end to end) | $(dratio "$(dmed gs.avg "$np" 16777216 us)" "$(dmed gs.e2e "$np" 16777216 us)") | |"
-    echo "| $np | GS_AVERAGE / GS_SUM CPU time per call, 64 MiB (data plane alone, rank 0) | $(dratio "$(dmed gs.direct.avg "$np" 67108864 cpu_us)" "$(dmed gs.direct "$np" 67108864 cpu_us)") | ≤ 1.03 |"
+    read -r n pr under ma ms <<<"$(pair_stat gs.direct.avg gs.direct.sum cpu_us "$np" 1.03 bytes=67108864)"
+    echo "| $np | GS_AVERAGE / GS_SUM CPU time per call, 64 MiB (data plane alone, rank 0): median of $n per-pair ratios (AVERAGE $(msec "$ma") ms, SUM $(msec "$ms") ms: medians of the pairs; $under of $n pairs ≤ 1.03) | $([ "$n" = 0 ] && echo n/a || echo "$pr") | ≤ 1.03 |"
     for b in 1048576 16777216 67108864; do
       echo "| $np | deterministic / default time, $(human "$b") (end to end) | $(dratio "$(dmed gs.det "$np" "$b" us)" "$(dmed gs.e2e "$np" "$b" us)") | measured |"
     done

@@ -8,7 +8,11 @@ Reads the raw RESULT lines that the parts of `bench/run.sh` left in RAW-DIR
 the markdown table "Against the targets of issues 14 and 15 (this run)": one
 row per target, the measured ratio at each np, the target and whether this
 run meets it. Every figure is a median over the run's rounds of the per-run
-medians, as in the parts' own tables. A row whose part did not run (or whose
+medians, as in the parts' own tables, except the rows measured in pairs
+(lines with pair=K: issue 14's control-only step against the MPI peer's
+cached step, issue 15's GS_AVERAGE / GS_SUM CPU time): their ratio is the
+median of the per-pair ratios, shown beside each side's median over the
+pairs, the number of pairs and how many met the bound. A row whose part did not run (or whose
 configurations are not in a --quick run) says "not measured in this run";
 the targets that tests check, not benchmarks, name the test. bench/run.sh
 runs it at the end of its generated section of docs/benchmarks.md. Not a
@@ -75,6 +79,36 @@ def med(recs, case, key, **match):
         except (KeyError, ValueError):
             pass
     return median(vals)
+
+
+def pairs(recs, a, b, key, bound, **match):
+    """The pairs of CASE a and CASE b: lines with the same pair=K whose fields
+    equal MATCH. (pairs, median of the per-pair ratios a/b of KEY, pairs with a
+    ratio <= bound, median of a, median of b) over the complete pairs; None
+    when there is none (a run older than the pairs: no pair= fields)."""
+    if not recs:
+        return None
+    side = {a: {}, b: {}}
+    for c, kv in recs:
+        if c not in side or "pair" not in kv or any(kv.get(k) != str(m) for k, m in match.items()):
+            continue
+        try:
+            side[c][kv["pair"]] = float(kv[key])
+        except (KeyError, ValueError):
+            pass
+    ks = [k for k in side[a] if k in side[b] and side[b][k] > 0]
+    if not ks:
+        return None
+    r = [side[a][k] / side[b][k] for k in ks]
+    return (len(ks), median(r), sum(1 for x in r if x <= bound), median([side[a][k] for k in ks]),
+            median([side[b][k] for k in ks]))
+
+
+def paired_cell(p, bound, fmt, bound_text):
+    """The cell of a paired ratio p (from pairs()); fmt formats each side's median."""
+    n, r, under, ma, mb = p
+    return Cell("%s / %s (medians of %d pairs) = **%.2f×**, the median of the per-pair ratios (%s; %d of %d pairs "
+                "within it)" % (fmt(ma), fmt(mb), n, r, bound_text, under, n), r <= bound, le_over(r, bound))
 
 
 def ms(x):
@@ -193,9 +227,13 @@ def main():
     def control_cells(case):
         cells = []
         for np in nps:
+            bound = 1.5 if np <= 2 else 1.0
+            p = pairs(ctl, case, "ctl.mpi.cached", "step_ms", bound, np=np)
+            if p:
+                cells.append(paired_cell(p, bound, ms, "≤ %.1f" % bound))
+                continue
             g = med(ctl, case, "step_ms", np=np)
             m = med(ctl, "ctl.mpi.cached", "step_ms", np=np)
-            bound = 1.5 if np <= 2 else 1.0
             if g is None or m is None or m == 0:
                 cells.append(Cell())
                 continue
@@ -390,6 +428,11 @@ def main():
     row(15, "GS_AVERAGE ≤ 1.03 × GS_SUM at 64 MiB: time end to end — `dataplane` part", cells, part="dataplane")
     cells = []
     for np in nps:
+        p = pairs(dp, "gs.direct.avg", "gs.direct.sum", "cpu_us", 1.03, np=np, bytes=67108864)
+        if p:
+            cells.append(paired_cell(p, 1.03, us, "≤ 1.03"))
+            continue
+        # a run older than the pairs: one AVERAGE and one SUM run per round
         a_ = med(dp, "gs.direct.avg", "cpu_us", np=np, bytes=67108864)
         s_ = med(dp, "gs.direct", "cpu_us", np=np, bytes=67108864)
         if a_ is None or s_ is None or s_ == 0:
@@ -436,7 +479,8 @@ def main():
     print("### Against the targets of issues 14 and 15 (this run)")
     print()
     print("Computed by `bench/targets.py` from this run's raw lines (medians over rounds of each run's median, "
-          "as in the parts' tables above). Floors of issue 14: " + floor_note + ". Ratios in bold; "
+          "as in the parts' tables above; the rows measured in pairs, each pair the two sides run back to back in "
+          "turns: the median of the per-pair ratios). Floors of issue 14: " + floor_note + ". Ratios in bold; "
           "\"how far\" is the ratio over its bound at the np that misses.")
     print()
     print("| issue | target | " + " | ".join("np=%d" % n for n in nps) + " | verdict |")

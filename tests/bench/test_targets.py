@@ -172,6 +172,46 @@ class Targets(unittest.TestCase):
         self.assertEqual(st[2], "60 ms / 50 ms = **1.20×**")
         self.assertEqual(st[4], "not met (np=2: 1.20× the bound); np=4 not measured in this run")
 
+    def test_control_rows_from_pairs(self):
+        # bench/control.sh's pairs: the row is the median of the per-pair
+        # ratios (1.2, 2.0, 1.4 -> 1.4), not the ratio of the medians (1.2)
+        paired = "".join(
+            "CASE ctl.gs round=1 np=2 pair=%d workload=resnet50 np=2 tensors=161 step_ms=%s barrier_ms=0.01\n"
+            "CASE ctl.mpi.cached round=1 np=2 pair=%d case=mpi.negotiation np=2 tensors=161 step_ms=%s\n"
+            % (k, g, k, m) for k, g, m in ((1, "0.024", "0.020"), (2, "0.040", "0.020"), (3, "0.021", "0.015")))
+        # a pair with one side missing (a failed run) counts for nothing
+        paired += "CASE ctl.gs round=1 np=2 pair=4 workload=resnet50 np=2 tensors=161 step_ms=0.500\n"
+        ctl = "".join(l + "\n" for l in CONTROL.splitlines() if not l.startswith(("CASE ctl.gs ", "CASE ctl.mpi")))
+        _, rows = table({"control": ctl + paired})
+        row = find(rows, "ResNet-50 control-only step")
+        self.assertEqual(row[2], "24.0 µs / 20.0 µs (medians of 3 pairs) = **1.40×**, the median of the per-pair "
+                         "ratios (≤ 1.5; 2 of 3 pairs within it)")
+        self.assertEqual(row[3], "not measured in this run")
+        self.assertEqual(row[4], "met; np=4 not measured in this run")
+
+    def test_average_cpu_row_from_pairs(self):
+        # run.sh --dataplane's pairs (ratios 1.033, 0.967, 1.017 -> 1.017), the
+        # AVERAGE side's 16 MiB line ignored; then a run older than the pairs
+        dp = "".join(
+            "CASE gs.direct.sum round=1 pair=%d impl=gradsync mode=direct np=2 op=sum det=0 bytes=67108864 us=1 "
+            "cpu_us=30000.0\n"
+            "CASE gs.direct.avg round=1 pair=%d impl=gradsync mode=direct np=2 op=average det=0 bytes=67108864 us=1 "
+            "cpu_us=%s\n" % (k, k, a) for k, a in ((1, "31000.0"), (2, "29000.0"), (3, "30500.0")))
+        dp += ("CASE gs.direct.avg round=1 pair=3 impl=gradsync mode=direct np=2 op=average det=0 bytes=16777216 "
+               "us=1 cpu_us=90000.0\n")
+        _, rows = table({"dataplane": dp})
+        cpu = find(rows, "… the same: CPU time per call, data plane alone")
+        self.assertEqual(cpu[2], "30.50 ms / 30.00 ms (medians of 3 pairs) = **1.02×**, the median of the per-pair "
+                         "ratios (≤ 1.03; 2 of 3 pairs within it)")
+        self.assertEqual(cpu[4], "met; np=4 not measured in this run")
+        old = ("CASE gs.direct round=1 impl=gradsync mode=direct np=2 op=sum det=0 bytes=67108864 us=1 cpu_us=30000.0\n"
+               "CASE gs.direct.avg round=1 impl=gradsync mode=direct np=2 op=average det=0 bytes=67108864 us=1 "
+               "cpu_us=31000.0\n")
+        _, rows = table({"dataplane": old})
+        cpu = find(rows, "… the same: CPU time per call, data plane alone")
+        self.assertEqual(cpu[2], "31.00 ms / 30.00 ms = **1.03×**")
+        self.assertEqual(cpu[4], "not met (np=2: 1.00× the bound); np=4 not measured in this run")
+
 
 if __name__ == "__main__":
     unittest.main()
