@@ -268,19 +268,20 @@ echo "Issue 14's target side by side: the control-only step in pairs (one run of
 echo "one of the MPI peer's cached step, back to back, the order reversed in every other pair; $pairs pairs per np"
 echo "over $rounds round(s)). Medians of each side over the pairs, µs; ratio = the median of the per-pair ratios:"
 echo
-echo "| np | gradsync submission | pairs | gradsync µs | MPI cached µs | gradsync / MPI cached, median of per-pair ratios | pairs under the target | target |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| np | gradsync submission | pairs | gradsync µs | MPI cached µs | gradsync / MPI cached, median of per-pair ratios | per-pair range | pairs under the target | target |"
+echo "|---|---|---|---|---|---|---|---|---|"
 us1() { awk -v a="$1" 'BEGIN { if (a == "nan") print "n/a"; else printf "%.1f", a * 1000 }'; }
 for np in $nps; do
   bound=$([ "$np" -le 2 ] && echo 1.5 || echo 1.0)
   for c in ctl.gs ctl.gs.grouped ctl.gs.persistent; do
-    read -r n pr under ma mb <<<"$(pair_stat "$c" ctl.mpi.cached step_ms "$np" "$bound")"
+    read -r n pr under ma mb lo hi <<<"$(pair_stat "$c" ctl.mpi.cached step_ms "$np" "$bound")"
     case $c in
     ctl.gs) what="161 gs_allreduce_async calls" ;;
     ctl.gs.grouped) what="one gs_grouped_allreduce_async" ;;
     *) what="persistent ops, one gs_startall" ;;
     esac
-    echo "| $np | $what | $n | $(us1 "$ma") | $(us1 "$mb") | $([ "$n" = 0 ] && echo n/a || echo "$pr") | $under of $n | ≤ $bound |"
+    if [ "$n" = 0 ]; then pr=n/a range=n/a; else range="$lo–$hi"; fi
+    echo "| $np | $what | $n | $(us1 "$ma") | $(us1 "$mb") | $pr | $range | $under of $n | ≤ $bound |"
   done
 done
 echo

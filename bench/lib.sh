@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # $out: set by the script that sources this file
 # Shell functions the benchmark scripts share (sourced, not run).
 
 # need_bins SCRIPT BIN-DIR PROGRAM...: exits 1, saying how to build, unless
@@ -58,10 +59,11 @@ pair_range() {
 
 # pair_stat A B KEY NP BOUND [FIELD=VALUE]: over the pairs in the file $out
 # that have both a "CASE A" and a "CASE B" line with pair=K at np=NP (and
-# FIELD=VALUE when given): "PAIRS RATIO UNDER MED-A MED-B" — how many
-# pairs, the median of the per-pair ratios A/B of KEY (2 decimals), how
-# many pairs have a ratio <= BOUND, and the medians of KEY of each side over
-# those pairs; "0 nan 0 nan nan" when no pair is complete.
+# FIELD=VALUE when given): "PAIRS RATIO UNDER MED-A MED-B LOW HIGH" — how
+# many pairs, the median of the per-pair ratios A/B of KEY (2 decimals), how
+# many pairs have a ratio <= BOUND, the medians of KEY of each side over
+# those pairs, and the lowest and highest per-pair ratio; "0 nan 0 nan nan
+# nan nan" when no pair is complete.
 pair_stat() {
   awk -v a="$1" -v b="$2" -v k="$3" -v np="np=$4" -v bound="$5" -v extra="${6:-}" '
     function median(v, n,   i, j, t) {
@@ -84,7 +86,8 @@ pair_stat() {
       for (p in va) if ((p in vb) && vb[p] > 0) {
         r[n] = va[p] / vb[p]; sa[n] = va[p]; sb[n] = vb[p]; if (r[n] <= bound + 0) u++; n++
       }
-      if (!n) { print "0 nan 0 nan nan"; exit }
-      printf "%d %.2f %d %s %s\n", n, median(r, n), u + 0, median(sa, n), median(sb, n)
+      if (!n) { print "0 nan 0 nan nan nan nan"; exit }
+      m = median(r, n) # sorts r
+      printf "%d %.2f %d %s %s %.2f %.2f\n", n, m, u + 0, median(sa, n), median(sb, n), r[0], r[n - 1]
     }' "$out"
 }

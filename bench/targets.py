@@ -84,8 +84,9 @@ def med(recs, case, key, **match):
 def pairs(recs, a, b, key, bound, **match):
     """The pairs of CASE a and CASE b: lines with the same pair=K whose fields
     equal MATCH. (pairs, median of the per-pair ratios a/b of KEY, pairs with a
-    ratio <= bound, median of a, median of b) over the complete pairs; None
-    when there is none (a run older than the pairs: no pair= fields)."""
+    ratio <= bound, median of a, median of b, lowest ratio, highest ratio)
+    over the complete pairs; None when there is none (a run older than the
+    pairs: no pair= fields)."""
     if not recs:
         return None
     side = {a: {}, b: {}}
@@ -101,14 +102,14 @@ def pairs(recs, a, b, key, bound, **match):
         return None
     r = [side[a][k] / side[b][k] for k in ks]
     return (len(ks), median(r), sum(1 for x in r if x <= bound), median([side[a][k] for k in ks]),
-            median([side[b][k] for k in ks]))
+            median([side[b][k] for k in ks]), min(r), max(r))
 
 
 def paired_cell(p, bound, fmt, bound_text):
     """The cell of a paired ratio p (from pairs()); fmt formats each side's median."""
-    n, r, under, ma, mb = p
-    return Cell("%s / %s (medians of %d pairs) = **%.2f×**, the median of the per-pair ratios (%s; %d of %d pairs "
-                "within it)" % (fmt(ma), fmt(mb), n, r, bound_text, under, n), r <= bound, le_over(r, bound))
+    n, r, under, ma, mb, lo, hi = p
+    return Cell("%s / %s (medians of %d pairs) = **%.2f×**, the median of the per-pair ratios (%.2f–%.2f; %s: %d of "
+                "%d pairs)" % (fmt(ma), fmt(mb), n, r, lo, hi, bound_text, under, n), r <= bound, le_over(r, bound))
 
 
 def ms(x):

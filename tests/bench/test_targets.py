@@ -185,7 +185,7 @@ class Targets(unittest.TestCase):
         _, rows = table({"control": ctl + paired})
         row = find(rows, "ResNet-50 control-only step")
         self.assertEqual(row[2], "24.0 µs / 20.0 µs (medians of 3 pairs) = **1.40×**, the median of the per-pair "
-                         "ratios (≤ 1.5; 2 of 3 pairs within it)")
+                         "ratios (1.20–2.00; ≤ 1.5: 2 of 3 pairs)")
         self.assertEqual(row[3], "not measured in this run")
         self.assertEqual(row[4], "met; np=4 not measured in this run")
 
@@ -202,7 +202,7 @@ class Targets(unittest.TestCase):
         _, rows = table({"dataplane": dp})
         cpu = find(rows, "… the same: CPU time per call, data plane alone")
         self.assertEqual(cpu[2], "30.50 ms / 30.00 ms (medians of 3 pairs) = **1.02×**, the median of the per-pair "
-                         "ratios (≤ 1.03; 2 of 3 pairs within it)")
+                         "ratios (0.97–1.03; ≤ 1.03: 2 of 3 pairs)")
         self.assertEqual(cpu[4], "met; np=4 not measured in this run")
         old = ("CASE gs.direct round=1 impl=gradsync mode=direct np=2 op=sum det=0 bytes=67108864 us=1 cpu_us=30000.0\n"
                "CASE gs.direct.avg round=1 impl=gradsync mode=direct np=2 op=average det=0 bytes=67108864 us=1 "
