@@ -19,7 +19,8 @@
 #                [--sweep-from FILE] [--plot FILE] [--pairs P]
 #     (the data plane next to OpenMPI: see "data plane" below; --plot: the
 #     bus-bandwidth plot, default docs/benchmarks-dataplane.svg; --pairs P:
-#     the GS_AVERAGE / GS_SUM CPU-time pairs per np, default 10, 4 with --quick)
+#     the GS_AVERAGE / GS_SUM pairs per np, end to end and CPU time each,
+#     default 10, 4 with --quick)
 #   Every mode: --workloads DIR (the tensor lists, default bench/workloads);
 #   the environment's GRADSYNC_BUILD and GRADSYNC_WORKLOADS set the defaults
 #   of --build and --workloads.
@@ -32,7 +33,7 @@
 # prints the medians over its steps (of the slowest rank). The tables show
 # the median over rounds and the ratios. The target ratios that swing most
 # between runs (issue 14's control-only step, issue 15's GS_AVERAGE /
-# GS_SUM CPU time) are measured in pairs instead: the two sides back to
+# GS_SUM time and CPU time) are measured in pairs instead: the two sides back to
 # back, the order reversed in every other pair, the pairs spread over the
 # rounds; their ratio is the median of the per-pair ratios. Raw RESULT
 # lines go to --out.
@@ -83,7 +84,7 @@ while [ $# -gt 0 ]; do
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
   --sweep-from) sweep=$2; shift 2 ;;
-  -h | --help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -224,8 +225,9 @@ if [ "$mode" = all ]; then
     echo "$(nproc) CPUs ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo),"
     echo "$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), kernel $(uname -r), $(cc --version 2>/dev/null | head -1),"
     echo "$(mpirun --version 2>/dev/null | head -1); load average $load0 at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end."
-    echo "Rounds: $rounds per part (interleaved; medians over rounds); the paired target ratios (GS_AVERAGE / GS_SUM CPU"
-    echo "time in the dataplane part, the control-only step in the control part): ${dpp[1]:-10} and ${pairs:-$([ "$quick" = 1 ] && echo 4 || echo 12)} pairs per np,"
+    echo "Rounds: $rounds per part (interleaved; medians over rounds); the paired target ratios (GS_AVERAGE / GS_SUM time"
+    echo "end to end and CPU time in the dataplane part: ${dpp[1]:-10} pairs per np each; the control-only step in the control"
+    echo "part: ${pairs:-$([ "$quick" = 1 ] && echo 4 || echo 12)} pairs per np):"
     echo "the median of the per-pair ratios. Raw lines were in \`$raw\`."
     echo
     echo "| part | wall time | load average before | after |"
@@ -308,13 +310,18 @@ start=$(date +%s)
 # instead of measuring them again; this part then runs gradsync end to end
 # only at the sizes its GS_AVERAGE and deterministic ratios need, so every
 # ratio still compares runs of one part.
-# GS_AVERAGE / GS_SUM CPU time per call at 64 MiB, the TCP ring alone (issue
-# 15's load-proof row): --pairs P pairs per np (default 10, spread over the
-# rounds), each a SUM run and an AVERAGE run of the ring alone at 64 MiB
-# (--sizes 67108864 on both sides), back to back, SUM first in odd pairs
-# and AVERAGE first in even ones; the row is the median of the per-pair
-# ratios of rank 0's median CPU time per call, beside each side's median
-# and how many pairs were within 1.03.
+# Issue 15's GS_AVERAGE / GS_SUM ratios are measured in pairs: --pairs P
+# pairs per np for each (default 10, spread over the rounds), a pair being
+# a SUM run and an AVERAGE run with the same size list, back to back, SUM
+# first in odd pairs and AVERAGE first in even ones; a row is the median of
+# the per-pair ratios, beside each side's median over the pairs, the lowest
+# and highest per-pair ratio and how many pairs were within 1.03:
+# - time end to end at 64 MiB (and, without a target, 16 MiB): --mode e2e
+#   --sizes "16777216 67108864" on both sides (gs.e2e.sum, gs.e2e.avg), the
+#   slowest rank's median time per call;
+# - CPU time per call at 64 MiB, the TCP ring alone (the load-proof row):
+#   --mode direct --sizes 67108864 on both sides (gs.direct.sum,
+#   gs.direct.avg), rank 0's median CPU time per call.
 # ---- training steps vs OpenMPI shm (bench/run.sh --steps) ---------------------
 # The ResNet-50 and BERT-base gradient sets (gradsync-bench, default
 # coordinator settings, GS_AVERAGE, submitted back to back in reverse order)
@@ -417,9 +424,18 @@ if [ "$dataplane" = 1 ]; then
         dprun gs.e2e "$r" gsrun "$np" "$dp" --mode e2e --sizes "1048576 16777216 67108864" --iters $iters
       fi
       rm -rf "$kv"
-      dprun gs.avg "$r" gsrun "$np" "$dp" --mode e2e --op average --sizes "16777216 67108864" --iters $iters
-      # this round's share of the GS_AVERAGE / GS_SUM CPU-time pairs (ring alone, 64 MiB)
       read -r p0 p1 <<<"$(pair_range "$r" "$rounds" "$pairs")"
+      # this round's share of the GS_AVERAGE / GS_SUM time pairs (end to end,
+      # 16 and 64 MiB on both sides)
+      for k in $(seq "$p0" "$p1"); do
+        pair=$k
+        for op in $(pair_order "$k" sum average); do
+          dprun "gs.e2e.$([ "$op" = sum ] && echo sum || echo avg)" "$r" gsrun "$np" "$dp" --mode e2e --op "$op" \
+            --sizes "16777216 67108864" --iters $iters
+        done
+        pair=""
+      done
+      # this round's share of the GS_AVERAGE / GS_SUM CPU-time pairs (ring alone, 64 MiB)
       for k in $(seq "$p0" "$p1"); do
         pair=$k
         for op in $(pair_order "$k" sum average); do
@@ -517,8 +533,12 @@ if [ "$dataplane" = 1 ]; then
   echo "| np | what | value | target |"
   echo "|---|---|---|---|"
   for np in $nps; do
-    echo "| $np | GS_AVERAGE / GS_SUM time, 64 MiB (end to end) | $(dratio "$(dmed gs.avg "$np" 67108864 us)" "$(dmed gs.e2e "$np" 67108864 us)") | ≤ 1.03 |"
-    echo "| $np | GS_AVERAGE / GS_SUM time, 16 MiB (end to end) | $(dratio "$(dmed gs.avg "$np" 16777216 us)" "$(dmed gs.e2e "$np" 16777216 us)") | |"
+    read -r n pr under ma ms lo hi <<<"$(pair_stat gs.e2e.avg gs.e2e.sum us "$np" 1.03 bytes=67108864)"
+    [ "$n" = 0 ] && pr=n/a
+    echo "| $np | GS_AVERAGE / GS_SUM time, 64 MiB (end to end): median of $n per-pair ratios (AVERAGE $(msec "$ma") ms, SUM $(msec "$ms") ms: medians of the pairs; per pair $lo–$hi, $under of $n ≤ 1.03) | $pr | ≤ 1.03 |"
+    read -r n pr under ma ms lo hi <<<"$(pair_stat gs.e2e.avg gs.e2e.sum us "$np" 1.03 bytes=16777216)"
+    [ "$n" = 0 ] && pr=n/a
+    echo "| $np | GS_AVERAGE / GS_SUM time, 16 MiB (end to end): median of $n per-pair ratios (AVERAGE $(msec "$ma") ms, SUM $(msec "$ms") ms; per pair $lo–$hi) | $pr | |"
     read -r n pr under ma ms lo hi <<<"$(pair_stat gs.direct.avg gs.direct.sum cpu_us "$np" 1.03 bytes=67108864)"
     [ "$n" = 0 ] && pr=n/a
     echo "| $np | GS_AVERAGE / GS_SUM CPU time per call, 64 MiB (data plane alone, rank 0): median of $n per-pair ratios (AVERAGE $(msec "$ma") ms, SUM $(msec "$ms") ms: medians of the pairs; per pair $lo–$hi, $under of $n ≤ 1.03) | $pr | ≤ 1.03 |"

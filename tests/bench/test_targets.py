@@ -212,6 +212,37 @@ class Targets(unittest.TestCase):
         self.assertEqual(cpu[2], "31.00 ms / 30.00 ms = **1.03×**")
         self.assertEqual(cpu[4], "not met (np=2: 1.00× the bound); np=4 not measured in this run")
 
+    def test_average_time_row_from_pairs(self):
+        # run.sh --dataplane's end-to-end pairs, both sides --sizes "16777216
+        # 67108864": at 64 MiB ratios 1.02, 0.98, 1.06 -> 1.02 (met), where the
+        # ratio of the medians, 44.52 / 42.00 ms, would be 1.06 (not met)
+        line = ("CASE gs.e2e.%s round=1 pair=%d impl=gradsync mode=e2e np=2 op=%s det=0 bytes=%d us=%s "
+                "busbw_gbs=1 cpu_us=1\n")
+        dp = "".join(line % ("sum", k, "sum", 16777216, "10000.0") + line % ("sum", k, "sum", 67108864, s) +
+                     line % ("avg", k, "average", 16777216, "90000.0") + line % ("avg", k, "average", 67108864, a)
+                     for k, s, a in ((1, "40000.0", "40800.0"), (2, "50000.0", "49000.0"),
+                                     (3, "42000.0", "44520.0")))
+        # a pair whose AVERAGE run failed counts for nothing; the unpaired SUM
+        # run (the deterministic rows' reference) is not a side of this row
+        dp += line % ("sum", 4, "sum", 67108864, "10000.0")
+        dp += ("CASE gs.e2e round=1 impl=gradsync mode=e2e np=2 op=sum det=0 bytes=67108864 us=20000.0 "
+               "cpu_us=1\n")
+        _, rows = table({"dataplane": dp})
+        avg = find(rows, "GS_AVERAGE ≤ 1.03 × GS_SUM at 64 MiB: time end to end")
+        self.assertEqual(avg[2], "44.52 ms / 42.00 ms (medians of 3 pairs) = **1.02×**, the median of the per-pair "
+                         "ratios (0.98–1.06; ≤ 1.03: 2 of 3 pairs)")
+        self.assertEqual(avg[3], "not measured in this run")
+        self.assertEqual(avg[4], "met; np=4 not measured in this run")
+        # run.sh's own row (bench/lib.sh pair_stat) gives the same figures
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write(dp)
+            f.flush()
+            out = subprocess.run(["bash", "-c", '. "$1"; out=$2; pair_stat gs.e2e.avg gs.e2e.sum us 2 1.03 '
+                                  'bytes=67108864', "bash", os.path.join(HERE, "..", "..", "bench", "lib.sh"),
+                                  f.name], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["3", "1.02", "2", "44520", "42000", "0.98", "1.06"])
+
 
 if __name__ == "__main__":
     unittest.main()
