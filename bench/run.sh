@@ -10,7 +10,9 @@
 #     it is missing, installs gnuplot-nox when missing (as root); --quick:
 #     one round and fewer sizes everywhere, 4 pairs (below), no settings part;
 #     --pairs P: the pairs of the paired target ratios in the dataplane and
-#     control parts (default 10 and 12)
+#     control parts (default 10 and 12); --doc FILE: the tables into FILE,
+#     the plots into img/ beside it; --no-doc: nothing under docs/, the
+#     generated section and the plots (img/) only in the --out directory
 #   bench/run.sh --settings [--build DIR] [--rounds R] [--np "2 4"] [--out FILE] [--quick]
 #                [--no-control] [--pairs P]
 #     fusion, emission policy and cache settings (then bench/control.sh
@@ -18,9 +20,9 @@
 #   bench/run.sh --dataplane [--build DIR] [--rounds R] [--np "2 4"] [--out FILE]
 #                [--sweep-from FILE] [--plot FILE] [--pairs P]
 #     (the data plane next to OpenMPI: see "data plane" below; --plot: the
-#     bus-bandwidth plot, default docs/benchmarks-dataplane.svg; --pairs P:
-#     the GS_AVERAGE / GS_SUM pairs per np, end to end and CPU time each,
-#     default 10, 4 with --quick)
+#     bus-bandwidth plot, default docs/benchmarks-dataplane.svg, with --no-doc
+#     the --out file's name + .svg; --pairs P: the GS_AVERAGE / GS_SUM pairs
+#     per np, end to end and CPU time each, default 10, 4 with --quick)
 #   Every mode: --workloads DIR (the tensor lists, default bench/workloads);
 #   the environment's GRADSYNC_BUILD and GRADSYNC_WORKLOADS set the defaults
 #   of --build and --workloads.
@@ -60,7 +62,7 @@ control=1
 mode=all
 doc=$root/docs/benchmarks.md
 parts="transport dataplane steps hosts control settings"
-dp_svg=$root/docs/benchmarks-dataplane.svg
+dp_svg="" # --plot; default below
 sweep=""
 rounds_set=0
 pairs=""
@@ -84,7 +86,7 @@ while [ $# -gt 0 ]; do
   --parts) parts=$2; shift 2 ;;
   --plot) dp_svg=$2; shift 2 ;;
   --sweep-from) sweep=$2; shift 2 ;;
-  -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "run.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -133,7 +135,10 @@ if [ "$mode" = all ]; then
   commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
   dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | grep -qv 'docs/' && echo " (with local changes)")
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
-  img=$root/docs/img
+  # the plots beside the tables: docs/img for docs/benchmarks.md, img/
+  # beside --doc FILE; with --no-doc in the raw directory, so that nothing
+  # under docs/ changes (generated.md there links img/run-*.svg too)
+  if [ -n "$doc" ]; then img=$(dirname "$doc")/img; else img=$raw/img; fi
   mkdir -p "$img"
   q=()
   [ "$quick" = 1 ] && q=(--quick)
@@ -260,7 +265,8 @@ if [ "$mode" = all ]; then
     fi
     echo "run.sh: tables written into $doc (plots in $img/run-*.svg)" >&2
   fi
-  echo "run.sh: everything done in $secs s; raw lines and the generated section in $raw" >&2
+  echo "run.sh: everything done in $secs s; raw lines and the generated section in $raw$([ -n "$doc" ] ||
+    echo ", plots in $img")" >&2
   exit 0
 fi
 
@@ -300,7 +306,8 @@ start=$(date +%s)
 # deterministic mode; then ResNet-50 and BERT-base steps (gradsync-bench,
 # defaults) next to OpenMPI shm's allreduce of the same bytes. OpenMPI
 # through bench/mpi_allreduce.c (shared with bench/transport.sh). Writes
-# tables (stdout) and a gnuplot plot of bus bandwidth (docs/benchmarks-dataplane.svg).
+# tables (stdout) and a gnuplot plot of bus bandwidth (--plot FILE; default
+# docs/benchmarks-dataplane.svg, with --no-doc the raw lines' file + .svg).
 # OpenMPI runs with MALLOC_MMAP_THRESHOLD_ raised (its 64 MiB temporaries
 # are otherwise page-faulted on every call: 2x slower there).
 # --sweep-from FILE (the full run passes bench/transport.sh's raw lines):
@@ -559,6 +566,8 @@ if [ "$dataplane" = 1 ]; then
   done
   if command -v gnuplot >/dev/null; then
     svg=$dp_svg
+    # --no-doc: next to the raw lines, not in docs/
+    [ -n "$svg" ] || svg=$([ -n "$doc" ] && echo "$root/docs/benchmarks-dataplane.svg" || echo "$out.svg")
     cols=""
     for np in $nps; do cols="$cols $np"; done
     gnuplot <<GP && echo && echo "run.sh: plot written to $svg" >&2
