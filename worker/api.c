@@ -1809,6 +1809,25 @@ static gs_status finished(gs_handle *h) {
   return h->status;
 }
 
+/* Whether a thread about to wait for hs runs the fast round itself
+ * (caller holds ctx->mu): one of its ops is on the fast queue, no round
+ * runs or is parked and no plan is queued (the exec thread, woken by the
+ * first submission, has not started: on a cpu it shares with this thread
+ * it runs only once this one sleeps, and both ranks' step would pay two
+ * thread hand-offs), and the host backend can park an agreement, which
+ * keeps the wait's deadline: when it passes before every rank entered,
+ * the exec thread finishes the round and the wait times out as before. */
+static int caller_round_due_locked(const gs_ctx *ctx, gs_handle *const *hs, size_t n) {
+  if (!ctx->fast || ctx->fast_in_round || ctx->fast_parked || ctx->plans_head || ctx->exec_plan ||
+      !gs__fast_work_locked(ctx))
+    return 0;
+  const gs__backend *b = ctx->backends[GS__DEVICE_CPU];
+  if (!b || !b->v->agree_until) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (hs[i]->fast && !hs[i]->round) return 1;
+  return 0;
+}
+
 /* gs_wait_any, and gs_wait_any_passive when passive: a passive wait is not
  * registered as this rank waiting on the ops (deadlock detection). */
 static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int timeout_ms,
@@ -1862,6 +1881,21 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
     if (send) gs__requests_send(ctx, &m);
     if (kick) gs__comm_kick(ctx);
     pthread_mutex_lock(&ctx->mu);
+  }
+  if (caller_round_due_locked(ctx, hs, n)) {
+    pthread_mutex_unlock(&ctx->mu);
+    int64_t deadline_ns =
+        timeout_ms < 0 ? 0 : (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+    int parked = gs__fast_round_caller(ctx, deadline_ns);
+    pthread_mutex_lock(&ctx->mu);
+    /* What the round did not take (ops a peer had not submitted, later
+     * submissions from other threads), a plan or a stop is the exec
+     * thread's again: it slept through the round. */
+    if (!parked && ctx->exec_idle &&
+        (gs__fast_work_locked(ctx) || ctx->plans_head || ctx->exec_stop)) {
+      ctx->exec_idle = 0;
+      pthread_cond_signal(&ctx->exec_cv);
+    }
   }
   for (;;) {
     size_t i = 0;

@@ -170,6 +170,12 @@ void gs__handles_complete_ok_unref(gs_ctx *ctx, struct gs_handle *const *hs, siz
   pthread_cond_broadcast(&ctx->cv);
 }
 
+void gs__handles_complete_ok_unref_locked(gs_ctx *ctx, struct gs_handle *const *hs, size_t n,
+                                          int extra) {
+  for (size_t i = 0; i < n; i++)
+    if (hs[i]) complete_quiet_locked(ctx, hs[i], GS_OK, NULL, 0, extra);
+}
+
 void gs__handle_complete(gs_ctx *ctx, struct gs_handle *h, gs_status status, const char *msg) {
   pthread_mutex_lock(&ctx->mu);
   complete_quiet_locked(ctx, h, status, msg, 0, 0);

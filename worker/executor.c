@@ -765,14 +765,47 @@ static void await_work(gs_ctx *ctx, unsigned bell) {
   }
 }
 
+/* Fast work for this thread: none while an application thread runs a
+ * round (gs__fast_round_caller); that thread wakes this one when it parks
+ * its round, and a waiter's round leaves what it did not take for the next
+ * submission's or wait's wake-up. */
+static int exec_fast_work_locked(const gs_ctx *ctx) {
+  return gs__fast_work_locked(ctx) && !ctx->fast_in_round;
+}
+
+/* Bound to one cpu (np=2 under --bind-to core), this thread shares it with
+ * the application: a submission that wakes it should not hand it the cpu
+ * at once (a round of the step's first op alone, while the application
+ * still submits; the application waiting on the whole step then runs the
+ * round itself: gs__fast_round_caller). SCHED_BATCH takes the thread out
+ * of wake-up preemption only; it keeps its fair share of the cpu (it runs
+ * when the application sleeps, yields, or used its slice), so ops still
+ * complete without a wait. Elsewhere the thread stays SCHED_OTHER. */
+static void one_cpu_batch(void) {
+  if (spin_pays()) return;
+  struct sched_param sp = {0};
+  (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+}
+
 void *gs__executor_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
   int after_round = 0; /* a fast round just ended: see await_work */
+  one_cpu_batch();
   pthread_mutex_lock(&ctx->mu);
   for (;;) {
+    if (ctx->fast_parked) { /* an application thread's round, first */
+      ctx->fast_parked = 0;
+      ctx->exec_busy = 1;
+      pthread_mutex_unlock(&ctx->mu);
+      gs__fast_round_resume(ctx);
+      pthread_mutex_lock(&ctx->mu);
+      ctx->exec_busy = 0;
+      after_round = 1;
+      continue;
+    }
     if (after_round && ctx->fast && !ctx->plans_head && !ctx->exec_stop &&
-        !gs__fast_work_locked(ctx)) {
+        !exec_fast_work_locked(ctx)) {
       unsigned bell = atomic_load_explicit(&ctx->exec_bell, memory_order_relaxed);
       pthread_mutex_unlock(&ctx->mu);
       if (spin_pays()) await_work(ctx, bell);
@@ -781,11 +814,15 @@ void *gs__executor_main(void *arg) {
     after_round = 0;
     /* exec_idle: see worker.h for why a submission in fast mode never
      * finds this thread asleep with work queued. */
-    while (!ctx->plans_head && !ctx->exec_stop && !gs__fast_work_locked(ctx)) {
+    /* While an application thread runs a round, nothing (it wakes this
+     * thread at the round's end when work is left, or when it parks it). */
+    while (!ctx->fast_parked && (ctx->fast_in_round || (!ctx->plans_head && !ctx->exec_stop &&
+                                                        !gs__fast_work_locked(ctx)))) {
       ctx->exec_idle = 1;
       pthread_cond_wait(&ctx->exec_cv, &ctx->mu);
       ctx->exec_idle = 0;
     }
+    if (ctx->fast_parked) continue;
     if (!ctx->plans_head && gs__fast_work_locked(ctx)) {
       ctx->exec_busy = 1;
       pthread_mutex_unlock(&ctx->mu);
@@ -800,6 +837,7 @@ void *gs__executor_main(void *arg) {
     ctx->plans_head = n->next;
     if (!ctx->plans_head) ctx->plans_tail = NULL;
     ctx->exec_busy = 1; /* the comm thread runs no plan meanwhile (background.c) */
+    ctx->exec_plan = 1; /* nor an application thread a round (api.c) */
     int failed = ctx->fatal != GS_OK;
     pthread_mutex_unlock(&ctx->mu);
     GS_TRACE(GS__TR_EXEC_WAKE, n->plan.seq, 0);
@@ -815,6 +853,7 @@ void *gs__executor_main(void *arg) {
     pthread_mutex_lock(&ctx->mu);
     gs__plan_done_locked(ctx, n->plan.seq);
     ctx->exec_busy = 0;
+    ctx->exec_plan = 0;
     /* Reported at once only while this rank has ops waiting for a plan
      * (the coordinator may hold them for this report); otherwise with the
      * next message (background.c, send_cycle). */

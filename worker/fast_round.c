@@ -98,6 +98,20 @@ typedef struct fast_state {
   size_t fvcap;
   struct gs_handle **riders; /* this round's common riding ops */
   size_t nriders, riderscap;
+  /* The round in progress, across its agreement: what the rest of the
+   * round needs, kept here so that a round an application thread parked
+   * (gs__fast_round_caller) is finished by the exec thread
+   * (gs__fast_round_resume). parked: 1 in the backend (agree_resume), 2
+   * before the agreement (agree). */
+  uint64_t cur_k;
+  size_t cur_n, cur_nlive, cur_nsnap;
+  struct gs_handle *cur_barrier;
+  void *cur_buf;
+  size_t cur_count;
+  gs__dtype cur_dt;
+  gs__reduce_op cur_op;
+  int cur_parked;
+  char cur_first[GS__MAX_NAME + 1];
 } fast_state;
 
 /* Copies a rider's n floats (separate buffers): up to 16 bytes inline,
@@ -413,18 +427,6 @@ static void release_held_locked(fast_state *st) {
   st->nheld = 0;
 }
 
-/* The round's agreement: MIN over the ranks of v (n bytes), or the float32
- * SUM of flags and riding data (n floats), in place, on
- * the host backend (tcp or shm), whatever the tensors' device. Its agree
- * has no data-plane timeout while the other ranks have not arrived (they
- * may be computing); only abort (FastStop, a failure, this rank's leave)
- * or a peer's death ends that wait. */
-static int agree(gs_ctx *ctx, void *v, size_t n, gs__dtype dt, gs__reduce_op op, char *err,
-                 size_t errlen) {
-  gs__backend *b = ctx->backends[GS__DEVICE_CPU];
-  return b->v->agree(b, v, n, dt, op, err, errlen);
-}
-
 /* "tensor 'a' and 3 other op(s) of fast round k (rank r on host): ..." for a
  * round that failed; keeps an abort an abort. */
 static int round_error(gs_ctx *ctx, uint64_t k, const char *name, size_t others, int rc, char *err,
@@ -568,7 +570,7 @@ static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
  * postscale as the ring finishes a reduction (gs__divide, then gs__scale),
  * into each op's recv buffer. Releases each rider's library reference,
  * which its completion leaves to the round (it is taken off st->held). */
-static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
+static void complete_riders(gs_ctx *ctx, fast_state *st, float *d, int wake) {
   /* The finish over runs of riders that lie back to back in the vector
    * with the same op and postscale (the usual step: every tensor alike),
    * one call per run rather than per tensor; element-wise, so the same
@@ -601,16 +603,29 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d) {
       st->riders[i] = NULL;
     }
   }
-  gs__handles_complete_ok_unref(ctx, st->riders, st->nriders, 1);
+  if (wake) {
+    gs__handles_complete_ok_unref(ctx, st->riders, st->nriders, 1);
+    return;
+  }
+  pthread_mutex_lock(&ctx->mu);
+  gs__handles_complete_ok_unref_locked(ctx, st->riders, st->nriders, 1);
+  pthread_mutex_unlock(&ctx->mu);
 }
 
-void gs__fast_round(gs_ctx *ctx) {
+static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t errlen);
+
+/* A round: its snapshot and agreement, then round_rest. deadline_ns 0: on
+ * the exec thread (no deadline); else an application thread's wait's
+ * deadline (gs__fast_round_caller): returns 1 when the round is parked
+ * for the exec thread, 0 when it ran (or none was due). */
+static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
   char err[4096];
   fast_state *st = state_of(ctx);
   pthread_mutex_lock(&ctx->mu);
-  if (!ctx->fast || ctx->fatal) {
+  /* One round at a time: another thread's round runs or is parked. */
+  if (!ctx->fast || ctx->fatal || ctx->fast_in_round) {
     pthread_mutex_unlock(&ctx->mu);
-    return;
+    return 0;
   }
   if (ctx->fast_stop == 2) {
     /* A rank left: no round can complete any more. Back at once, as the
@@ -618,7 +633,7 @@ void gs__fast_round(gs_ctx *ctx) {
     int kick = escalate_locked(ctx, ctx->fast_round + 1);
     pthread_mutex_unlock(&ctx->mu);
     if (kick) gs__comm_kick(ctx);
-    return;
+    return 0;
   }
   size_t nlive = ctx->nlive, n = 2 + nlive;
   if (!st || grow((void **)&st->v, &st->vcap, n, 1) ||
@@ -630,7 +645,7 @@ void gs__fast_round(gs_ctx *ctx) {
            sizeof *st->fv)) {
     pthread_mutex_unlock(&ctx->mu);
     gs__ctx_fail(ctx, GS_ERR_NO_MEMORY, "out of memory starting a fast round");
-    return;
+    return 0;
   }
   uint64_t k = ++ctx->fast_round;
   uint8_t *v = st->v;
@@ -670,9 +685,14 @@ void gs__fast_round(gs_ctx *ctx) {
   v[0] = (uint8_t)clear;
   v[1] = barrier != NULL;
   const char *first = ctx->fast_head ? ctx->fast_head->req.name : "(none)";
-  char first_name[GS__MAX_NAME + 1];
-  snprintf(first_name, sizeof first_name, "%s", first);
+  snprintf(st->cur_first, sizeof st->cur_first, "%s", first);
   size_t nsnap = st->nheld;
+  st->cur_k = k;
+  st->cur_n = n;
+  st->cur_nlive = nlive;
+  st->cur_nsnap = nsnap;
+  st->cur_barrier = barrier;
+  st->cur_parked = 0;
   ctx->fast_in_round = 1;
   pthread_mutex_unlock(&ctx->mu);
   GS_TRACE(GS__TR_FAST_START, k, nsnap);
@@ -700,18 +720,79 @@ void gs__fast_round(gs_ctx *ctx) {
         if ((rc = gs__host_copy(&cp, 1, err, sizeof err))) {
           rc = round_error(ctx, k, h->req.name, 0, rc, err, sizeof err);
           round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
-          return;
+          return 0;
         }
       }
     }
-    rc = agree(ctx, fv, nf, GS__FLOAT32, GS__SUM, err, sizeof err);
-    if (!rc)
-      for (size_t i = 0; i < n; i++) v[i] = fv[i] == (float)ctx->size;
+    st->cur_buf = fv;
+    st->cur_count = nf;
+    st->cur_dt = GS__FLOAT32;
+    st->cur_op = GS__SUM;
   } else {
-    rc = agree(ctx, v, n, GS__UINT8, GS__MIN, err, sizeof err);
+    st->cur_buf = v;
+    st->cur_count = n;
+    st->cur_dt = GS__UINT8;
+    st->cur_op = GS__MIN;
   }
+  gs__backend *b = ctx->backends[GS__DEVICE_CPU];
+  if (deadline_ns) {
+    rc = b->v->agree_until(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op, deadline_ns, err,
+                           sizeof err);
+    if (rc == GS__ERR_TIMEOUT || rc == GS__ERR_UNSUPPORTED) {
+      /* The wait's deadline passed while a peer had not entered, or the
+       * backend cannot park: the exec thread finishes the round (it still
+       * counts as in progress: fast_in_round, for aborts). */
+      pthread_mutex_lock(&ctx->mu);
+      st->cur_parked = rc == GS__ERR_TIMEOUT ? 1 : 2;
+      ctx->fast_parked = 1;
+      gs__exec_bell_locked(ctx);
+      int wake = ctx->exec_idle;
+      ctx->exec_idle = 0;
+      pthread_mutex_unlock(&ctx->mu);
+      if (wake) pthread_cond_signal(&ctx->exec_cv);
+      GS_LOG_DEBUG("fast round %llu parked for the exec thread (%s)", (unsigned long long)k,
+                   rc == GS__ERR_TIMEOUT ? "the wait's deadline passed" : "no agree_until");
+      return 1;
+    }
+  } else {
+    rc = b->v->agree(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op, err, sizeof err);
+  }
+  round_rest(ctx, st, rc, err, sizeof err);
+  return 0;
+}
+
+void gs__fast_round(gs_ctx *ctx) {
+  (void)fast_round(ctx, 0);
+}
+
+int gs__fast_round_caller(gs_ctx *ctx, int64_t deadline_ns) {
+  return fast_round(ctx, deadline_ns > 0 ? deadline_ns : INT64_MAX);
+}
+
+void gs__fast_round_resume(gs_ctx *ctx) {
+  char err[4096];
+  fast_state *st = ctx->fast_state;
+  gs__backend *b = ctx->backends[GS__DEVICE_CPU];
+  int rc = st->cur_parked == 1 ? b->v->agree_resume(b, err, sizeof err)
+                               : b->v->agree(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op,
+                                             err, sizeof err);
+  st->cur_parked = 0;
+  round_rest(ctx, st, rc, err, sizeof err);
+}
+
+/* The rest of a round from its agreement's return (rc): the common set,
+ * the riders' results, the plan, the completions, the round's end. */
+static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t errlen) {
+  uint64_t k = st->cur_k;
+  size_t n = st->cur_n, nlive = st->cur_nlive, nsnap = st->cur_nsnap;
+  struct gs_handle *barrier = st->cur_barrier;
+  uint8_t *v = st->v;
+  size_t nride = st->ride_floats;
+  float *fv = st->fv, *data = fv + n;
+  if (!rc && nride)
+    for (size_t i = 0; i < n; i++) v[i] = fv[i] == (float)ctx->size;
   if (rc) {
-    rc = round_error(ctx, k, first_name, nsnap ? nsnap - 1 : 0, rc, err, sizeof err);
+    rc = round_error(ctx, k, st->cur_first, nsnap ? nsnap - 1 : 0, rc, err, errlen);
     round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
     return;
   }
@@ -732,8 +813,8 @@ void gs__fast_round(gs_ctx *ctx) {
   }
   if (common_room(st, nall ? nall : 1) ||
       grow((void **)&st->riders, &st->riderscap, nall ? nall : 1, sizeof *st->riders)) {
-    snprintf(err, sizeof err, "out of memory running fast round %llu of %zu ops",
-             (unsigned long long)k, nall);
+    snprintf(err, errlen, "out of memory running fast round %llu of %zu ops", (unsigned long long)k,
+             nall);
     round_failed(ctx, st, k, GS__ERR_NO_MEMORY, err, NULL, 0, NULL);
     return;
   }
@@ -822,14 +903,18 @@ void gs__fast_round(gs_ctx *ctx) {
     if (nriders > 1) ctx->stats.fused_collectives++;
   }
   pthread_mutex_unlock(&ctx->mu);
-  if (nriders) complete_riders(ctx, st, data);
+  /* Riders alone (the usual control-only step): their waiters are woken
+   * after the round's end, below, so that a woken waiter finds no round
+   * in progress and may run the next one itself (gs__fast_round_caller)
+   * rather than wait for this thread to finish this one. */
+  if (nriders) complete_riders(ctx, st, data, ncommon != 0);
   plan_node node;
   memset(&node, 0, sizeof node);
   node.plan.nresponses = nresp;
   node.plan.responses = st->resps;
   node.ops = st->ops;
   node.nops = ncommon;
-  rc = ncommon ? gs__run_plan(ctx, &node, err, sizeof err) : GS__OK;
+  rc = ncommon ? gs__run_plan(ctx, &node, err, errlen) : GS__OK;
   if (rc) {
     round_failed(ctx, st, k, rc, err, st->common, ncommon, v[1] ? barrier : NULL);
     return;
@@ -840,10 +925,13 @@ void gs__fast_round(gs_ctx *ctx) {
    * after unlocking: on a cpu shared with the exec thread the woken
    * thread runs at once, and would otherwise find mu held (one more
    * sleep and wake-up each way) or the round still owing its end. */
+  /* (Nothing of st is read after the unlock: another thread's round may
+   * start at once.) */
+  int wake = v[1] || (nriders && !ncommon);
   pthread_mutex_lock(&ctx->mu);
   if (v[1]) gs__handle_complete_ok_locked(ctx, barrier);
   ctx->fast_in_round = 0;
   release_held_locked(st);
   pthread_mutex_unlock(&ctx->mu);
-  if (v[1]) pthread_cond_broadcast(&ctx->cv);
+  if (wake) pthread_cond_broadcast(&ctx->cv);
 }

@@ -334,6 +334,7 @@ struct gs_ctx {
   plan_node *plans_head, *plans_tail;
   int exec_stop;
   int exec_busy;        /* the exec thread is running a plan or a fast round */
+  int exec_plan;        /* the exec thread is running a plan */
   uint64_t *done_plans; /* executed, not yet reported */
   size_t ndone, done_cap;
   gs_stats stats;           /* under mu */
@@ -461,10 +462,14 @@ struct gs_ctx {
    * queues before it runs or sleeps, so the rule above still holds. */
   int exec_idle;
   atomic_uint exec_bell;
-  /* The exec thread is inside a fast round (from its snapshot to the end
-   * of the common set's collectives): a FastStop with abort_round aborts
-   * the backends only then. */
+  /* A fast round is in progress (from its snapshot to the end of the
+   * common set's collectives), on the exec thread or on an application
+   * thread in a wait (gs__fast_round_caller), or parked: a FastStop with
+   * abort_round aborts the backends only then, and no other round starts.
+   * fast_parked: an application thread's round waits for the exec thread
+   * to finish it (gs__fast_round_resume), before anything else. */
   int fast_in_round;
+  int fast_parked;
   /* FastStop received for the current or a queued fast period: 1 = the
    * next round says "not clear", 2 = abort_round (a rank left: end the
    * round in progress, escalate at once). Reset by the escalation. */
@@ -539,8 +544,16 @@ static inline void gs__exec_bell_locked(gs_ctx *ctx) {
                         atomic_load_explicit(&ctx->exec_bell, memory_order_relaxed) + 1,
                         memory_order_relaxed);
 }
-/* Runs one fast round, or escalates (exec thread, without ctx->mu). */
+/* Runs one fast round, or escalates (exec thread, without ctx->mu); none
+ * while another thread's round is in progress. */
 void gs__fast_round(gs_ctx *ctx);
+/* The same on an application thread inside a wait whose deadline is
+ * deadline_ns (CLOCK_MONOTONIC; <= 0: none), where the host backend has
+ * agree_until: returns 1 when the deadline passed before every rank
+ * entered the agreement and the round is parked for the exec thread. */
+int gs__fast_round_caller(gs_ctx *ctx, int64_t deadline_ns);
+/* Finishes the parked round (exec thread, without ctx->mu). */
+void gs__fast_round_resume(gs_ctx *ctx);
 /* h's slot and cache id in a fast round, or 0 (caller holds ctx->mu). */
 static inline void gs__fast_classify_locked(struct gs_handle *h) {
   const gs__tensor_request *r = &h->req;
@@ -619,6 +632,10 @@ void gs__handles_complete_ok(gs_ctx *ctx, struct gs_handle *const *hs, size_t n)
  * library's (unless it is in a fast round: see gs_handle.round): a fast
  * round hands the library's references of its riders over this way. */
 void gs__handles_complete_ok_unref(gs_ctx *ctx, struct gs_handle *const *hs, size_t n, int extra);
+/* The same without the lock (caller holds ctx->mu) and without the
+ * wake-up (the caller broadcasts ctx->cv after unlocking). */
+void gs__handles_complete_ok_unref_locked(gs_ctx *ctx, struct gs_handle *const *hs, size_t n,
+                                          int extra);
 /* Completes every op in flight and every later submission with status and
  * msg (the first call wins); takes ctx->mu. */
 void gs__ctx_fail(gs_ctx *ctx, gs_status status, const char *msg);

@@ -685,6 +685,163 @@ static void test_agree_hierarchical_host_leaves(void **state) {
   pthread_mutex_destroy(&j.mu);
 }
 
+/* agree_until / agree_resume (a fast round that an application thread
+ * runs inside a wait with a deadline, worker/fast_round.c): 3 ranks on one
+ * host, rank 2 enters 300 ms late. Ranks 0 and 1 give up at a 50 ms
+ * deadline (GS__ERR_TIMEOUT, parked, no earlier than the deadline) and a
+ * second thread resumes each agreement: the minimum is right on every
+ * rank. Then with every rank in, agree_until with a far deadline is an
+ * agree. Where it cannot park (more than one chunk) it refuses with
+ * GS__ERR_UNSUPPORTED and posts nothing: a plain agree of every rank is
+ * still in step. Last, rank 0 parks while nobody comes and its backend
+ * is aborted: agree_resume returns GS__ERR_ABORTED. */
+typedef struct resume_arg {
+  gs__backend *b;
+  int rc;
+  char err[2048];
+} resume_arg;
+
+static void *resume_thread(void *p) {
+  resume_arg *a = p;
+  a->rc = a->b->v->agree_resume(a->b, a->err, sizeof a->err);
+  return NULL;
+}
+
+static int64_t now_ns_mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *agree_until_rank(void *arg) {
+  trank *t = arg;
+  tjob *j = t->j;
+  char err[2048];
+  gs__backend *b = make_rank(j, t->rank, err, sizeof err);
+  if (!b) {
+    record(j, "rank %d: create failed: %s", t->rank, err);
+    return NULL;
+  }
+  uint8_t buf[40];
+  size_t n = sizeof buf;
+  for (size_t i = 0; i < n; i++) buf[i] = agree_val(0, t->rank, i);
+  if (t->rank == 2) {
+    usleep(300000);
+    if (b->v->agree(b, buf, n, GS__UINT8, GS__MIN, err, sizeof err))
+      record(j, "rank 2: the late agree failed: %s", err);
+  } else {
+    int64_t t0 = now_ms();
+    int rc =
+        b->v->agree_until(b, buf, n, GS__UINT8, GS__MIN, now_ns_mono() + 50000000, err, sizeof err);
+    int64_t ms = now_ms() - t0;
+    if (rc != GS__ERR_TIMEOUT || ms < 50 || ms >= 300)
+      record(j,
+             "rank %d: agree_until before the late rank came: rc %d after %lld ms (want %d "
+             "at its 50 ms deadline): %s",
+             t->rank, rc, (long long)ms, GS__ERR_TIMEOUT, err);
+    resume_arg ra = {.b = b};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, resume_thread, &ra), 0);
+    pthread_join(th, NULL);
+    if (ra.rc) record(j, "rank %d: agree_resume failed: %s", t->rank, ra.err);
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint8_t want = 255;
+    for (int q = 0; q < j->size; q++)
+      if (agree_val(0, q, i) < want) want = agree_val(0, q, i);
+    if (buf[i] != want) {
+      record(j, "rank %d: parked agree: byte %zu is %u, want %u", t->rank, i, buf[i], want);
+      break;
+    }
+  }
+  float fv[5];
+  for (size_t i = 0; i < 5; i++) fv[i] = (float)(i + (size_t)t->rank);
+  int rc = b->v->agree_until(b, fv, 5, GS__FLOAT32, GS__SUM, now_ns_mono() + 60000000000LL, err,
+                             sizeof err);
+  if (rc || fv[0] != 3 || fv[4] != 15)
+    record(j, "rank %d: agree_until with every rank in: rc %d, %g %g: %s", t->rank, rc,
+           (double)fv[0], (double)fv[4], err);
+  static uint8_t big[TEST_CHUNK + 1];
+  rc = b->v->agree_until(b, big, sizeof big, GS__UINT8, GS__MIN, now_ns_mono() + 60000000000LL, err,
+                         sizeof err);
+  if (rc != GS__ERR_UNSUPPORTED)
+    record(j, "rank %d: agree_until across two chunks: rc %d, want %d", t->rank, rc,
+           GS__ERR_UNSUPPORTED);
+  uint8_t one = (uint8_t)(t->rank + 1);
+  if (b->v->agree(b, &one, 1, GS__UINT8, GS__MIN, err, sizeof err) || one != 1)
+    record(j, "rank %d: agree after a refused agree_until: %u: %s", t->rank, one, err);
+  gs__backend_destroy(b);
+  return NULL;
+}
+
+static void test_agree_until_park(void **state) {
+  (void)state;
+  tjob j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.mu, NULL);
+  j.size = 3;
+  j.nhosts = 1;
+  j.leader_port_key = 2100;
+  j.io_ms = 100; /* the wait for a late peer is not bounded by it, parked or not */
+  seg_name(j.seg[0], sizeof j.seg[0]);
+  pthread_t th[3];
+  trank tr[3];
+  for (int r = 0; r < 3; r++) {
+    tr[r] = (trank){.j = &j, .rank = r};
+    assert_int_equal(pthread_create(&th[r], NULL, agree_until_rank, &tr[r]), 0);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  assert_false(seg_exists(j.seg[0]));
+  pthread_mutex_destroy(&j.mu);
+}
+
+static void *park_alone_rank(void *arg) {
+  trank *t = arg;
+  tjob *j = t->j;
+  char err[2048];
+  gs__backend *b = make_rank(j, t->rank, err, sizeof err);
+  if (!b) {
+    record(j, "rank %d: create failed: %s", t->rank, err);
+    return NULL;
+  }
+  if (t->rank == 0) {
+    uint8_t v[8] = {0};
+    int rc = b->v->agree_until(b, v, sizeof v, GS__UINT8, GS__MIN, now_ns_mono() + 20000000, err,
+                               sizeof err);
+    if (rc != GS__ERR_TIMEOUT) record(j, "rank 0: agree_until alone: rc %d: %s", rc, err);
+    b->v->abort(b);
+    t->rc = b->v->agree_resume(b, t->err, sizeof t->err);
+  } else {
+    usleep(200000); /* never enters: rank 0's backend is aborted meanwhile */
+  }
+  gs__backend_destroy(b);
+  return NULL;
+}
+
+static void test_agree_until_abort_parked(void **state) {
+  (void)state;
+  tjob j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.mu, NULL);
+  j.size = 2;
+  j.nhosts = 1;
+  j.leader_port_key = 2200;
+  j.io_ms = 100;
+  seg_name(j.seg[0], sizeof j.seg[0]);
+  pthread_t th[2];
+  trank tr[2];
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trank){.j = &j, .rank = r};
+    assert_int_equal(pthread_create(&th[r], NULL, park_alone_rank, &tr[r]), 0);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  print_message("rank 0: %s\n", tr[0].err);
+  assert_int_equal(tr[0].rc, GS__ERR_ABORTED);
+  pthread_mutex_destroy(&j.mu);
+}
+
 /* ---- faults, with forked ranks ---------------------------------------------- */
 
 static gs__backend *make_local(int rank, int size, const char *seg, int connect_ms, int io_ms,
@@ -1070,6 +1227,8 @@ int main(void) {
       cmocka_unit_test(test_agree_values),
       cmocka_unit_test(test_agree_late_peer),
       cmocka_unit_test(test_agree_hierarchical_host_leaves),
+      cmocka_unit_test(test_agree_until_park),
+      cmocka_unit_test(test_agree_until_abort_parked),
       cmocka_unit_test(test_kill9_peer),
       cmocka_unit_test(test_kill9_leader_before_attach),
       cmocka_unit_test(test_leader_dies_before_sizing),

@@ -138,6 +138,19 @@ typedef struct gs__backend_vtbl {
    * hierarchical included), whatever the tensors' device. */
   int (*agree)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op, char *err,
                size_t errlen);
+  /* agree in two calls, for an application thread that runs a fast round
+   * inside a wait with a deadline (worker/fast_round.c): as agree, except
+   * that when deadline_ns (CLOCK_MONOTONIC) passes before every rank has
+   * entered it returns GS__ERR_TIMEOUT with this rank's part posted and
+   * the agreement parked: buf must stay valid and untouched, and the next
+   * call on b must be agree_resume (any thread), which waits on as agree
+   * does (no deadline) and finishes the agreement into buf; abort() ends a
+   * parked agreement as a running one. GS__ERR_UNSUPPORTED, with nothing
+   * posted, where it cannot park (then use agree). NULL on backends that
+   * never park (tcp ring, nccl): fast rounds run on the exec thread. */
+  int (*agree_until)(gs__backend *b, void *buf, size_t count, gs__dtype dt, gs__reduce_op op,
+                     int64_t deadline_ns, char *err, size_t errlen);
+  int (*agree_resume)(gs__backend *b, char *err, size_t errlen);
   /* Makes the running and every later collective fail promptly with
    * GS__ERR_ABORTED. Any thread; idempotent. */
   void (*abort)(gs__backend *b);

@@ -142,6 +142,16 @@ typedef struct shm {
   char *msgs, *data;
   uint64_t g; /* chunks this rank has started */
   int small;  /* the running collective is small (see SPIN_NS) */
+  /* agree_until (backend.h): the deadline of the wait for the peers to
+   * enter (CLOCK_MONOTONIC ns, 0 = none), and the agreement parked when it
+   * passed: this rank's part posted for chunk g (s->g, not advanced), the
+   * result still to reduce into park_buf. */
+  int64_t deadline_ns;
+  int parked;
+  void *park_buf;
+  size_t park_count;
+  gs__dtype park_dt;
+  gs__reduce_op park_op;
   atomic_int aborted;
   int broken; /* status of the failure that made the segment unusable */
   char broken_msg[1024];
@@ -338,7 +348,8 @@ static int leader_gone(shm *s, int64_t *checked, const char *step, char *err, si
 /* Waits until counter f of local ranks lo..hi reaches target. patient:
  * the peers may not have entered the collective yet (agree), so there is
  * no io timeout: only abort, a failure or a dead peer ends the wait, and
- * after PATIENT_MS the sleeps stretch to LIVENESS_MS. */
+ * after PATIENT_MS the sleeps stretch to LIVENESS_MS; and, when
+ * s->deadline_ns is set (agree_until), GS__ERR_TIMEOUT once it passed. */
 static int wait_until(shm *s, int f, uint64_t target, int lo, int hi, int patient, const char *what,
                       char *err, size_t errlen) {
   int64_t start = 0, checked = 0, slept = 0, spin_until = 0;
@@ -349,6 +360,7 @@ static int wait_until(shm *s, int f, uint64_t target, int lo, int hi, int patien
     if (atomic_load(&s->aborted)) return aborted_status(s, what, err, errlen);
     uint64_t fl = atomic_load(&s->hdr->failed);
     if (fl) return peer_failed(s, fl, what, err, errlen);
+    if (patient && s->deadline_ns && now_ns() >= s->deadline_ns) return GS__ERR_TIMEOUT;
     if (s->small && spin_until >= 0) { /* see SPIN_NS */
       int64_t t = now_ns();
       if (!spin_until) spin_until = t + SPIN_NS;
@@ -368,7 +380,12 @@ static int wait_until(shm *s, int f, uint64_t target, int lo, int hi, int patien
     atomic_fetch_add(&s->hdr->sleepers, 1);
     if (atomic_load(&s->ctl[q].cnt[f]) < target && !atomic_load(&s->aborted) &&
         !atomic_load(&s->hdr->failed)) {
-      struct timespec ts = {0, (slept < PATIENT_MS ? SLEEP_MS : LIVENESS_MS) * 1000000L};
+      long ns = (slept < PATIENT_MS ? SLEEP_MS : LIVENESS_MS) * 1000000L;
+      if (patient && s->deadline_ns) {
+        int64_t left = s->deadline_ns - now_ns();
+        if (left < ns) ns = left > 0 ? (long)left : 1;
+      }
+      struct timespec ts = {0, ns};
       syscall(SYS_futex, &s->hdr->bell, FUTEX_WAIT, seq, &ts, NULL, 0);
     }
     atomic_fetch_sub(&s->hdr->sleepers, 1);
@@ -945,6 +962,61 @@ static int shm_agree_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt, g
   return rc;
 }
 
+/* agree with a deadline for the peers to enter (backend.h): one host and
+ * one chunk only (a fast round's vector on one host), so that a parked
+ * agreement is one posted chunk whose result agree_resume reduces. */
+static int shm_agree_until_vt(gs__backend *b, void *buf, size_t count, gs__dtype dt,
+                              gs__reduce_op op, int64_t deadline_ns, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  if (s->nhosts != 1 || s->size == 1 || count == 0 || !buf || s->parked ||
+      count > s->chunk / gs__dtype_size(dt)) {
+    snprintf(err, errlen, "shm: agree_until: not on one host in one chunk (%zu elements)", count);
+    return GS__ERR_UNSUPPORTED; /* nothing posted: the caller uses agree */
+  }
+  int rc = check_usable(s, "agree", err, errlen);
+  if (rc == GS__OK) rc = gs__agree_args("shm", dt, op, err, errlen);
+  if (rc == GS__OK) {
+    spin_for(s, count * gs__dtype_size(dt));
+    s->deadline_ns = deadline_ns;
+    rc = agree_phase(s, buf, buf, count, dt, op, err, errlen);
+    s->deadline_ns = 0;
+  }
+  if (rc == GS__ERR_TIMEOUT) {
+    s->parked = 1;
+    s->park_buf = buf;
+    s->park_count = count;
+    s->park_dt = dt;
+    s->park_op = op;
+    snprintf(err, errlen, "shm: agree: the deadline passed before every rank entered (parked)");
+  }
+  if (rc == GS__ERR_ABORTED) poison_aborted(s);
+  return rc;
+}
+
+static int shm_agree_resume_vt(gs__backend *b, char *err, size_t errlen) {
+  shm *s = (shm *)b;
+  if (!s->parked) {
+    snprintf(err, errlen, "shm: agree_resume: no agreement is parked (a gradsync bug)");
+    return GS__ERR_INTERNAL;
+  }
+  s->parked = 0;
+  int L = s->nlocal;
+  uint64_t g = s->g;
+  int bi = (int)(g % NBUF);
+  spin_for(s, s->park_count * gs__dtype_size(s->park_dt));
+  int rc = wait_until(s, F_POSTED, g + 1, 0, L - 1, 1, "agree", err, errlen);
+  if (rc == GS__OK) {
+    const void *src[GS__SHM_MAX_LOCAL];
+    for (int q = 0; q < L; q++) src[q] = slot(s, bi, q);
+    gs__reduce_many(s->park_buf, s->park_dt, src, (size_t)L, s->park_dt, s->park_count, s->park_op,
+                    1, 1.0);
+    post(s, F_DONE, g + 1);
+    s->g = g + 1;
+  }
+  if (rc == GS__ERR_ABORTED) poison_aborted(s);
+  return rc;
+}
+
 /* Allgatherv, reducescatter and alltoallv run on the world ring. */
 static gs__backend *world_of(shm *s, const char *what, char *err, size_t errlen) {
   if (!s->world)
@@ -1037,6 +1109,8 @@ static const gs__backend_vtbl k_vtbl = {
     .reducescatter = shm_reducescatter_vt,
     .alltoallv = shm_alltoallv_vt,
     .agree = shm_agree_vt,
+    .agree_until = shm_agree_until_vt,
+    .agree_resume = shm_agree_resume_vt,
     .abort = shm_abort_vt,
     .destroy = shm_destroy_vt,
 };
