@@ -620,13 +620,13 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
  * for the exec thread, 0 when it ran (or none was due). */
 static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
   char err[4096];
-  fast_state *st = state_of(ctx);
   pthread_mutex_lock(&ctx->mu);
   /* One round at a time: another thread's round runs or is parked. */
   if (!ctx->fast || ctx->fatal || ctx->fast_in_round) {
     pthread_mutex_unlock(&ctx->mu);
     return 0;
   }
+  fast_state *st = state_of(ctx); /* under mu: two threads run rounds */
   if (ctx->fast_stop == 2) {
     /* A rank left: no round can complete any more. Back at once, as the
      * round this rank would have run next. */
