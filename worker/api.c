@@ -1931,6 +1931,9 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
 gs_status gs_wait(gs_handle *h, int timeout_ms) {
   size_t idx;
   if (!h) return gs__set_error(GS_ERR_INVALID_ARG, "gs_wait: handle is NULL");
+  /* Done already (a step's later waits, once its round completed them
+   * all): what wait_any's first look would find, without its checks. */
+  if (atomic_load_explicit(&h->done, memory_order_acquire)) return finished(h);
   return wait_any("gs_wait", &h, 1, timeout_ms, &idx, 0);
 }
 
