@@ -19,7 +19,12 @@
  *                      a loop while the last rank submits each step 10 ms
  *                      late: every timed-out wait must have lasted its 1
  *                      ms, with the usual text; prints "fast: rank R short
- *                      timeouts=T")
+ *                      timeouts=T") | busy (the rank binds itself to
+ *                      one cpu, GRADSYNC_RANK modulo the cpus it may use,
+ *                      before gs_init, and looks with gs_test in a loop
+ *                      that never sleeps or yields: an application
+ *                      computing while its ops run, on the cpu its library
+ *                      threads share)
  *   dup N              N steps, then step N+1 with refusals while an op is in
  *                      flight on rank R: fast/t0<R % 2> (a cached name,
  *                      listed in its cache entry) submitted again twice
@@ -128,6 +133,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,7 +150,14 @@ static void sleep_ms(long ms) {
   }
 }
 
-typedef enum wait_style { WAIT_BLOCK, WAIT_TIMED, WAIT_POLL, WAIT_PACED, WAIT_SHORT } wait_style;
+typedef enum wait_style {
+  WAIT_BLOCK,
+  WAIT_TIMED,
+  WAIT_POLL,
+  WAIT_PACED,
+  WAIT_SHORT,
+  WAIT_BUSY
+} wait_style;
 
 static int g_short_timeouts; /* WAIT_SHORT: gs_wait(h, 1) calls that timed out */
 
@@ -230,6 +243,14 @@ static gs_status wait_op(op *o, wait_style style, int timeout_ms) {
       g_short_timeouts++;
       if (mono_ms() - start > timeout_ms) return GS_ERR_TIMEOUT;
     }
+  }
+  if (style == WAIT_BUSY) {
+    for (double start = mono_ms(); mono_ms() - start < timeout_ms;) {
+      int done = 0;
+      if (gs_test(o->h, &done) != GS_OK) wu_die("tensor '%s': gs_test failed", o->name);
+      if (done) return gs_wait(o->h, 0);
+    }
+    return GS_ERR_TIMEOUT;
   }
   for (int waited = 0; waited < timeout_ms;) {
     if (style == WAIT_TIMED) {
@@ -1063,6 +1084,17 @@ int main(int argc, char **argv) {
   g_mode = mode;
   int n = atoi(argv[2]), k = argc > 3 ? atoi(argv[3]) : 0;
   if (n < 1) usage();
+  if (!strcmp(mode, "steps") && argc == 4 && !strcmp(argv[3], "busy")) {
+    /* Before gs_init: the library's threads share this one cpu. */
+    cpu_set_t may, one;
+    const char *r = getenv("GRADSYNC_RANK");
+    if (sched_getaffinity(0, sizeof may, &may) != 0) wu_die("sched_getaffinity failed");
+    int want = (r ? atoi(r) : 0) % CPU_COUNT(&may), seen = 0;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &may) && seen++ == want) CPU_SET(c, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) wu_die("sched_setaffinity failed");
+  }
   gs_ctx *ctx = wu_join_or_die();
   make_ops();
   int steps = n;
@@ -1072,6 +1104,7 @@ int main(int argc, char **argv) {
                        : !strcmp(argv[3], "poll")  ? WAIT_POLL
                        : !strcmp(argv[3], "paced") ? WAIT_PACED
                        : !strcmp(argv[3], "short") ? WAIT_SHORT
+                       : !strcmp(argv[3], "busy")  ? WAIT_BUSY
                                                    : WAIT_BLOCK;
     for (int s = 1; s <= n; s++) {
       step(ctx, s, style, 0, NULL);

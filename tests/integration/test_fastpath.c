@@ -206,6 +206,15 @@ static void test_polling_np3(void **state) {
   steps_world(3, "poll");
 }
 
+/* Each rank bound to one cpu (its library threads with it: the exec
+ * thread is SCHED_BATCH there, and no wait runs a round) and looking at
+ * its ops with gs_test in a loop that never sleeps: the ops still
+ * complete, in fast rounds, with the right values. */
+static void test_busy_bound_np2(void **state) {
+  (void)state;
+  steps_world(2, "busy");
+}
+
 /* Four application threads per rank submit and wait on their own tensors
  * concurrently, in no order between threads (so rounds may differ per
  * rank and escalate): every value is right, on every rank (handles are
@@ -944,6 +953,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_values_np4, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_timed_waits_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_polling_np3, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_busy_bound_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_short_timed_waits_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_ride_np4, setup, job_teardown),
