@@ -1069,7 +1069,7 @@ static void vary_step(gs_ctx *ctx, int s) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: gs-fast-worker steps N block|timed|poll|paced | vary N | dup N |\n"
+          "usage: gs-fast-worker steps N block|timed|poll|paced|short|busy | vary N | dup N |\n"
           "                      newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
           "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
