@@ -791,6 +791,7 @@ void *gs__executor_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
   int after_round = 0; /* a fast round just ended: see await_work */
+  uint64_t spun_round = 0;
   one_cpu_batch();
   pthread_mutex_lock(&ctx->mu);
   for (;;) {
@@ -812,6 +813,15 @@ void *gs__executor_main(void *arg) {
       pthread_mutex_lock(&ctx->mu);
     }
     after_round = 0;
+    /* An application thread's round (api.c) took this thread's work: as
+     * after a round of its own, look for the next (the next step's first
+     * submission then finds it awake, with no futex wake-up, and its cpu
+     * stays awake), once per such round, and only where it spins at all. */
+    if (ctx->fast && ctx->fast_in_round && ctx->fast_round != spun_round && spin_pays()) {
+      spun_round = ctx->fast_round;
+      after_round = 1;
+      continue;
+    }
     /* exec_idle: see worker.h for why a submission in fast mode never
      * finds this thread asleep with work queued. */
     /* While an application thread runs a round, nothing (it wakes this
