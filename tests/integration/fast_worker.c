@@ -126,6 +126,22 @@
  *                      print "persist: rank R failed job start|async:
  *                      STATUS: TEXT". Persistent ops freed inactive after
  *                      gs_shutdown.
+ *   twowait N          2 steps of the usual ops, then steps 3..N of fast/t00
+ *                      and fast/t01 alone: on rank 0 a second thread
+ *                      submits t00 and waits on it (it runs the round,
+ *                      which waits for rank 1 in the agreement), then the
+ *                      main thread submits t01 50 ms later and waits on it
+ *                      (a round is in progress: it sleeps); rank 1
+ *                      submits both 50 ms after rank 0's mark file. t01
+ *                      was not in the first round: it must still complete
+ *                      (the thread that ran the round hands what is left
+ *                      to the exec thread); both values checked
+ * With GS_TEST_BIND_ONE_CPU=1 the process binds itself, before gs_init (so
+ * the library's threads too), to one cpu of those it may run on: the
+ * (rank mod count)-th. As a rank under --bind-to core: the exec thread
+ * shares the cpu with the application, which then runs most fast rounds
+ * itself inside its waits (worker/api.c, caller_round_due_locked). Prints
+ * "fast: rank R bound to cpu C".
  * Failures: "rank R: FAIL: ..." and exit 1 (worker_util.c). Single-threaded
  * except the threads mode. */
 #include "gradsync.h"
@@ -1067,13 +1083,99 @@ static void vary_step(gs_ctx *ctx, int s) {
   }
 }
 
+/* ---- twowait mode: a waiter whose op missed another waiter's round ---- */
+
+static gs_ctx *g_twowait_ctx;
+
+static void *twowait_thread(void *p) {
+  waiter_arg *a = p;
+  submit(g_twowait_ctx, a->o);
+  a->st = gs_wait(a->o->h, a->timeout_ms);
+  snprintf(a->err, sizeof a->err, "%s", gs_handle_error(a->o->h) ? gs_handle_error(a->o->h) : "");
+  return NULL;
+}
+
+static void twowait_step(gs_ctx *ctx, int s) {
+  op *t0 = &g_ops[0], *t1 = &g_ops[1];
+  fill(t0, 0, s);
+  fill(t1, 1, s);
+  char path[600];
+  mark(s, 0, path, sizeof path);
+  gs_stats a = stats_now(ctx);
+  if (g_rank == 0) {
+    waiter_arg w = {t0, ERR_MS, GS_OK, ""};
+    g_twowait_ctx = ctx;
+    pthread_t th;
+    if (pthread_create(&th, NULL, twowait_thread, &w) != 0)
+      wu_die("pthread_create: %s", strerror(errno));
+    sleep_ms(50); /* the thread's round waits for rank 1 in the agreement */
+    submit(ctx, t1);
+    FILE *f = fopen(path, "w");
+    if (!f) wu_die("cannot create %s: %s", path, strerror(errno));
+    fclose(f);
+    gs_status st = gs_wait(t1->h, ERR_MS);
+    if (st != GS_OK)
+      wu_die("tensor 'fast/t01' (step %d): submitted while another thread's round waited for "
+             "rank 1: %s: %s",
+             s, wu_status_name(st), gs_handle_error(t1->h));
+    pthread_join(th, NULL);
+    if (w.st != GS_OK)
+      wu_die("tensor 'fast/t00' (step %d, second thread): %s: %s", s, wu_status_name(w.st), w.err);
+  } else {
+    for (int waited = 0; access(path, F_OK) != 0; waited++) {
+      if (waited > ERR_MS) wu_die("twowait step %d: rank 0 never submitted (%s missing)", s, path);
+      sleep_ms(1);
+    }
+    sleep_ms(50);
+    submit(ctx, t0);
+    submit(ctx, t1);
+    for (int i = 0; i < 2; i++) {
+      op *o = i ? t1 : t0;
+      gs_status st = gs_wait(o->h, ERR_MS);
+      if (st != GS_OK)
+        wu_die("tensor '%s' (step %d): %s: %s", o->name, s, wu_status_name(st),
+               gs_handle_error(o->h));
+    }
+  }
+  gs_stats b = stats_now(ctx);
+  check(t0, 0, s);
+  check(t1, 1, s);
+  gs_handle_free(t0->h);
+  gs_handle_free(t1->h);
+  t0->h = t1->h = NULL;
+  print_step(s, &a, &b);
+}
+
+/* GS_TEST_BIND_ONE_CPU (see the top), or force (steps N busy): before
+ * gs_init, from the launcher's GRADSYNC_RANK. */
+static void bind_one_cpu(int force) {
+  const char *on = getenv("GS_TEST_BIND_ONE_CPU");
+  if (!force && (!on || strcmp(on, "1"))) return;
+  const char *r = getenv("GRADSYNC_RANK");
+  int rank = r ? atoi(r) : 0;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) wu_die("sched_getaffinity: %s", strerror(errno));
+  int n = CPU_COUNT(&set), want = rank % n, cpu = -1;
+  for (int c = 0, i = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &set) && i++ == want) {
+      cpu = c;
+      break;
+    }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (cpu < 0 || sched_setaffinity(0, sizeof one, &one) != 0)
+    wu_die("binding rank %d to cpu %d: %s", rank, cpu, strerror(errno));
+  printf("fast: rank %d bound to cpu %d\n", rank, cpu);
+}
+
 static void usage(void) {
   fprintf(stderr,
           "usage: gs-fast-worker steps N block|timed|poll|paced|short|busy | vary N | dup N |\n"
           "                      newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
           "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
-          "                      threads N | timeout N K | persist N D\n");
+          "                      threads N | timeout N K | persist N D | twowait N\n");
   exit(2);
 }
 
@@ -1084,17 +1186,8 @@ int main(int argc, char **argv) {
   g_mode = mode;
   int n = atoi(argv[2]), k = argc > 3 ? atoi(argv[3]) : 0;
   if (n < 1) usage();
-  if (!strcmp(mode, "steps") && argc == 4 && !strcmp(argv[3], "busy")) {
-    /* Before gs_init: the library's threads share this one cpu. */
-    cpu_set_t may, one;
-    const char *r = getenv("GRADSYNC_RANK");
-    if (sched_getaffinity(0, sizeof may, &may) != 0) wu_die("sched_getaffinity failed");
-    int want = (r ? atoi(r) : 0) % CPU_COUNT(&may), seen = 0;
-    CPU_ZERO(&one);
-    for (int c = 0; c < CPU_SETSIZE; c++)
-      if (CPU_ISSET(c, &may) && seen++ == want) CPU_SET(c, &one);
-    if (sched_setaffinity(0, sizeof one, &one) != 0) wu_die("sched_setaffinity failed");
-  }
+  /* Before gs_init: the library's threads share this one cpu. */
+  bind_one_cpu(!strcmp(mode, "steps") && argc == 4 && !strcmp(argv[3], "busy"));
   gs_ctx *ctx = wu_join_or_die();
   make_ops();
   int steps = n;
@@ -1263,6 +1356,14 @@ int main(int argc, char **argv) {
         timeout_step(ctx, s, &timeouts);
     }
     printf("fast: rank %d timeouts=%d\n", g_rank, timeouts);
+  } else if (!strcmp(mode, "twowait")) {
+    if (argc != 3 || n < 3) usage();
+    for (int s = 1; s <= n; s++) {
+      if (s < 3)
+        step(ctx, s, WAIT_BLOCK, 0, NULL);
+      else
+        twowait_step(ctx, s);
+    }
   } else if (!strcmp(mode, "shutdown")) {
     if (argc != 3) usage();
     steps = n - 1;

@@ -38,6 +38,18 @@
  *   restarts on a second thread the moment gs_wait returns, an op freed
  *   while active, and the refusals' texts (active, listed twice, all or
  *   none, not persistent, a name in flight, a local name, a failed job).
+ * - the same with every rank bound to one cpu (GS_TEST_BIND_ONE_CPU, as
+ *   under --bind-to core: the exec thread shares the cpu with the
+ *   application, which then runs most rounds itself inside its waits):
+ *   blocking, timed and short waits, polling with gs_test only (ops still
+ *   complete through the exec thread), four waiting threads, barriers, a
+ *   wait that times out while its round waits for a late rank (the round
+ *   is parked and finished by the exec thread), a deadlock, a rank that
+ *   leaves, one SIGKILLed and one that shuts down while the others' own
+ *   threads are in the round's agreement;
+ * - two threads of a rank waiting on two ops of a step, the second
+ *   submitted while the first one's round waits in the agreement: it
+ *   completes in a later round (bound and not).
  * No timing assertion: every wait is bounded by the hang guard only. */
 #include <setjmp.h>
 #include <signal.h>
@@ -58,8 +70,21 @@
 static const char worker_path[] = GS_BIN_DIR "/gs-fast-worker";
 static char g_host[64];
 
+/* Extra environment for every rank that start_world starts: NULL, or
+ * BIND_ENV for the tests registered with setup_bound. */
+#define BIND_ENV "GS_TEST_BIND_ONE_CPU=1"
+static const char *g_env;
+
 static int setup(void **state) {
   (void)state;
+  g_env = NULL;
+  return proc_test_begin("fastpath", GUARD_MS);
+}
+
+/* The same test with every rank bound to one cpu (gs-fast-worker). */
+static int setup_bound(void **state) {
+  (void)state;
+  g_env = BIND_ENV;
   return proc_test_begin("fastpath", GUARD_MS);
 }
 
@@ -78,7 +103,7 @@ static void start_world_env(job *w, int size, char *const coord_args[], char *co
 }
 
 static void start_world(job *w, int size, char *const coord_args[], char *const args[]) {
-  start_world_env(w, size, coord_args, args, NULL);
+  start_world_env(w, size, coord_args, args, g_env);
 }
 
 /* Every rank exits 0 after "fast: passed (rank R of SIZE". */
@@ -945,6 +970,26 @@ static void test_kill9_during_round_np3(void **state) {
   if (proc_strays(5000) != 0) job_fail("processes left running");
 }
 
+/* Two threads of rank 0 wait on two ops of a step: the first runs the
+ * round, which waits for rank 1 in the agreement; the second submits its
+ * op meanwhile (not in that round) and sleeps. Its op must complete in a
+ * later round (the first thread hands what is left to the exec thread),
+ * with the right values, and the steps stay fast (gs-fast-worker
+ * twowait). */
+static void test_two_waiting_threads_np2(void **state) {
+  (void)state;
+  char *args[] = {"twowait", "6", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  for (int s = 3; s <= 6; s++) expect_fast_step_ex(&w, s, 2, s == 6);
+  job_stop_coordinator(&w);
+}
+
+/* Registered again with setup_bound, under the name + "_bound". */
+#define BOUND(fn)                                                                                  \
+  { #fn "_bound", fn, setup_bound, job_teardown, NULL }
+
 int main(void) {
   if (gethostname(g_host, sizeof g_host) != 0) snprintf(g_host, sizeof g_host, "?");
   const struct CMUnitTest tests[] = {
@@ -985,6 +1030,19 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shutdown_with_op_in_round_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_wait_timeout_mid_round_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_two_waiting_threads_np2, setup, job_teardown),
+      BOUND(test_two_waiting_threads_np2),
+      BOUND(test_values_np2),
+      BOUND(test_timed_waits_np2),
+      BOUND(test_short_timed_waits_np3),
+      BOUND(test_polling_np3),
+      BOUND(test_threads_np2),
+      BOUND(test_barrier_np3),
+      BOUND(test_wait_timeout_mid_round_np2),
+      BOUND(test_deadlock_reported_np2),
+      BOUND(test_rank_leaves_during_round_np3),
+      BOUND(test_shutdown_with_op_in_round_np2),
+      BOUND(test_kill9_during_round_np3),
   };
   /* GS_TEST_FILTER=test_name (a glob) runs only the tests it matches */
   if (getenv("GS_TEST_FILTER")) cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
