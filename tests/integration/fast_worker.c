@@ -126,6 +126,17 @@
  *                      print "persist: rank R failed job start|async:
  *                      STATUS: TEXT". Persistent ops freed inactive after
  *                      gs_shutdown.
+ *   bigwait N          N steps of 'fast/big' alone (float32 sum of BIG_COUNT,
+ *                      128 MiB); from step 3 (fast rounds) rank 1 submits
+ *                      first and waits (its round waits for rank 0 in the
+ *                      agreement), rank 0 submits 100 ms after rank 1's
+ *                      mark file and calls gs_wait(h, 1): an allreduce of
+ *                      128 MiB cannot be done within 1 ms, so it must time
+ *                      out (the op pending, the usual text) even when the
+ *                      waiting thread runs the round itself; then
+ *                      gs_wait(h, -1), every value checked; prints "fast:
+ *                      rank 0 bigwait step S: gs_wait(h, 1): STATUS after
+ *                      T ms"
  *   twowait N          2 steps of the usual ops, then steps 3..N of fast/t00
  *                      and fast/t01 alone: on rank 0 a second thread
  *                      submits t00 and waits on it (it runs the round,
@@ -1083,6 +1094,59 @@ static void vary_step(gs_ctx *ctx, int s) {
   }
 }
 
+/* ---- bigwait mode: a timed wait on an op whose round runs a long collective ---- */
+
+#define BIG_COUNT (32u << 20) /* float32: 128 MiB */
+
+static void bigwait_step(gs_ctx *ctx, int s, float *buf) {
+  for (size_t j = 0; j < BIG_COUNT; j += 4096) buf[j] = (float)((g_rank + 1) * (s + (int)(j % 7)));
+  char path[600];
+  mark(s, 1, path, sizeof path);
+  int timed = s >= 3 && g_size == 2;
+  if (timed && g_rank == 0) {
+    for (int waited = 0; access(path, F_OK) != 0; waited++) {
+      if (waited > ERR_MS) wu_die("bigwait step %d: rank 1 never submitted (%s missing)", s, path);
+      sleep_ms(1);
+    }
+    sleep_ms(100); /* rank 1's round waits for this rank in the agreement */
+  }
+  gs_handle *h = NULL;
+  if (gs_allreduce_async(ctx, "fast/big", buf, buf, BIG_COUNT, GS_FLOAT32, GS_SUM, NULL, &h) !=
+      GS_OK)
+    wu_die("tensor 'fast/big' (step %d): submitting: %s", s, gs_last_error(ctx));
+  if (timed && g_rank == 1) {
+    FILE *f = fopen(path, "w");
+    if (!f) wu_die("cannot create %s: %s", path, strerror(errno));
+    fclose(f);
+  }
+  if (timed && g_rank == 0) {
+    double t0 = mono_ms();
+    gs_status st = gs_wait(h, 1);
+    double took = mono_ms() - t0;
+    printf("fast: rank 0 bigwait step %d: gs_wait(h, 1): %s after %.1f ms\n", s, wu_status_name(st),
+           took);
+    if (st != GS_ERR_TIMEOUT)
+      wu_die("tensor 'fast/big' (step %d): gs_wait(h, 1) on a 128 MiB allreduce returned %s "
+             "after %.1f ms; expected GS_ERR_TIMEOUT once its 1 ms passed (the wait ran the "
+             "round's collective on the calling thread past its timeout?)",
+             s, wu_status_name(st), took);
+    const char *e = gs_last_error(ctx);
+    if (!e || !strstr(e, "gs_wait: timed out after 1 ms; the op is still pending"))
+      wu_die("tensor 'fast/big' (step %d): timeout text: %s", s, e ? e : "(none)");
+  }
+  gs_status st = gs_wait(h, WAIT_MS);
+  if (st != GS_OK)
+    wu_die("tensor 'fast/big' (step %d): %s: %s", s, wu_status_name(st), gs_handle_error(h));
+  int w = g_size * (g_size + 1) / 2;
+  for (size_t j = 0; j < BIG_COUNT; j += 4096) {
+    float want = (float)(w * (s + (int)(j % 7)));
+    if (buf[j] != want)
+      wu_die("tensor 'fast/big' (step %d): element %zu: got %g, expected %g", s, j, (double)buf[j],
+             (double)want);
+  }
+  gs_handle_free(h);
+}
+
 /* ---- twowait mode: a waiter whose op missed another waiter's round ---- */
 
 static gs_ctx *g_twowait_ctx;
@@ -1175,7 +1239,8 @@ static void usage(void) {
           "                      newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
           "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
-          "                      threads N | timeout N K | persist N D | twowait N\n");
+          "                      threads N | timeout N K | persist N D | bigwait N |\n"
+          "                      twowait N\n");
   exit(2);
 }
 
@@ -1364,6 +1429,11 @@ int main(int argc, char **argv) {
       else
         twowait_step(ctx, s);
     }
+  } else if (!strcmp(mode, "bigwait")) {
+    if (argc != 3) usage();
+    float *big = wu_xcalloc(BIG_COUNT, sizeof(float));
+    for (int s = 1; s <= n; s++) bigwait_step(ctx, s, big);
+    free(big);
   } else if (!strcmp(mode, "shutdown")) {
     if (argc != 3) usage();
     steps = n - 1;

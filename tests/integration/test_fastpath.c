@@ -49,8 +49,12 @@
  *   threads are in the round's agreement;
  * - two threads of a rank waiting on two ops of a step, the second
  *   submitted while the first one's round waits in the agreement: it
- *   completes in a later round (bound and not).
- * No timing assertion: every wait is bounded by the hang guard only. */
+ *   completes in a later round (bound and not);
+ * - gs_wait(h, 1) on a 128 MiB allreduce whose peer already waits must
+ *   still time out (the round's collective is not the wait's to run past
+ *   its timeout), bound and not.
+ * No timing assertion: every wait is bounded by the hang guard only (but
+ * for the 128 MiB op, which no machine reduces within 1 ms). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -970,6 +974,28 @@ static void test_kill9_during_round_np3(void **state) {
   if (proc_strays(5000) != 0) job_fail("processes left running");
 }
 
+/* ---- a timed wait on an op whose round runs a long collective ---- */
+
+/* gs_wait(h, 1) on a cached 128 MiB allreduce, while rank 1 already waits
+ * in the round's agreement: the wait must time out with the op pending
+ * and the usual text (gs_wait's contract, and the bounded slices Python's
+ * synchronize() relies on for Ctrl-C), whichever thread runs the round;
+ * then the op completes with the right values (gs-fast-worker bigwait).
+ * Bound to one cpu, the waiting thread is the one that runs the round. */
+static void test_big_timed_wait_np2(void **state) {
+  (void)state;
+  char *args[] = {"bigwait", "5", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  for (int s = 3; s <= 5; s++) {
+    char want[128];
+    snprintf(want, sizeof want, "fast: rank 0 bigwait step %d: gs_wait(h, 1): GS_ERR_TIMEOUT ", s);
+    job_expect_output(w.ranks[0], want);
+  }
+  job_stop_coordinator(&w);
+}
+
 /* Two threads of rank 0 wait on two ops of a step: the first runs the
  * round, which waits for rank 1 in the agreement; the second submits its
  * op meanwhile (not in that round) and sleeps. Its op must complete in a
@@ -1030,6 +1056,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shutdown_with_op_in_round_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_kill9_during_round_np3, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_wait_timeout_mid_round_np2, setup, job_teardown),
+      cmocka_unit_test_setup_teardown(test_big_timed_wait_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_two_waiting_threads_np2, setup, job_teardown),
       BOUND(test_two_waiting_threads_np2),
       BOUND(test_values_np2),
@@ -1043,6 +1070,7 @@ int main(void) {
       BOUND(test_rank_leaves_during_round_np3),
       BOUND(test_shutdown_with_op_in_round_np2),
       BOUND(test_kill9_during_round_np3),
+      BOUND(test_big_timed_wait_np2),
   };
   /* GS_TEST_FILTER=test_name (a glob) runs only the tests it matches */
   if (getenv("GS_TEST_FILTER")) cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
