@@ -46,7 +46,10 @@
  *   wait that times out while its round waits for a late rank (the round
  *   is parked and finished by the exec thread), a deadlock, a rank that
  *   leaves, one SIGKILLed and one that shuts down while the others' own
- *   threads are in the round's agreement;
+ *   threads are in the round's agreement; riders, persistent ops, groups,
+ *   a new tensor and a reordered step (escalations from a round that an
+ *   application thread runs), unregister + barrier, a timeline, a small
+ *   cache, names submitted twice;
  * - two threads of a rank waiting on two ops of a step, the second
  *   submitted while the first one's round waits in the agreement: it
  *   completes in a later round (bound and not);
@@ -1071,6 +1074,15 @@ int main(void) {
       BOUND(test_shutdown_with_op_in_round_np2),
       BOUND(test_kill9_during_round_np3),
       BOUND(test_big_timed_wait_np2),
+      BOUND(test_ride_np2),
+      BOUND(test_persistent_np2),
+      BOUND(test_new_tensor_mid_step_np3),
+      BOUND(test_reordered_submissions_np2),
+      BOUND(test_unregister_then_barrier_np3),
+      BOUND(test_timeline_in_fast_mode_np2),
+      BOUND(test_cache_smaller_than_step_np2),
+      BOUND(test_group_values_np2),
+      BOUND(test_duplicate_names_in_fast_mode_np2),
   };
   /* GS_TEST_FILTER=test_name (a glob) runs only the tests it matches */
   if (getenv("GS_TEST_FILTER")) cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
