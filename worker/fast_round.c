@@ -102,7 +102,7 @@ typedef struct fast_state {
    * round needs, kept here so that a round an application thread parked
    * (gs__fast_round_caller) is finished by the exec thread
    * (gs__fast_round_resume). parked: 1 in the backend (agree_resume), 2
-   * before the agreement (agree). */
+   * before the agreement (agree), 3 agreed (the rest: round_rest). */
   uint64_t cur_k;
   size_t cur_n, cur_nlive, cur_nsnap;
   struct gs_handle *cur_barrier;
@@ -614,6 +614,24 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d, int wake) {
 
 static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t errlen);
 
+/* Whether the agreed round (its vector as the agreement left it) has a
+ * common op that does not ride: the round then runs a plan, collectives
+ * of any size, which may wait on a peer up to the data-plane timeout. */
+static int agreed_plan(const gs_ctx *ctx, const fast_state *st) {
+  size_t nlive = st->cur_nlive;
+  if (st->ride_floats) {
+    const float *fv = st->fv, all = (float)ctx->size;
+    if (fv[0] != all) return 0;
+    for (size_t sl = 1; sl <= nlive; sl++)
+      if (fv[1 + sl] == all && st->ride[sl].off == RIDE_NONE) return 1;
+    return 0;
+  }
+  if (!st->v[0]) return 0;
+  for (size_t sl = 1; sl <= nlive; sl++)
+    if (st->v[1 + sl]) return 1;
+  return 0;
+}
+
 /* A round: its snapshot and agreement, then round_rest. deadline_ns 0: on
  * the exec thread (no deadline); else an application thread's wait's
  * deadline (gs__fast_round_caller): returns 1 when the round is parked
@@ -738,12 +756,20 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
   if (deadline_ns) {
     rc = b->v->agree_until(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op, deadline_ns, err,
                            sizeof err);
-    if (rc == GS__ERR_TIMEOUT || rc == GS__ERR_UNSUPPORTED) {
+    /* Agreed, with a plan to run, inside a wait with a timeout: the plan's
+     * collectives are not bounded by the wait's deadline (gs_wait(h, 1) on
+     * a 128 MiB op returned GS_OK after 166 ms; a peer stalled inside one
+     * held it up to the data-plane timeout, and Python's synchronize()
+     * slices with it), so the exec thread runs the rest. Riders and the
+     * barrier alone (the agreement finished them) stay on this thread. */
+    int hand_rest = rc == GS__OK && deadline_ns != INT64_MAX && agreed_plan(ctx, st);
+    if (rc == GS__ERR_TIMEOUT || rc == GS__ERR_UNSUPPORTED || hand_rest) {
       /* The wait's deadline passed while a peer had not entered, or the
-       * backend cannot park: the exec thread finishes the round (it still
-       * counts as in progress: fast_in_round, for aborts). */
+       * backend cannot park, or the rest is not this wait's to run: the
+       * exec thread finishes the round (it still counts as in progress:
+       * fast_in_round, for aborts). */
       pthread_mutex_lock(&ctx->mu);
-      st->cur_parked = rc == GS__ERR_TIMEOUT ? 1 : 2;
+      st->cur_parked = hand_rest ? 3 : rc == GS__ERR_TIMEOUT ? 1 : 2;
       ctx->fast_parked = 1;
       gs__exec_bell_locked(ctx);
       int wake = ctx->exec_idle;
@@ -751,7 +777,9 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
       pthread_mutex_unlock(&ctx->mu);
       if (wake) pthread_cond_signal(&ctx->exec_cv);
       GS_LOG_DEBUG("fast round %llu parked for the exec thread (%s)", (unsigned long long)k,
-                   rc == GS__ERR_TIMEOUT ? "the wait's deadline passed" : "no agree_until");
+                   hand_rest               ? "agreed; its plan is not the timed wait's to run"
+                   : rc == GS__ERR_TIMEOUT ? "the wait's deadline passed"
+                                           : "no agree_until");
       return 1;
     }
   } else {
@@ -773,9 +801,10 @@ void gs__fast_round_resume(gs_ctx *ctx) {
   char err[4096];
   fast_state *st = ctx->fast_state;
   gs__backend *b = ctx->backends[GS__DEVICE_CPU];
-  int rc = st->cur_parked == 1 ? b->v->agree_resume(b, err, sizeof err)
-                               : b->v->agree(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op,
-                                             err, sizeof err);
+  int rc = st->cur_parked == 3   ? GS__OK
+           : st->cur_parked == 1 ? b->v->agree_resume(b, err, sizeof err)
+                                 : b->v->agree(b, st->cur_buf, st->cur_count, st->cur_dt,
+                                               st->cur_op, err, sizeof err);
   st->cur_parked = 0;
   round_rest(ctx, st, rc, err, sizeof err);
 }

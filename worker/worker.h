@@ -549,8 +549,10 @@ static inline void gs__exec_bell_locked(gs_ctx *ctx) {
 void gs__fast_round(gs_ctx *ctx);
 /* The same on an application thread inside a wait whose deadline is
  * deadline_ns (CLOCK_MONOTONIC; <= 0: none), where the host backend has
- * agree_until: returns 1 when the deadline passed before every rank
- * entered the agreement and the round is parked for the exec thread. */
+ * agree_until: returns 1 when the round is parked for the exec thread:
+ * the deadline passed before every rank entered the agreement, or (with a
+ * deadline) the agreed round runs a plan, whose collectives the wait's
+ * deadline does not bound. */
 int gs__fast_round_caller(gs_ctx *ctx, int64_t deadline_ns);
 /* Finishes the parked round (exec thread, without ctx->mu). */
 void gs__fast_round_resume(gs_ctx *ctx);
