@@ -62,10 +62,12 @@
  *                      and waits: every rank must fail with GS_ERR_DEADLOCK
  *   leave K            in step K the last rank calls gs_shutdown while the
  *                      others wait on fast/t00: their op must fail naming it
- *   shutdown K         in step K rank 0 submits fast/t00 and calls gs_shutdown
- *                      at once (its op waits in a fast round): the op must
- *                      fail with gs_shutdown's text; the others submit it
- *                      300 ms later and it must fail naming rank 0
+ *   shutdown K [timed] in step K rank 0 submits fast/t00 and calls gs_shutdown
+ *                      at once (its op waits in a fast round; timed: after
+ *                      a gs_wait(h, 100) that must time out first): the op
+ *                      must fail with gs_shutdown's text; the others
+ *                      submit it 300 ms later and it must fail naming
+ *                      rank 0
  *   hang K             in step K the last rank prints "hanging" and sleeps
  *                      (the driver kill -9s it); the others wait on
  *                      fast/t00, which must fail naming it
@@ -1238,7 +1240,8 @@ static void usage(void) {
           "usage: gs-fast-worker steps N block|timed|poll|paced|short|busy | vary N | dup N |\n"
           "                      newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
-          "                      barrier N | deadlock K | leave K | shutdown K | hang K |\n"
+          "                      barrier N | deadlock K | leave K | shutdown K [timed] |\n"
+          "                      hang K |\n"
           "                      threads N | timeout N K | persist N D | bigwait N |\n"
           "                      twowait N\n");
   exit(2);
@@ -1435,14 +1438,25 @@ int main(int argc, char **argv) {
     for (int s = 1; s <= n; s++) bigwait_step(ctx, s, big);
     free(big);
   } else if (!strcmp(mode, "shutdown")) {
-    if (argc != 3) usage();
+    int timed = argc == 4 && !strcmp(argv[3], "timed");
+    if (argc != 3 && !timed) usage();
     steps = n - 1;
     for (int s = 1; s < n; s++) step(ctx, s, WAIT_BLOCK, 0, NULL);
     op *t0 = &g_ops[0];
     fill(t0, 0, n);
     if (g_rank == 0) {
       submit(ctx, t0);
-      sleep_ms(100); /* its exec thread is inside the round, waiting for the others */
+      if (timed) {
+        /* The round waits for the others: the wait times out (a round this
+         * thread ran is parked for the exec thread), then gs_shutdown. */
+        gs_status st = gs_wait(t0->h, 100);
+        if (st != GS_ERR_TIMEOUT)
+          wu_die("tensor 'fast/t00': gs_wait(h, 100) before the others submitted returned %s, "
+                 "expected GS_ERR_TIMEOUT",
+                 wu_status_name(st));
+      } else {
+        sleep_ms(100); /* its exec thread is inside the round, waiting for the others */
+      }
       gs_status st = gs_shutdown(ctx);
       if (st != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(st), gs_last_error(NULL));
       expect_failure(t0, GS_ERR_SHUTDOWN);

@@ -46,7 +46,8 @@
  *   wait that times out while its round waits for a late rank (the round
  *   is parked and finished by the exec thread), a deadlock, a rank that
  *   leaves, one SIGKILLed and one that shuts down while the others' own
- *   threads are in the round's agreement; riders, persistent ops, groups,
+ *   threads are in the round's agreement (also after its own timed wait
+ *   parked the round it ran: the op fails with gs_shutdown's text); riders, persistent ops, groups,
  *   a new tensor and a reordered step (escalations from a round that an
  *   application thread runs), unregister + barrier, a timeline, a small
  *   cache, names submitted twice;
@@ -912,10 +913,8 @@ static void test_rank_leaves_during_round_np3(void **state) {
 /* Rank 0 calls gs_shutdown while its own op waits in a fast round for
  * rank 1: its op fails with gs_shutdown's text (its round is ended, no
  * hang), and rank 1's same op, submitted later, fails naming rank 0. */
-static void test_shutdown_with_op_in_round_np2(void **state) {
-  (void)state;
+static void shutdown_world(char *const args[]) {
   char *coord_args[] = {"--deadlock-time-ms", "0", NULL};
-  char *args[] = {"shutdown", "4", NULL};
   job w;
   start_world(&w, 2, coord_args, args);
   expect_passed(&w);
@@ -927,6 +926,21 @@ static void test_shutdown_with_op_in_round_np2(void **state) {
   free(out);
   if (!ok) job_fail("rank 1: fast/t00 did not fail naming rank 0 as gone");
   job_stop_coordinator(&w);
+}
+
+static void test_shutdown_with_op_in_round_np2(void **state) {
+  (void)state;
+  char *args[] = {"shutdown", "4", NULL};
+  shutdown_world(args);
+}
+
+/* The same after rank 0's gs_wait(h, 100) on its op timed out (bound to
+ * one cpu, the round that wait ran is parked for the exec thread, which
+ * gs_shutdown must end): the same texts, no hang. */
+static void test_shutdown_after_timed_wait_np2(void **state) {
+  (void)state;
+  char *args[] = {"shutdown", "4", "timed", NULL};
+  shutdown_world(args);
 }
 
 /* gs_wait with a timeout on an op whose fast round waits for the other
@@ -1072,6 +1086,8 @@ int main(void) {
       BOUND(test_deadlock_reported_np2),
       BOUND(test_rank_leaves_during_round_np3),
       BOUND(test_shutdown_with_op_in_round_np2),
+      cmocka_unit_test_setup_teardown(test_shutdown_after_timed_wait_np2, setup, job_teardown),
+      BOUND(test_shutdown_after_timed_wait_np2),
       BOUND(test_kill9_during_round_np3),
       BOUND(test_big_timed_wait_np2),
       BOUND(test_ride_np2),
