@@ -60,8 +60,10 @@
  *   deadlock K         in step K (after K - 1 normal steps) rank 0 submits
  *                      only fast/t00, rank 1 only fast/t01, the others both,
  *                      and waits: every rank must fail with GS_ERR_DEADLOCK
- *   leave K            in step K the last rank calls gs_shutdown while the
+ *   leave K [timed]    in step K the last rank calls gs_shutdown while the
  *                      others wait on fast/t00: their op must fail naming it
+ *                      (timed: they wait in gs_wait(h, 50) slices, as
+ *                      Python's synchronize(); so does hang K timed)
  *   shutdown K [timed] in step K rank 0 submits fast/t00 and calls gs_shutdown
  *                      at once (its op waits in a fast round; timed: after
  *                      a gs_wait(h, 100) that must time out first): the op
@@ -577,8 +579,15 @@ static void mark(int s, int r, char *path, size_t cap) {
 }
 
 /* Waits on op o, which must fail; prints "fast: rank R: 'NAME': STATUS: TEXT". */
+static int g_sliced; /* expect_failure waits in 50 ms slices (leave|hang K timed) */
+
 static void expect_failure(op *o, gs_status want) {
-  gs_status st = gs_wait(o->h, ERR_MS);
+  gs_status st = GS_ERR_TIMEOUT;
+  if (g_sliced) /* as Python's synchronize(): bounded waits in a loop */
+    for (int waited = 0; st == GS_ERR_TIMEOUT && waited < ERR_MS; waited += 50)
+      st = gs_wait(o->h, 50);
+  else
+    st = gs_wait(o->h, ERR_MS);
   printf("fast: rank %d: '%s': %s: %s\n", g_rank, o->name, wu_status_name(st),
          gs_handle_error(o->h));
   if (st == GS_OK || st == GS_ERR_TIMEOUT || (want != GS_OK && st != want))
@@ -1240,8 +1249,8 @@ static void usage(void) {
           "usage: gs-fast-worker steps N block|timed|poll|paced|short|busy | vary N | dup N |\n"
           "                      newtensor N K |\n"
           "                      reorder N K | group N K | gather N K | ride N K | join N |\n"
-          "                      barrier N | deadlock K | leave K | shutdown K [timed] |\n"
-          "                      hang K |\n"
+          "                      barrier N | deadlock K | leave K [timed] |\n"
+          "                      shutdown K [timed] | hang K [timed] |\n"
           "                      threads N | timeout N K | persist N D | bigwait N |\n"
           "                      twowait N\n");
   exit(2);
@@ -1471,7 +1480,8 @@ int main(int argc, char **argv) {
     if (st != GS_OK) wu_die("gs_shutdown: %s: %s", wu_status_name(st), gs_last_error(NULL));
     return 0;
   } else if (!strcmp(mode, "deadlock") || !strcmp(mode, "leave") || !strcmp(mode, "hang")) {
-    if (argc != 3) usage();
+    g_sliced = argc == 4 && !strcmp(argv[3], "timed");
+    if (argc != 3 && !g_sliced) usage();
     int last = g_size - 1;
     steps = n - 1;
     for (int s = 1; s < n; s++) step(ctx, s, WAIT_BLOCK, 0, NULL);

@@ -47,7 +47,8 @@
  *   is parked and finished by the exec thread), a deadlock, a rank that
  *   leaves, one SIGKILLed and one that shuts down while the others' own
  *   threads are in the round's agreement (also after its own timed wait
- *   parked the round it ran: the op fails with gs_shutdown's text); riders, persistent ops, groups,
+ *   parked the round it ran: the op fails with gs_shutdown's text; and
+ *   while the others wait in 50 ms slices, their rounds parked); riders, persistent ops, groups,
  *   a new tensor and a reordered step (escalations from a round that an
  *   application thread runs), unregister + barrier, a timeline, a small
  *   cache, names submitted twice;
@@ -890,10 +891,8 @@ static void test_deadlock_reported_np2(void **state) {
 /* The last of 3 ranks calls gs_shutdown while the others wait in a fast
  * round on fast/t00: the coordinator ends the round (FastStop), the op
  * goes to it and fails with its "has already left" text naming rank 2. */
-static void test_rank_leaves_during_round_np3(void **state) {
-  (void)state;
+static void leave_world(char *const args[]) {
   char *coord_args[] = {"--deadlock-time-ms", "0", NULL};
-  char *args[] = {"leave", "4", NULL};
   job w;
   start_world(&w, 3, coord_args, args);
   expect_passed(&w);
@@ -908,6 +907,22 @@ static void test_rank_leaves_during_round_np3(void **state) {
     if (!ok) job_fail("rank %d: fast/t00 did not fail naming rank 2 as gone", r);
   }
   job_stop_coordinator(&w);
+}
+
+static void test_rank_leaves_during_round_np3(void **state) {
+  (void)state;
+  char *args[] = {"leave", "4", NULL};
+  leave_world(args);
+}
+
+/* The same while the others wait in gs_wait(h, 50) slices (as Python's
+ * synchronize()): bound to one cpu, the first slice runs the round and
+ * parks it for the exec thread; the coordinator's FastStop must still end
+ * it and the op fail naming rank 2. */
+static void test_rank_leaves_during_timed_waits_np3(void **state) {
+  (void)state;
+  char *args[] = {"leave", "4", "timed", NULL};
+  leave_world(args);
 }
 
 /* Rank 0 calls gs_shutdown while its own op waits in a fast round for
@@ -964,9 +979,7 @@ static void test_wait_timeout_mid_round_np2(void **state) {
 /* The last of 3 ranks is SIGKILLed while the others wait in a fast round:
  * their op fails naming it (the coordinator's "was lost", or the data
  * plane's lost connection), and nothing is left running. */
-static void test_kill9_during_round_np3(void **state) {
-  (void)state;
-  char *args[] = {"hang", "4", NULL};
+static void kill9_world(char *const args[]) {
   job w;
   start_world(&w, 3, NULL, args);
   if (proc_wait_for_output(w.ranks[2], "fast: rank 2 hanging", GUARD_MS) != 0)
@@ -989,6 +1002,20 @@ static void test_kill9_during_round_np3(void **state) {
   expect_fast_step(&w, 3, STEP_OPS);
   job_expect_coordinator_failed(&w);
   if (proc_strays(5000) != 0) job_fail("processes left running");
+}
+
+static void test_kill9_during_round_np3(void **state) {
+  (void)state;
+  char *args[] = {"hang", "4", NULL};
+  kill9_world(args);
+}
+
+/* The same while the others wait in gs_wait(h, 50) slices (a parked round
+ * when bound to one cpu). */
+static void test_kill9_during_timed_waits_np3(void **state) {
+  (void)state;
+  char *args[] = {"hang", "4", "timed", NULL};
+  kill9_world(args);
 }
 
 /* ---- a timed wait on an op whose round runs a long collective ---- */
@@ -1089,6 +1116,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shutdown_after_timed_wait_np2, setup, job_teardown),
       BOUND(test_shutdown_after_timed_wait_np2),
       BOUND(test_kill9_during_round_np3),
+      BOUND(test_rank_leaves_during_timed_waits_np3),
+      BOUND(test_kill9_during_timed_waits_np3),
       BOUND(test_big_timed_wait_np2),
       BOUND(test_ride_np2),
       BOUND(test_persistent_np2),
