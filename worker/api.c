@@ -1810,7 +1810,9 @@ static gs_status finished(gs_handle *h) {
 }
 
 /* Whether a thread about to wait for hs runs the fast round itself
- * (caller holds ctx->mu): one of its ops is on the fast queue, no round
+ * (caller holds ctx->mu; not for a passive wait, a background completer
+ * such as Python's, which would start a round at each step's first op):
+ * one of its ops is on the fast queue, no round
  * runs or is parked and no plan is queued (the exec thread, woken by the
  * first submission, has not started: on a cpu it shares with this thread
  * it runs only once this one sleeps, and both ranks' step would pay two
@@ -1882,7 +1884,7 @@ static gs_status wait_any(const char *fn, gs_handle *const *hs, size_t n, int ti
     if (kick) gs__comm_kick(ctx);
     pthread_mutex_lock(&ctx->mu);
   }
-  if (caller_round_due_locked(ctx, hs, n)) {
+  if (!passive && caller_round_due_locked(ctx, hs, n)) {
     pthread_mutex_unlock(&ctx->mu);
     int64_t deadline_ns =
         timeout_ms < 0 ? 0 : (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;

@@ -756,13 +756,14 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
   if (deadline_ns) {
     rc = b->v->agree_until(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op, deadline_ns, err,
                            sizeof err);
-    /* Agreed, with a plan to run, inside a wait with a timeout: the plan's
-     * collectives are not bounded by the wait's deadline (gs_wait(h, 1) on
-     * a 128 MiB op returned GS_OK after 166 ms; a peer stalled inside one
-     * held it up to the data-plane timeout, and Python's synchronize()
-     * slices with it), so the exec thread runs the rest. Riders and the
+    /* Agreed, with a plan to run: the plan's collectives are not bounded
+     * by a wait's deadline (gs_wait(h, 1) on a 128 MiB op returned GS_OK
+     * after 166 ms; a peer stalled inside one held it up to the data-plane
+     * timeout, and Python's synchronize() slices with it), and on the
+     * nccl backend they would set the application thread's CUDA device:
+     * the exec thread runs the rest, for every wait. Riders and the
      * barrier alone (the agreement finished them) stay on this thread. */
-    int hand_rest = rc == GS__OK && deadline_ns != INT64_MAX && agreed_plan(ctx, st);
+    int hand_rest = rc == GS__OK && agreed_plan(ctx, st);
     if (rc == GS__ERR_TIMEOUT || rc == GS__ERR_UNSUPPORTED || hand_rest) {
       /* The wait's deadline passed while a peer had not entered, or the
        * backend cannot park, or the rest is not this wait's to run: the

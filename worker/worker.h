@@ -550,9 +550,9 @@ void gs__fast_round(gs_ctx *ctx);
 /* The same on an application thread inside a wait whose deadline is
  * deadline_ns (CLOCK_MONOTONIC; <= 0: none), where the host backend has
  * agree_until: returns 1 when the round is parked for the exec thread:
- * the deadline passed before every rank entered the agreement, or (with a
- * deadline) the agreed round runs a plan, whose collectives the wait's
- * deadline does not bound. */
+ * the deadline passed before every rank entered the agreement, or the
+ * agreed round runs a plan (its collectives are the exec thread's: no
+ * wait's deadline bounds them, and nccl's set the thread's device). */
 int gs__fast_round_caller(gs_ctx *ctx, int64_t deadline_ns);
 /* Finishes the parked round (exec thread, without ctx->mu). */
 void gs__fast_round_resume(gs_ctx *ctx);

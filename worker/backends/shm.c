@@ -90,8 +90,9 @@
  * a chunk on another CPU, and were slower with either schedule of the
  * small ones (gs-transport-bench, docs/benchmarks.md). */
 #define SPIN_NS 500000
-/* Where the waiting thread is bound to one cpu (np=2 under --bind-to
- * core: every rank on its own core), a small collective's wait first looks
+/* Where the waiting thread is bound to one cpu and the host's ranks are no
+ * more than its cpus (np=2 under --bind-to core: every rank on its own
+ * core), a small collective's wait first looks
  * busily for PAUSE_NS before it yields: what else is runnable on that cpu
  * is this rank's own library thread (the exec thread woken by a
  * submission while the application runs the fast round, executor.c), and
@@ -1343,8 +1344,11 @@ int gs__shm_create(const gs__shm_opts *o, gs__backend **out, char *err, size_t e
   s->nhosts = o->nhosts;
   s->io_timeout_ms = o->io_timeout_ms;
   cpu_set_t cpus;
-  s->pause_ns =
-      sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1 ? PAUSE_NS : 0;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  s->pause_ns = sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1 &&
+                        online > 0 && s->nlocal <= online
+                    ? PAUSE_NS
+                    : 0;
   s->leader_pid = o->leader_pid;
   snprintf(s->host, sizeof s->host, "%s", o->host && o->host[0] ? o->host : "this host");
   s->chunk = o->chunk_bytes ? o->chunk_bytes : o->nlocal == 2 ? CHUNK_BYTES_2 : CHUNK_BYTES;
