@@ -151,6 +151,15 @@
  *                      was not in the first round: it must still complete
  *                      (the thread that ran the round hands what is left
  *                      to the exec thread); both values checked
+ *   fork N             N steps; in step 3 rank 0 forks right after its
+ *                      submissions (its ops queued for a fast round that no
+ *                      thread has started) and rank 1 submits 200 ms later:
+ *                      in the child, gs_wait(fast/t00, 100) must fail with
+ *                      GS_ERR_FORKED and the fork text (it must not run the
+ *                      round on the parent's segment), and gs_shutdown too;
+ *                      the parent's step completes with the right values
+ *                      and so do the later steps ("fast: rank 0 fork
+ *                      child: STATUS: TEXT")
  * With GS_TEST_BIND_ONE_CPU=1 the process binds itself, before gs_init (so
  * the library's threads too), to one cpu of those it may run on: the
  * (rank mod count)-th. As a rank under --bind-to core: the exec thread
@@ -168,6 +177,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1221,6 +1232,60 @@ static void twowait_step(gs_ctx *ctx, int s) {
   print_step(s, &a, &b);
 }
 
+/* ---- fork mode: a child forked while the parent's ops wait for a round ---- */
+
+static void fork_child(gs_ctx *ctx) {
+  gs_status st = gs_wait(g_ops[0].h, 100);
+  const char *e = gs_last_error(NULL);
+  printf("fast: rank 0 fork child: %s: %s\n", wu_status_name(st), e ? e : "");
+  int ok = st == GS_ERR_FORKED && e && strstr(e, "(a forked child) cannot use it");
+  st = gs_shutdown(ctx);
+  ok = ok && st == GS_ERR_FORKED;
+  fflush(stdout);
+  _exit(ok ? 0 : 1);
+}
+
+static void fork_step(gs_ctx *ctx, int s) {
+  if (g_rank != 0) {
+    sleep_ms(200); /* rank 0's child tries its wait meanwhile */
+    step(ctx, s, WAIT_BLOCK, 0, NULL);
+    return;
+  }
+  gs_stats a = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) {
+    fill(&g_ops[i], i, s);
+    submit(ctx, &g_ops[i]);
+  }
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) wu_die("fork: %s", strerror(errno));
+  if (pid == 0) fork_child(ctx);
+  int status = 0;
+  for (int waited = 0; waitpid(pid, &status, WNOHANG) == 0; waited++) {
+    if (waited > ERR_MS) {
+      kill(pid, SIGKILL);
+      wu_die("step %d: the forked child (pid %d) did not exit within %d ms", s, (int)pid, ERR_MS);
+    }
+    sleep_ms(1);
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    wu_die("step %d: the forked child (pid %d) failed (status 0x%x): see its line above", s,
+           (int)pid, status);
+  for (size_t i = 0; i < g_nops; i++) {
+    gs_status st = gs_wait(g_ops[i].h, WAIT_MS);
+    if (st != GS_OK)
+      wu_die("tensor '%s' (step %d, after the fork): %s: %s", g_ops[i].name, s, wu_status_name(st),
+             gs_handle_error(g_ops[i].h));
+  }
+  gs_stats b = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) {
+    check(&g_ops[i], i, s);
+    gs_handle_free(g_ops[i].h);
+    g_ops[i].h = NULL;
+  }
+  print_step(s, &a, &b);
+}
+
 /* GS_TEST_BIND_ONE_CPU (see the top), or force (steps N busy): before
  * gs_init, from the launcher's GRADSYNC_RANK. */
 static void bind_one_cpu(int force) {
@@ -1252,7 +1317,7 @@ static void usage(void) {
           "                      barrier N | deadlock K | leave K [timed] |\n"
           "                      shutdown K [timed] | hang K [timed] |\n"
           "                      threads N | timeout N K | persist N D | bigwait N |\n"
-          "                      twowait N\n");
+          "                      twowait N | fork N\n");
   exit(2);
 }
 
@@ -1433,6 +1498,14 @@ int main(int argc, char **argv) {
         timeout_step(ctx, s, &timeouts);
     }
     printf("fast: rank %d timeouts=%d\n", g_rank, timeouts);
+  } else if (!strcmp(mode, "fork")) {
+    if (argc != 3 || n < 3) usage();
+    for (int s = 1; s <= n; s++) {
+      if (s == 3)
+        fork_step(ctx, s);
+      else
+        step(ctx, s, WAIT_BLOCK, 0, NULL);
+    }
   } else if (!strcmp(mode, "twowait")) {
     if (argc != 3 || n < 3) usage();
     for (int s = 1; s <= n; s++) {

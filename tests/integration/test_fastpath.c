@@ -55,6 +55,10 @@
  * - two threads of a rank waiting on two ops of a step, the second
  *   submitted while the first one's round waits in the agreement: it
  *   completes in a later round (bound and not);
+ * - a child forked right after rank 0 submitted a step (its ops queued for
+ *   a round no thread has started): the child's gs_wait fails with
+ *   GS_ERR_FORKED instead of running the round on the parent's segment;
+ *   the parent goes on (bound and not);
  * - gs_wait(h, 1) on a 128 MiB allreduce whose peer already waits must
  *   still time out (the round's collective is not the wait's to run past
  *   its timeout), bound and not.
@@ -1056,6 +1060,24 @@ static void test_two_waiting_threads_np2(void **state) {
   job_stop_coordinator(&w);
 }
 
+/* Rank 0 forks right after submitting a step in fast mode (its ops queued
+ * for a round no thread has started; bound to one cpu the exec thread has
+ * not run): the child's gs_wait on one of them fails with GS_ERR_FORKED
+ * and the fork text instead of running the round on the parent's shared
+ * segment, its gs_shutdown too, and the parent's job goes on with the
+ * right values in fast rounds (gs-fast-worker fork). */
+static void test_fork_with_ops_queued_np2(void **state) {
+  (void)state;
+  char *args[] = {"fork", "5", NULL};
+  job w;
+  start_world(&w, 2, NULL, args);
+  expect_passed(&w);
+  job_expect_output(w.ranks[0], "fast: rank 0 fork child: GS_ERR_FORKED: gs_wait (tensor "
+                                "'fast/t00'): rank 0 (host ");
+  for (int s = 3; s <= 5; s++) expect_fast_step_ex(&w, s, STEP_OPS, s == 5);
+  job_stop_coordinator(&w);
+}
+
 /* Registered again with setup_bound, under the name + "_bound". */
 #define BOUND(fn)                                                                                  \
   { #fn "_bound", fn, setup_bound, job_teardown, NULL }
@@ -1103,6 +1125,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_big_timed_wait_np2, setup, job_teardown),
       cmocka_unit_test_setup_teardown(test_two_waiting_threads_np2, setup, job_teardown),
       BOUND(test_two_waiting_threads_np2),
+      cmocka_unit_test_setup_teardown(test_fork_with_ops_queued_np2, setup, job_teardown),
+      BOUND(test_fork_with_ops_queued_np2),
       BOUND(test_values_np2),
       BOUND(test_timed_waits_np2),
       BOUND(test_short_timed_waits_np3),
