@@ -40,8 +40,9 @@
  *   none, not persistent, a name in flight, a local name, a failed job).
  * - the same with every rank bound to one cpu (GS_TEST_BIND_ONE_CPU, as
  *   under --bind-to core: the exec thread shares the cpu with the
- *   application, which then runs most rounds itself inside its waits):
- *   blocking, timed and short waits, polling with gs_test only (ops still
+ *   application, which then runs most rounds itself inside its waits; at
+ *   np 3 and 4 on 2 cpus two ranks share one): values and riders at np 2
+ *   and 4, blocking, timed and short waits, polling with gs_test only (ops still
  *   complete through the exec thread), four waiting threads, barriers, a
  *   wait that times out while its round waits for a late rank (the round
  *   is parked and finished by the exec thread), a deadlock, a rank that
@@ -1128,6 +1129,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fork_with_ops_queued_np2, setup, job_teardown),
       BOUND(test_fork_with_ops_queued_np2),
       BOUND(test_values_np2),
+      BOUND(test_values_np4),
+      BOUND(test_ride_np4),
       BOUND(test_timed_waits_np2),
       BOUND(test_short_timed_waits_np3),
       BOUND(test_polling_np3),
