@@ -454,6 +454,25 @@ static void make_ops(void) {
   for (size_t i = 0; i < g_nops; i++) g_ops[i].buf = wu_xcalloc(g_ops[i].count, 8);
 }
 
+/* The end of a step over every op of g_ops: waits for each (WAIT_MS; a
+ * failure names the tensor, the step and `when`), then checks, frees and
+ * prints the step against the stats `a` taken before it. */
+static void wait_check_free_ops(gs_ctx *ctx, int s, const char *when, const gs_stats *a) {
+  for (size_t i = 0; i < g_nops; i++) {
+    gs_status st = gs_wait(g_ops[i].h, WAIT_MS);
+    if (st != GS_OK)
+      wu_die("tensor '%s' (step %d%s): %s: %s", g_ops[i].name, s, when, wu_status_name(st),
+             gs_handle_error(g_ops[i].h));
+  }
+  gs_stats b = stats_now(ctx);
+  for (size_t i = 0; i < g_nops; i++) {
+    check(&g_ops[i], i, s);
+    gs_handle_free(g_ops[i].h);
+    g_ops[i].h = NULL;
+  }
+  print_step(s, a, &b);
+}
+
 /* One step: every op (plus `extra` in the middle when not NULL) submitted
  * in order (reversed when reverse), waited on in submission order, checked. */
 static void step(gs_ctx *ctx, int s, wait_style style, int reverse, op *extra) {
@@ -817,19 +836,7 @@ static void timeout_step(gs_ctx *ctx, int s, int *timeouts) {
     if (w.st != GS_OK)
       wu_die("tensor 'fast/t01' (step %d, second thread): %s: %s", s, wu_status_name(w.st), w.err);
   }
-  for (size_t i = 0; i < g_nops; i++) {
-    gs_status st = gs_wait(g_ops[i].h, WAIT_MS);
-    if (st != GS_OK)
-      wu_die("tensor '%s' (step %d): %s: %s", g_ops[i].name, s, wu_status_name(st),
-             gs_handle_error(g_ops[i].h));
-  }
-  gs_stats b = stats_now(ctx);
-  for (size_t i = 0; i < g_nops; i++) {
-    check(&g_ops[i], i, s);
-    gs_handle_free(g_ops[i].h);
-    g_ops[i].h = NULL;
-  }
-  print_step(s, &a, &b);
+  wait_check_free_ops(ctx, s, "", &a);
 }
 
 /* ---- persist mode: persistent allreduces (gs_allreduce_init) ---------------- */
@@ -1271,19 +1278,7 @@ static void fork_step(gs_ctx *ctx, int s) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     wu_die("step %d: the forked child (pid %d) failed (status 0x%x): see its line above", s,
            (int)pid, status);
-  for (size_t i = 0; i < g_nops; i++) {
-    gs_status st = gs_wait(g_ops[i].h, WAIT_MS);
-    if (st != GS_OK)
-      wu_die("tensor '%s' (step %d, after the fork): %s: %s", g_ops[i].name, s, wu_status_name(st),
-             gs_handle_error(g_ops[i].h));
-  }
-  gs_stats b = stats_now(ctx);
-  for (size_t i = 0; i < g_nops; i++) {
-    check(&g_ops[i], i, s);
-    gs_handle_free(g_ops[i].h);
-    g_ops[i].h = NULL;
-  }
-  print_step(s, &a, &b);
+  wait_check_free_ops(ctx, s, ", after the fork", &a);
 }
 
 /* GS_TEST_BIND_ONE_CPU (see the top), or force (steps N busy): before
