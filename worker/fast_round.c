@@ -565,12 +565,10 @@ static int ride_layout_locked(gs_ctx *ctx, fast_state *st, size_t nlive) {
   return 0;
 }
 
-/* Completes the round's common riding ops (st->riders) from the summed
+/* Finishes the round's common riding ops' (st->riders) sums in the
  * vector d (the data after the flags): the average's division and the
- * postscale as the ring finishes a reduction (gs__divide, then gs__scale),
- * into each op's recv buffer. Releases each rider's library reference,
- * which its completion leaves to the round (it is taken off st->held). */
-static void complete_riders(gs_ctx *ctx, fast_state *st, float *d, int wake) {
+ * postscale as the ring finishes a reduction (gs__divide, then gs__scale). */
+static void finish_vector(const gs_ctx *ctx, const fast_state *st, float *d) {
   /* The finish over runs of riders that lie back to back in the vector
    * with the same op and postscale (the usual step: every tensor alike),
    * one call per run rather than per tensor; element-wise, so the same
@@ -587,6 +585,14 @@ static void complete_riders(gs_ctx *ctx, fast_state *st, float *d, int wake) {
     if (a->op == GS__AVERAGE) gs__divide(res, end - a->off, GS__FLOAT32, ctx->size);
     if (a->postscale != 1.0) gs__scale(res, end - a->off, GS__FLOAT32, a->postscale);
   }
+}
+
+/* Completes the round's common riding ops (st->riders) from the summed
+ * vector d, finished here (finish_vector), outside mu (a rider's finish
+ * step). Releases each rider's library reference, which its completion
+ * leaves to the round (it is taken off st->held). */
+static void complete_riders(gs_ctx *ctx, fast_state *st, float *d, int wake) {
+  finish_vector(ctx, st, d);
   for (size_t i = 0; i < st->nriders; i++) {
     struct gs_handle *h = st->riders[i];
     if (atomic_load_explicit(&h->done, memory_order_acquire)) { /* failed with the job */
@@ -676,6 +682,13 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
   int clear = !ctx->nunplanned && !ctx->fast_stop && !ctx->live_dirty && !ctx->nreg && !ctx->nunreg;
   struct gs_handle *barrier = NULL;
   st->nheld = 0;
+  /* With riding slots the vector is filled in this pass too (flags as
+   * 1.0/0.0, see below, and each riding op's data), but for a prescaled
+   * op (its copy may fail: after the unlock). */
+  size_t nride = st->ride_floats, nf = n + nride;
+  float *fv = st->fv, *data = fv + n;
+  int scaled = 0;
+  if (nride) memset(fv, 0, nf * sizeof *fv);
   for (struct gs_handle *h = ctx->fast_head; h; h = h->next_submit) {
     /* No reference per op (a locked add, 30 % of this function's samples):
      * the library's stays until the round ends (gs_handle.round). */
@@ -699,9 +712,22 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
     v[1 + h->fast_slot] = 1;
     st->by_slot[h->fast_slot] = h;
     st->held_at[h->fast_slot] = st->nheld - 1;
+    if (nride) {
+      const ride_slot *rs = &st->ride[h->fast_slot];
+      fv[1 + h->fast_slot] = 1.0f;
+      if (rs->off == RIDE_NONE) continue;
+      if (rs->prescale == 1.0)
+        copy_floats(data + rs->off, h->send, rs->n);
+      else
+        scaled = 1;
+    }
   }
   v[0] = (uint8_t)clear;
   v[1] = barrier != NULL;
+  if (nride) {
+    fv[0] = v[0] ? 1.0f : 0.0f;
+    fv[1] = v[1] ? 1.0f : 0.0f;
+  }
   const char *first = ctx->fast_head ? ctx->fast_head->req.name : "(none)";
   snprintf(st->cur_first, sizeof st->cur_first, "%s", first);
   size_t nsnap = st->nheld;
@@ -720,26 +746,17 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
    * 2^24) followed by each riding slot's data, this rank's op's prescaled
    * (as the executor packs it) or zeros. A common riding op's result is
    * then complete; the sums of the others are dropped (they stay queued). */
-  size_t nride = st->ride_floats, nf = n + nride;
-  float *fv = st->fv, *data = fv + n;
   int rc;
   if (nride) {
-    memset(fv, 0, nf * sizeof *fv);
-    for (size_t i = 0; i < n; i++) fv[i] = v[i] ? 1.0f : 0.0f;
-    for (size_t sl = 1; sl <= nlive; sl++) {
+    for (size_t sl = 1; scaled && sl <= nlive; sl++) {
       const ride_slot *rs = &st->ride[sl];
-      if (!v[1 + sl] || rs->off == RIDE_NONE) continue;
+      if (!v[1 + sl] || rs->off == RIDE_NONE || rs->prescale == 1.0) continue;
       const struct gs_handle *h = st->by_slot[sl];
-      float *dst = data + rs->off;
-      if (rs->prescale == 1.0) {
-        copy_floats(dst, h->send, rs->n);
-      } else {
-        gs__copy cp = {h->send, dst, rs->n, GS__FLOAT32, GS__FLOAT32, rs->prescale};
-        if ((rc = gs__host_copy(&cp, 1, err, sizeof err))) {
-          rc = round_error(ctx, k, h->req.name, 0, rc, err, sizeof err);
-          round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
-          return 0;
-        }
+      gs__copy cp = {h->send, data + rs->off, rs->n, GS__FLOAT32, GS__FLOAT32, rs->prescale};
+      if ((rc = gs__host_copy(&cp, 1, err, sizeof err))) {
+        rc = round_error(ctx, k, h->req.name, 0, rc, err, sizeof err);
+        round_failed(ctx, st, k, rc, err, NULL, 0, NULL);
+        return 0;
       }
     }
     st->cur_buf = fv;
@@ -855,7 +872,7 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
     pthread_mutex_unlock(&ctx->mu);
     return;
   }
-  size_t c = 0, taken = 0; /* taken: of the ops still queued */
+  size_t c = 0, taken = 0, nfinish = 0; /* taken: of the ops still queued */
   uint64_t ride_bytes = 0;
   st->nriders = 0;
   for (size_t sl = 1; sl <= nlive; sl++) {
@@ -864,7 +881,7 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
     taken += h->fast;
     if (nride && st->ride[sl].off != RIDE_NONE) {
       st->riders[st->nriders++] = h;
-      st->held[st->held_at[sl]] = NULL; /* complete_riders releases it */
+      st->held[st->held_at[sl]] = NULL; /* its completion releases it */
       ride_bytes += h->count * sizeof(float);
     } else {
       st->common[c] = h;
@@ -872,8 +889,16 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
     }
     h->fast = 0; /* leaves the queue below */
     h->planned = 1;
+    nfinish += h->finish != NULL;
   }
   size_t ncommon = c, nriders = st->nriders;
+  /* Riders (and a barrier) alone, the usual control-only step: their
+   * results, completions and the round's end in this critical section,
+   * in two passes over them (results, completions) rather than four, and
+   * one lock rather than four; the waiters are woken after it (a woken
+   * waiter finds no round in progress). Not with a rider that has a
+   * finish step (it runs without mu) or a plan to run. */
+  int fused = !ncommon && !nfinish;
   if (v[1]) {
     taken += barrier->fast;
     barrier->fast = 0;
@@ -884,7 +909,8 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
    * order. */
   struct gs_handle **p = &ctx->fast_head;
   if (taken == ctx->nfast) {
-    for (size_t i = 0; i < st->nriders; i++) st->riders[i]->next_submit = NULL;
+    if (!fused) /* else in the results' pass below */
+      for (size_t i = 0; i < st->nriders; i++) st->riders[i]->next_submit = NULL;
     for (size_t i = 0; i < c; i++) st->common[i]->next_submit = NULL;
     if (v[1]) barrier->next_submit = NULL;
     ctx->fast_head = NULL;
@@ -901,6 +927,34 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
     }
     ctx->fast_tail = h;
     p = &h->next_submit;
+  }
+  if (fused) {
+    count_round_locked(ctx, nriders ? 1 : 0, nriders, ride_bytes);
+    if (nriders) {
+      ctx->stats.fast_ride_tensors += nriders;
+      ctx->stats.collectives++;
+      ctx->stats.tensors += nriders;
+      if (nriders > 1) ctx->stats.fused_collectives++;
+      finish_vector(ctx, st, data);
+    }
+    /* Off the queue now (a partial take's walk above unlinked them too);
+     * a rider failed with the job keeps its buffers unread. */
+    for (size_t i = 0; i < nriders; i++) {
+      struct gs_handle *h = st->riders[i];
+      h->next_submit = NULL;
+      if (!atomic_load_explicit(&h->done, memory_order_acquire))
+        copy_floats(h->recv, data + st->ride[h->fast_slot].off, h->count);
+    }
+    /* A completed rider's library reference, left to the round, goes with
+     * its completion (or, failed meanwhile, alone): see complete_quiet. */
+    gs__handles_complete_ok_unref_locked(ctx, st->riders, nriders, 1);
+    GS_TRACE(GS__TR_FAST_END, k, 0);
+    if (v[1]) gs__handle_complete_ok_locked(ctx, barrier);
+    ctx->fast_in_round = 0;
+    release_held_locked(st);
+    pthread_mutex_unlock(&ctx->mu);
+    pthread_cond_broadcast(&ctx->cv);
+    return;
   }
   uint64_t threshold = ctx->join.config.fusion_threshold_bytes;
   pthread_mutex_unlock(&ctx->mu);
@@ -933,10 +987,11 @@ static void round_rest(gs_ctx *ctx, fast_state *st, int rc, char *err, size_t er
     if (nriders > 1) ctx->stats.fused_collectives++;
   }
   pthread_mutex_unlock(&ctx->mu);
-  /* Riders alone (the usual control-only step): their waiters are woken
-   * after the round's end, below, so that a woken waiter finds no round
-   * in progress and may run the next one itself (gs__fast_round_caller)
-   * rather than wait for this thread to finish this one. */
+  /* Riders alone (here: one with a finish step; the usual control-only
+   * step ends above): their waiters are woken after the round's end,
+   * below, so that a woken waiter finds no round in progress and may run
+   * the next one itself (gs__fast_round_caller) rather than wait for this
+   * thread to finish this one. */
   if (nriders) complete_riders(ctx, st, data, ncommon != 0);
   plan_node node;
   memset(&node, 0, sizeof node);
