@@ -787,6 +787,17 @@ static void one_cpu_batch(void) {
   (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
 }
 
+/* Runs a fast round (gs__fast_round, or gs__fast_round_resume for one an
+ * application thread parked) with mu released and this thread marked
+ * busy (caller holds mu). */
+static void exec_round_locked(gs_ctx *ctx, void (*round)(gs_ctx *)) {
+  ctx->exec_busy = 1;
+  pthread_mutex_unlock(&ctx->mu);
+  round(ctx);
+  pthread_mutex_lock(&ctx->mu);
+  ctx->exec_busy = 0;
+}
+
 void *gs__executor_main(void *arg) {
   gs_ctx *ctx = arg;
   char err[4096];
@@ -797,11 +808,7 @@ void *gs__executor_main(void *arg) {
   for (;;) {
     if (ctx->fast_parked) { /* an application thread's round, first */
       ctx->fast_parked = 0;
-      ctx->exec_busy = 1;
-      pthread_mutex_unlock(&ctx->mu);
-      gs__fast_round_resume(ctx);
-      pthread_mutex_lock(&ctx->mu);
-      ctx->exec_busy = 0;
+      exec_round_locked(ctx, gs__fast_round_resume);
       after_round = 1;
       continue;
     }
@@ -834,11 +841,7 @@ void *gs__executor_main(void *arg) {
     }
     if (ctx->fast_parked) continue;
     if (!ctx->plans_head && gs__fast_work_locked(ctx)) {
-      ctx->exec_busy = 1;
-      pthread_mutex_unlock(&ctx->mu);
-      gs__fast_round(ctx);
-      pthread_mutex_lock(&ctx->mu);
-      ctx->exec_busy = 0;
+      exec_round_locked(ctx, gs__fast_round);
       after_round = 1;
       continue;
     }

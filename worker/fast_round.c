@@ -55,6 +55,15 @@ typedef struct ride_slot {
   double prescale, postscale;
 } ride_slot;
 
+/* Where a round an application thread handed to the exec thread stands
+ * (gs__fast_round_caller parks it, gs__fast_round_resume finishes it). */
+typedef enum park_state {
+  PARK_NONE,         /* not parked */
+  PARK_IN_BACKEND,   /* the wait's deadline passed: the backend's agree_resume */
+  PARK_BEFORE_AGREE, /* the backend cannot park: the whole agree */
+  PARK_AGREED,       /* agreed, with a plan: the rest (round_rest) */
+} park_state;
+
 /* The exec thread's buffers for one round, kept between rounds (grown,
  * never shrunk) so that a steady-state round allocates nothing. */
 typedef struct fast_state {
@@ -101,8 +110,7 @@ typedef struct fast_state {
   /* The round in progress, across its agreement: what the rest of the
    * round needs, kept here so that a round an application thread parked
    * (gs__fast_round_caller) is finished by the exec thread
-   * (gs__fast_round_resume). parked: 1 in the backend (agree_resume), 2
-   * before the agreement (agree), 3 agreed (the rest: round_rest). */
+   * (gs__fast_round_resume): see park_state. */
   uint64_t cur_k;
   size_t cur_n, cur_nlive, cur_nsnap;
   struct gs_handle *cur_barrier;
@@ -110,7 +118,7 @@ typedef struct fast_state {
   size_t cur_count;
   gs__dtype cur_dt;
   gs__reduce_op cur_op;
-  int cur_parked;
+  park_state cur_parked;
   char cur_first[GS__MAX_NAME + 1];
 } fast_state;
 
@@ -736,7 +744,7 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
   st->cur_nlive = nlive;
   st->cur_nsnap = nsnap;
   st->cur_barrier = barrier;
-  st->cur_parked = 0;
+  st->cur_parked = PARK_NONE;
   ctx->fast_in_round = 1;
   pthread_mutex_unlock(&ctx->mu);
   GS_TRACE(GS__TR_FAST_START, k, nsnap);
@@ -787,7 +795,9 @@ static int fast_round(gs_ctx *ctx, int64_t deadline_ns) {
        * exec thread finishes the round (it still counts as in progress:
        * fast_in_round, for aborts). */
       pthread_mutex_lock(&ctx->mu);
-      st->cur_parked = hand_rest ? 3 : rc == GS__ERR_TIMEOUT ? 1 : 2;
+      st->cur_parked = hand_rest               ? PARK_AGREED
+                       : rc == GS__ERR_TIMEOUT ? PARK_IN_BACKEND
+                                               : PARK_BEFORE_AGREE;
       ctx->fast_parked = 1;
       gs__exec_bell_locked(ctx);
       int wake = ctx->exec_idle;
@@ -819,11 +829,12 @@ void gs__fast_round_resume(gs_ctx *ctx) {
   char err[4096];
   fast_state *st = ctx->fast_state;
   gs__backend *b = ctx->backends[GS__DEVICE_CPU];
-  int rc = st->cur_parked == 3   ? GS__OK
-           : st->cur_parked == 1 ? b->v->agree_resume(b, err, sizeof err)
-                                 : b->v->agree(b, st->cur_buf, st->cur_count, st->cur_dt,
-                                               st->cur_op, err, sizeof err);
-  st->cur_parked = 0;
+  int rc =
+      st->cur_parked == PARK_AGREED ? GS__OK
+      : st->cur_parked == PARK_IN_BACKEND
+          ? b->v->agree_resume(b, err, sizeof err)
+          : b->v->agree(b, st->cur_buf, st->cur_count, st->cur_dt, st->cur_op, err, sizeof err);
+  st->cur_parked = PARK_NONE;
   round_rest(ctx, st, rc, err, sizeof err);
 }
 

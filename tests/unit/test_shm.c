@@ -248,6 +248,19 @@ static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t
 
 /* Creates rank r's transport in job j (and, for the hierarchical job, the
  * leaders' ring). */
+/* Runs rank threads 0..j->size-1 of fn (tr[r]: rank r of j; at most 8),
+ * joins them, and fails the test with the first failure one recorded. */
+static void run_ranks(tjob *j, trank *tr, void *(*fn)(void *)) {
+  pthread_t th[8];
+  assert_true(j->size <= 8);
+  for (int r = 0; r < j->size; r++) {
+    tr[r] = (trank){.j = j, .rank = r};
+    assert_int_equal(pthread_create(&th[r], NULL, fn, &tr[r]), 0);
+  }
+  for (int r = 0; r < j->size; r++) pthread_join(th[r], NULL);
+  if (atomic_load(&j->failures)) fail_msg("%s", j->first_failure);
+}
+
 static gs__backend *make_rank(tjob *j, int r, char *err, size_t errlen) {
   int per = j->size / j->nhosts, host = r / per, local[8], nlocal = 0, host_of[8];
   for (int q = host * per; q < (host + 1) * per; q++) local[nlocal++] = q;
@@ -427,14 +440,8 @@ static void run_job(int size, int nhosts, int deterministic, size_t one_shot) {
   j.deterministic = deterministic;
   j.one_shot = one_shot;
   for (int h = 0; h < nhosts; h++) seg_name(j.seg[h], sizeof j.seg[h]);
-  pthread_t th[8];
   trank tr[8];
-  for (int r = 0; r < size; r++) {
-    tr[r] = (trank){.j = &j, .rank = r};
-    assert_int_equal(pthread_create(&th[r], NULL, correctness_rank, &tr[r]), 0);
-  }
-  for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
-  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  run_ranks(&j, tr, correctness_rank);
   for (int h = 0; h < nhosts; h++) assert_false(seg_exists(j.seg[h]));
   pthread_mutex_destroy(&j.mu);
 }
@@ -595,14 +602,8 @@ static void run_agree(int size, int nhosts, int io_ms, int late_rank, int late_m
   j.late_rank = late_rank;
   j.late_ms = late_ms;
   for (int h = 0; h < nhosts; h++) seg_name(j.seg[h], sizeof j.seg[h]);
-  pthread_t th[8];
   trank tr[8];
-  for (int r = 0; r < size; r++) {
-    tr[r] = (trank){.j = &j, .rank = r};
-    assert_int_equal(pthread_create(&th[r], NULL, agree_rank, &tr[r]), 0);
-  }
-  for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
-  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  run_ranks(&j, tr, agree_rank);
   for (int h = 0; h < nhosts; h++) assert_false(seg_exists(j.seg[h]));
   pthread_mutex_destroy(&j.mu);
 }
@@ -665,14 +666,8 @@ static void test_agree_hierarchical_host_leaves(void **state) {
   j.leader_port_key = 2000;
   j.io_ms = 100;
   for (int h = 0; h < 2; h++) seg_name(j.seg[h], sizeof j.seg[h]);
-  pthread_t th[4];
   trank tr[4];
-  for (int r = 0; r < 4; r++) {
-    tr[r] = (trank){.j = &j, .rank = r};
-    assert_int_equal(pthread_create(&th[r], NULL, agree_or_leave, &tr[r]), 0);
-  }
-  for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
-  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  run_ranks(&j, tr, agree_or_leave);
   for (int r = 0; r < 2; r++) {
     print_message("rank %d: %s (%lld ms)\n", r, tr[r].err, (long long)tr[r].ms);
     assert_int_equal(tr[r].rc, GS__ERR_DATA_PLANE);
@@ -784,14 +779,8 @@ static void test_agree_until_park(void **state) {
   j.leader_port_key = 2100;
   j.io_ms = 100; /* the wait for a late peer is not bounded by it, parked or not */
   seg_name(j.seg[0], sizeof j.seg[0]);
-  pthread_t th[3];
   trank tr[3];
-  for (int r = 0; r < 3; r++) {
-    tr[r] = (trank){.j = &j, .rank = r};
-    assert_int_equal(pthread_create(&th[r], NULL, agree_until_rank, &tr[r]), 0);
-  }
-  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
-  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  run_ranks(&j, tr, agree_until_rank);
   assert_false(seg_exists(j.seg[0]));
   pthread_mutex_destroy(&j.mu);
 }
@@ -829,14 +818,8 @@ static void test_agree_until_abort_parked(void **state) {
   j.leader_port_key = 2200;
   j.io_ms = 100;
   seg_name(j.seg[0], sizeof j.seg[0]);
-  pthread_t th[2];
   trank tr[2];
-  for (int r = 0; r < 2; r++) {
-    tr[r] = (trank){.j = &j, .rank = r};
-    assert_int_equal(pthread_create(&th[r], NULL, park_alone_rank, &tr[r]), 0);
-  }
-  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-  if (atomic_load(&j.failures)) fail_msg("%s", j.first_failure);
+  run_ranks(&j, tr, park_alone_rank);
   print_message("rank 0: %s\n", tr[0].err);
   assert_int_equal(tr[0].rc, GS__ERR_ABORTED);
   pthread_mutex_destroy(&j.mu);

@@ -906,27 +906,39 @@ static int shm_broadcast_vt(gs__backend *b, void *buf, size_t len, int root, cha
  * themselves, in local rank order, so they end with the same bits (one
  * rendezvous whatever count). The wait for the first chunk is patient: it
  * is where ranks wait for each other to enter. */
+/* The second half of chunk s->g of an agreement, this rank's part posted:
+ * with out, waits for every local rank's part (patient: see wait_until)
+ * and reduces the k elements into out; then marks the chunk done. Also
+ * what agree_resume runs for a parked chunk. */
+static inline int agree_take(shm *s, void *out, size_t k, gs__dtype dt, gs__reduce_op op,
+                             int patient, char *err, size_t errlen) {
+  int L = s->nlocal, rc;
+  uint64_t g = s->g;
+  if (out) {
+    if ((rc = wait_until(s, F_POSTED, g + 1, 0, L - 1, patient, "agree", err, errlen))) return rc;
+    const void *src[GS__SHM_MAX_LOCAL];
+    int b = (int)(g % NBUF);
+    for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
+    gs__reduce_many(out, dt, src, (size_t)L, dt, k, op, 1, 1.0);
+  }
+  post(s, F_DONE, g + 1);
+  s->g = g + 1;
+  return GS__OK;
+}
+
 static int agree_phase(shm *s, const void *in, void *out, size_t count, gs__dtype dt,
                        gs__reduce_op op, char *err, size_t errlen) {
   int L = s->nlocal, me = s->me, rc;
   size_t es = gs__dtype_size(dt), per_chunk = s->chunk / es;
-  const void *src[GS__SHM_MAX_LOCAL];
   for (size_t off = 0; off < count; off += per_chunk) {
     size_t k = count - off < per_chunk ? count - off : per_chunk;
     uint64_t g = s->g;
-    int b = (int)(g % NBUF);
     if (g >= NBUF && (rc = wait_for(s, F_DONE, g - NBUF + 1, 0, L - 1, "agree", err, errlen)))
       return rc;
-    memcpy(slot(s, b, me), (const char *)in + off * es, k * es);
+    memcpy(slot(s, (int)(g % NBUF), me), (const char *)in + off * es, k * es);
     post(s, F_POSTED, g + 1);
-    if (out) {
-      if ((rc = wait_until(s, F_POSTED, g + 1, 0, L - 1, off == 0, "agree", err, errlen)))
-        return rc;
-      for (int q = 0; q < L; q++) src[q] = slot(s, b, q);
-      gs__reduce_many((char *)out + off * es, dt, src, (size_t)L, dt, k, op, 1, 1.0);
-    }
-    post(s, F_DONE, g + 1);
-    s->g = g + 1;
+    if ((rc = agree_take(s, out ? (char *)out + off * es : NULL, k, dt, op, off == 0, err, errlen)))
+      return rc;
   }
   return GS__OK;
 }
@@ -1018,19 +1030,8 @@ static int shm_agree_resume_vt(gs__backend *b, char *err, size_t errlen) {
     return GS__ERR_INTERNAL;
   }
   s->parked = 0;
-  int L = s->nlocal;
-  uint64_t g = s->g;
-  int bi = (int)(g % NBUF);
   spin_for(s, s->park_count * gs__dtype_size(s->park_dt));
-  int rc = wait_until(s, F_POSTED, g + 1, 0, L - 1, 1, "agree", err, errlen);
-  if (rc == GS__OK) {
-    const void *src[GS__SHM_MAX_LOCAL];
-    for (int q = 0; q < L; q++) src[q] = slot(s, bi, q);
-    gs__reduce_many(s->park_buf, s->park_dt, src, (size_t)L, s->park_dt, s->park_count, s->park_op,
-                    1, 1.0);
-    post(s, F_DONE, g + 1);
-    s->g = g + 1;
-  }
+  int rc = agree_take(s, s->park_buf, s->park_count, s->park_dt, s->park_op, 1, err, errlen);
   if (rc == GS__ERR_ABORTED) poison_aborted(s);
   return rc;
 }
